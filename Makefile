@@ -1,0 +1,58 @@
+# sglang-fleet: `make test` and `make demo` do all their set-up on a fresh Debian 12 machine.
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+
+VENV := .venv
+BIN := $(VENV)/bin
+SCENARIOS ?= $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/molecule.yml))))
+export PATH := $(CURDIR)/$(BIN):$(PATH)
+export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+export PYTHONDONTWRITEBYTECODE := 1
+
+.PHONY: help test demo lint pytest molecule host image wheelhouse bench clean
+help:
+	@echo "make test   - set up, then yamllint, ansible-lint, ruff, pytest and every Molecule scenario"
+	@echo "make demo   - set up, then deploy SGLang (GPU-less double) onto a local simulated GPU host"
+	@echo "make lint | pytest | molecule [SCENARIOS='deploy'] | bench | clean"
+
+$(BIN)/.stamp: requirements.txt scripts/find-python.sh
+	@echo "==> creating $(VENV) (Python >= 3.12) and installing requirements.txt"
+	@py=$$(scripts/find-python.sh); rm -rf $(VENV); "$$py" -m venv $(VENV)
+	@$(BIN)/pip install --quiet --disable-pip-version-check -r requirements.txt 2> >(grep -v 'is ignored: it is neither' >&2)
+	@touch $@
+
+host:
+	@scripts/ensure-host-tools.sh
+
+image: host
+	@scripts/build-test-image.sh
+
+wheelhouse: $(BIN)/.stamp
+	@scripts/build-wheelhouse.sh
+
+lint: $(BIN)/.stamp
+	@echo "==> yamllint"; $(BIN)/yamllint --strict .
+	@echo "==> ansible-lint (production profile)"; $(BIN)/ansible-lint --profile production
+	@echo "==> ruff"; $(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+pytest: $(BIN)/.stamp
+	@echo "==> pytest"; $(BIN)/pytest
+
+molecule: $(BIN)/.stamp image wheelhouse
+	@for s in $(SCENARIOS); do \
+	  echo "==> molecule test -s $$s"; \
+	  $(BIN)/molecule test -s $$s || exit 1; \
+	done
+
+test: lint pytest molecule
+	@echo "==> all tests passed"
+
+demo: $(BIN)/.stamp image wheelhouse
+	@scripts/demo.sh
+
+bench: $(BIN)/.stamp
+	@$(BIN)/python bench/smoke_vs_bench_serving.py
+
+clean:
+	rm -rf $(VENV) .cache/wheelhouse reports

@@ -1,0 +1,331 @@
+"""The scheduler loop: KV-bound admission, batched decode, SGLang's batch log lines.
+
+Model (see README "Throughput model"):
+- A request is admitted only when its whole KV footprint (prompt + max_new_tokens) fits in
+  what is left of max_total_num_tokens and fewer than max_running_requests run; the rest
+  wait in FIFO order. The double allocates that footprint at admission, so #token and
+  token usage count reserved slots.
+- A prefill step takes prefill_token_s per uncached prompt token and emits each new
+  request's first token. A decode step emits one token for every running request and takes
+  decode_step_s * (1 + batch_slowdown * (batch - 1)): per-request speed falls with batch
+  size while the batch's total throughput rises.
+- Finished prompts stay in a prefix cache (64-token blocks) as large as the device pool
+  plus any HiCache host pool: a hit skips prefill work, it never adds decode slots.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from gpusim.memory import MemoryPlan, prefill_oom_message
+from gpusim.state import Timing
+
+logger = logging.getLogger("gpusim.scheduler")
+PREFIX_BLOCK = 64
+
+
+@dataclass
+class Request:
+    rid: str
+    prompt_tokens: int
+    max_new_tokens: int
+    input_ids: list[int] | None = None
+    stream: bool = False
+    created: float = field(default_factory=time.perf_counter)
+    admitted: float | None = None
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    finished_at: float | None = None
+    cached_tokens: int = 0
+    generated: int = 0
+    finished: bool = False
+    aborted: bool = False
+    error: str | None = None
+    progress: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def footprint(self) -> int:
+        return self.prompt_tokens + self.max_new_tokens
+
+    @property
+    def finish_reason(self) -> dict[str, object]:
+        if self.aborted:
+            return {"type": "abort", "message": self.error or "aborted"}
+        return {"type": "length", "length": self.max_new_tokens}
+
+
+@dataclass
+class Stats:
+    """Counters and samples the HTTP layer turns into /metrics."""
+
+    prompt_tokens_total: int = 0
+    generation_tokens_total: int = 0
+    num_requests_total: int = 0
+    num_aborted_requests_total: int = 0
+    cached_tokens_total: int = 0
+    gen_throughput: float = 0.0
+    peak_running: int = 0
+    peak_queue: int = 0
+    peak_token_usage: float = 0.0
+
+
+class PrefixCache:
+    """LRU of chained 64-token block hashes: a radix cache reduced to what it saves."""
+
+    def __init__(self, capacity_tokens: int) -> None:
+        self.capacity_blocks = max(0, capacity_tokens // PREFIX_BLOCK)
+        self.blocks: collections.OrderedDict[int, None] = collections.OrderedDict()
+
+    @staticmethod
+    def _chain(input_ids: list[int]) -> list[int]:
+        hashes, running = [], 0
+        for start in range(0, len(input_ids) - PREFIX_BLOCK + 1, PREFIX_BLOCK):
+            running = hash((running, tuple(input_ids[start : start + PREFIX_BLOCK])))
+            hashes.append(running)
+        return hashes
+
+    def match(self, input_ids: list[int]) -> int:
+        matched = 0
+        for block in self._chain(input_ids):
+            if block not in self.blocks:
+                break
+            self.blocks.move_to_end(block)
+            matched += PREFIX_BLOCK
+        # SGLang always recomputes at least the last prompt token.
+        return min(matched, max(0, len(input_ids) - 1))
+
+    def insert(self, input_ids: list[int]) -> None:
+        for block in self._chain(input_ids):
+            self.blocks[block] = None
+            self.blocks.move_to_end(block)
+        while len(self.blocks) > self.capacity_blocks:
+            self.blocks.popitem(last=False)
+
+    def clear(self) -> None:
+        self.blocks.clear()
+
+
+class Scheduler:
+    """One TP group's scheduling, run as an asyncio task in the launcher."""
+
+    def __init__(
+        self,
+        plan: MemoryPlan,
+        timing: Timing,
+        *,
+        decode_log_interval: int = 40,
+        radix_cache: bool = True,
+        on_crash: Callable[[str], None] | None = None,
+        realtime: bool = True,
+    ) -> None:
+        self.plan = plan
+        self.timing = timing
+        self.decode_log_interval = max(1, decode_log_interval)
+        self.max_total = plan.max_total_num_tokens
+        self.max_running = plan.max_running_requests
+        self.chunk = plan.chunked_prefill_size if plan.chunked_prefill_size > 0 else 1 << 30
+        self.waiting: collections.deque[Request] = collections.deque()
+        self.running: list[Request] = []
+        self.reserved = 0
+        self.stats = Stats()
+        self.prefix_cache = PrefixCache(plan.max_total_num_tokens + plan.host_pool_tokens)
+        self.radix_cache = radix_cache
+        self.on_crash = on_crash
+        self.wakeup = asyncio.Event()
+        self.forward_ct_decode = 0
+        self._tokens_since_log = 0
+        self._last_decode_log = time.perf_counter()
+        self._last_prefill_log = time.perf_counter()
+        self.crashed = False
+        self.last_progress = 0.0
+        # Simulated seconds spent in forward passes: throughput comparisons use this clock,
+        # so they hold however fast or loaded the machine running the double is.
+        self.sim_time = 0.0
+        self.realtime = realtime
+
+    # -- public API used by the HTTP layer ---------------------------------------------------
+    def submit(self, req: Request) -> None:
+        self.stats.num_requests_total += 1
+        self.waiting.append(req)
+        self.wakeup.set()
+
+    def abort(self, req: Request) -> None:
+        """Client went away: drop it from the queue or free its slots."""
+        if req.finished:
+            return
+        req.aborted, req.finished = True, True
+        self.stats.num_aborted_requests_total += 1
+        if req in self.waiting:
+            self.waiting.remove(req)
+        elif req in self.running:
+            self.running.remove(req)
+            self.reserved -= req.footprint
+        req.progress.set()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    @property
+    def token_usage(self) -> float:
+        return self.reserved / self.max_total if self.max_total else 0.0
+
+    def flush_cache(self) -> bool:
+        if self.running or self.waiting:
+            return False
+        self.prefix_cache.clear()
+        return True
+
+    # -- the loop --------------------------------------------------------------------------
+    async def run(self) -> None:
+        while not self.crashed:
+            if not self.waiting and not self.running:
+                self.wakeup.clear()
+                await self.wakeup.wait()
+                continue
+            admitted = self._admit()
+            if admitted:
+                await self._prefill(admitted)
+            elif self.running:
+                await self._decode_step()
+            else:
+                # Queue head cannot fit even in an empty pool: SGLang would reject it.
+                self._reject_oversized()
+
+    def _reject_oversized(self) -> None:
+        req = self.waiting.popleft()
+        req.error = f"Requested token count exceeds the KV pool: {req.footprint} > {self.max_total}"
+        req.aborted, req.finished = True, True
+        self.stats.num_aborted_requests_total += 1
+        req.progress.set()
+
+    def _admit(self) -> list[Request]:
+        admitted: list[Request] = []
+        new_tokens = 0
+        while self.waiting and len(self.running) + len(admitted) < self.max_running:
+            req = self.waiting[0]
+            if self.reserved + req.footprint > self.max_total:
+                break
+            cached = self._match_prefix(req)
+            if admitted and new_tokens + req.prompt_tokens - cached > self.chunk:
+                break  # the rest goes into the next prefill batch
+            self.waiting.popleft()
+            req.cached_tokens = cached
+            req.admitted = time.perf_counter()
+            self.reserved += req.footprint
+            new_tokens += req.prompt_tokens - cached
+            admitted.append(req)
+        return admitted
+
+    def _match_prefix(self, req: Request) -> int:
+        if not self.radix_cache or not req.input_ids:
+            return 0
+        return self.prefix_cache.match(req.input_ids)
+
+    async def _prefill(self, batch: list[Request]) -> None:
+        new_tokens = sum(r.prompt_tokens - r.cached_tokens for r in batch)
+        cached = sum(r.cached_tokens for r in batch)
+        # Chunked prefill bounds one forward's activations by chunked_prefill_size.
+        oom = prefill_oom_message(self.plan, min(new_tokens, self.chunk))
+        if oom is not None:
+            self.crashed = True
+            if self.on_crash is not None:
+                self.on_crash(oom)
+            return
+        self.running.extend(batch)
+        self.stats.prompt_tokens_total += new_tokens + cached
+        self.stats.cached_tokens_total += cached
+        if logger.isEnabledFor(logging.INFO):
+            self._log_prefill(len(batch), new_tokens, cached)
+        await self._sleep(self.timing.prefill_token_s * new_tokens)
+        now = time.perf_counter()
+        for req in batch:
+            if req.finished:
+                continue
+            if req.max_new_tokens <= 0:
+                req.finished, req.finished_at = True, now
+                req.progress.set()
+            else:
+                self._emit(req, now)
+        self._reap()
+
+    async def _decode_step(self) -> None:
+        batch = len(self.running)
+        await self._sleep(
+            self.timing.decode_step_s * (1 + self.timing.batch_slowdown * (batch - 1))
+        )
+        now = time.perf_counter()
+        for req in self.running:
+            self._emit(req, now)
+        self._tokens_since_log += batch
+        self.forward_ct_decode += 1
+        if self.forward_ct_decode % self.decode_log_interval == 0:
+            self._log_decode()
+        self._reap()
+
+    def _emit(self, req: Request, now: float) -> None:
+        req.generated += 1
+        self.stats.generation_tokens_total += 1
+        self.last_progress = now
+        if req.first_token_at is None:
+            req.first_token_at = now
+        req.last_token_at = now
+        if req.generated >= req.max_new_tokens:
+            req.finished = True
+            req.finished_at = now
+        req.progress.set()
+
+    def _reap(self) -> None:
+        done = [r for r in self.running if r.finished]
+        if not done:
+            self._track_peaks()
+            return
+        self.running = [r for r in self.running if not r.finished]
+        for req in done:
+            self.reserved -= req.footprint
+            if self.radix_cache and req.input_ids and not req.aborted:
+                self.prefix_cache.insert(req.input_ids)
+        self._track_peaks()
+
+    def _track_peaks(self) -> None:
+        s = self.stats
+        s.peak_running = max(s.peak_running, len(self.running))
+        s.peak_queue = max(s.peak_queue, len(self.waiting))
+        s.peak_token_usage = max(s.peak_token_usage, self.token_usage)
+
+    async def _sleep(self, seconds: float) -> None:
+        self.sim_time += seconds
+        # Always yield, so HTTP handlers stream even when simulated time is zero.
+        await asyncio.sleep(seconds if self.realtime and seconds > 0 else 0)
+
+    # -- SGLang's log lines ----------------------------------------------------------------
+    def _log_prefill(self, new_seqs: int, new_tokens: int, cached: int) -> None:
+        now = time.perf_counter()
+        gap = now - self._last_prefill_log
+        self._last_prefill_log = now
+        throughput = new_tokens / gap if gap > 0 else 0.0
+        logger.info(
+            f"Prefill batch, #new-seq: {new_seqs}, #new-token: {new_tokens}, "
+            f"#cached-token: {cached}, token usage: {self.token_usage:.2f}, "
+            f"#running-req: {len(self.running) - new_seqs}, #queue-req: {len(self.waiting)}, "
+            f"#pending-token: 0, cuda graph: False, input throughput (token/s): {throughput:.2f}"
+        )
+
+    def _log_decode(self) -> None:
+        now = time.perf_counter()
+        gap = now - self._last_decode_log
+        self._last_decode_log = now
+        self.stats.gen_throughput = self._tokens_since_log / gap if gap > 0 else 0.0
+        self._tokens_since_log = 0
+        cuda_graph = len(self.running) <= self.plan.decode_graph_max_bs
+        logger.info(
+            f"Decode batch, #running-req: {len(self.running)}, #token: {self.reserved}, "
+            f"token usage: {self.token_usage:.2f}, cuda graph: {cuda_graph}, "
+            f"gen throughput (token/s): {self.stats.gen_throughput:.2f}, "
+            f"#queue-req: {len(self.waiting)}"
+        )

@@ -1,0 +1,272 @@
+"""SGLang's command-line flags, so the double accepts and rejects exactly what SGLang does.
+
+The table comes from `flags/sglang-<version>.json`, generated from the real parser of the
+pinned SGLang (`python -m sglang.launch_server`'s argparse actions). Without that file a
+hand-written table of the flags this project uses serves instead. `--config FILE.yaml`
+merges like SGLang's ConfigArgumentMerger: file values go first, so the command line wins.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable, Sequence
+from importlib import resources
+from typing import Any
+
+import yaml
+
+from gpusim import SGLANG_VERSION
+
+PROG = "sglang serve"  # SGLang 0.5.23 builds its parser with this prog name
+KV_CACHE_DTYPES = [
+    "auto",
+    "fp8_e5m2",
+    "fp8_e4m3",
+    "mxfp8",
+    "bf16",
+    "bfloat16",
+    "nvfp4",
+    "fp4_mx_block16",
+]
+
+# Fallback table: (option strings, dest, type name or action, default, choices).
+_HAND_TABLE: list[tuple[list[str], str, str, Any, list[Any] | None]] = [
+    (["--model-path", "--model"], "model_path", "str", None, None),
+    (["--tokenizer-path"], "tokenizer_path", "str", None, None),
+    (["--trust-remote-code"], "trust_remote_code", "store_true", False, None),
+    (["--context-length"], "context_length", "int", None, None),
+    (["--kv-cache-dtype"], "kv_cache_dtype", "str", "auto", KV_CACHE_DTYPES),
+    (["--host"], "host", "str", "127.0.0.1", None),
+    (["--port"], "port", "int", 30000, None),
+    (["--served-model-name"], "served_model_name", "str", None, None),
+    (["--api-key"], "api_key", "str", None, None),
+    (["--tp-size", "--tensor-parallel-size"], "tp_size", "int", 1, None),
+    (["--dp-size", "--data-parallel-size"], "dp_size", "int", 1, None),
+    (["--pp-size", "--pipeline-parallel-size"], "pp_size", "int", 1, None),
+    (["--nnodes"], "nnodes", "int", 1, None),
+    (["--node-rank"], "node_rank", "int", 0, None),
+    (["--dist-init-addr"], "dist_init_addr", "str", None, None),
+    (["--mem-fraction-static"], "mem_fraction_static", "float", None, None),
+    (["--max-running-requests"], "max_running_requests", "int", None, None),
+    (["--max-total-tokens"], "max_total_tokens", "int", None, None),
+    (["--chunked-prefill-size"], "chunked_prefill_size", "int", None, None),
+    (["--max-prefill-tokens"], "max_prefill_tokens", "int", 16384, None),
+    (["--page-size"], "page_size", "int", None, None),
+    (["--num-continuous-decode-steps"], "num_continuous_decode_steps", "int", 1, None),
+    (["--disable-custom-all-reduce"], "disable_custom_all_reduce", "store_true", False, None),
+    (["--disable-cuda-graph"], "disable_cuda_graph", "store_true", False, None),
+    (["--disable-radix-cache"], "disable_radix_cache", "store_true", False, None),
+    (
+        ["--enable-hierarchical-cache", "--enable-hicache"],
+        "enable_hierarchical_cache",
+        "store_true",
+        False,
+        None,
+    ),
+    (["--hicache-ratio"], "hicache_ratio", "float", None, None),
+    (["--hicache-size"], "hicache_size", "int", 0, None),
+    (
+        ["--hicache-write-policy"],
+        "hicache_write_policy",
+        "str",
+        "write_through",
+        ["write_back", "write_through", "write_through_selective"],
+    ),
+    (
+        ["--hicache-io-backend"],
+        "hicache_io_backend",
+        "str",
+        "kernel",
+        ["direct", "kernel", "kernel_ascend"],
+    ),
+    (
+        ["--hicache-mem-layout"],
+        "hicache_mem_layout",
+        "str",
+        "page_first",
+        ["layer_first", "page_first", "page_first_direct", "page_first_kv_split", "page_head"],
+    ),
+    (["--log-level"], "log_level", "str", "info", None),
+    (["--log-level-http"], "log_level_http", "str", None, None),
+    (["--enable-metrics"], "enable_metrics", "store_true", False, None),
+    (["--decode-log-interval"], "decode_log_interval", "int", 40, None),
+    (["--skip-server-warmup"], "skip_server_warmup", "store_true", False, None),
+    (["--config"], "config", "str", None, None),
+]
+
+
+def _str_to_bool(value: str) -> bool:
+    if value.lower() in ("true", "1", "yes"):
+        return True
+    if value.lower() in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"invalid boolean value: {value!r}")
+
+
+def _human_readable_int(value: str) -> int:
+    """SGLang's human_readable_int: 4096, 4k, 1.5M, 2G."""
+    scale = {"k": 10**3, "m": 10**6, "g": 10**9}.get(value[-1:].lower())
+    return int(float(value[:-1]) * scale) if scale else int(value)
+
+
+def _nullable_str(value: str) -> str | None:
+    return None if value.lower() in ("", "none", "null") else value
+
+
+# Converters by the type name the flag table records (SGLang's own helpers by last name).
+_TYPES: dict[str | None, Callable[[str], Any] | None] = {
+    "int": int,
+    "float": float,
+    "str": str,
+    None: None,
+    "None": None,
+    "str_to_bool": _str_to_bool,
+    "bool": _str_to_bool,
+    "json.loads": json.loads,
+    "json_list_type": json.loads,
+    "human_readable_int": _human_readable_int,
+    "nullable_str": _nullable_str,
+}
+
+
+def _converter(kind: str | None) -> Callable[[str], Any] | None:
+    if kind in _TYPES:
+        return _TYPES[kind]
+    return _TYPES.get(kind.rsplit(".", 1)[-1], str) if kind else None
+_ACTIONS = {
+    "store",
+    "store_true",
+    "store_false",
+    "store_const",
+    "append",
+    "append_const",
+    "count",
+    "extend",
+}
+
+
+def flag_table_json() -> list[dict[str, Any]] | None:
+    """The generated flag table of the pinned SGLang, if the package ships it."""
+    resource = resources.files("gpusim") / "flags" / f"sglang-{SGLANG_VERSION}.json"
+    if not resource.is_file():
+        return None
+    data = json.loads(resource.read_text())
+    return data["actions"] if isinstance(data, dict) else data
+
+
+def using_generated_table() -> bool:
+    return flag_table_json() is not None
+
+
+def _add_from_json(parser: argparse.ArgumentParser, entry: dict[str, Any]) -> None:
+    options = entry.get("option_strings") or []
+    action = entry.get("action") or "store"
+    action = (
+        action.removeprefix("_").removesuffix("Action").lower() if "Action" in action else action
+    )
+    if not options or "-h" in options or action in ("help", "version"):
+        return
+    kwargs: dict[str, Any] = {"dest": entry["dest"], "help": entry.get("help")}
+    if entry.get("required"):
+        kwargs["required"] = True
+    if action == "booleanoptional":
+        kwargs["action"] = argparse.BooleanOptionalAction
+        kwargs["default"] = entry.get("default")
+    else:
+        kwargs["action"] = {"storetrue": "store_true", "storefalse": "store_false"}.get(
+            action.replace("_", ""), action if action in _ACTIONS else "store"
+        )
+        kwargs["default"] = entry.get("default")
+    if kwargs["action"] in ("store", "append", "extend"):
+        converter = _converter(entry.get("type"))
+        if converter is not None:
+            kwargs["type"] = converter
+        if entry.get("nargs") is not None:
+            kwargs["nargs"] = entry["nargs"]
+        if entry.get("choices") is not None:
+            kwargs["choices"] = entry["choices"]
+        if entry.get("metavar") is not None:
+            kwargs["metavar"] = entry["metavar"]
+    if kwargs["action"] == "store_const":
+        kwargs["const"] = entry.get("const")
+    parser.add_argument(*options, **kwargs)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG)
+    table = flag_table_json()
+    if table is not None:
+        for entry in table:
+            _add_from_json(parser, entry)
+        if "--config" not in parser._option_string_actions:
+            parser.add_argument("--config", dest="config", default=None)
+        return parser
+    for options, dest, kind, default, choices in _HAND_TABLE:
+        if dest == "model_path":
+            parser.add_argument(*options, dest=dest, required=True)
+        elif kind == "store_true":
+            parser.add_argument(*options, dest=dest, action="store_true", default=default)
+        else:
+            parser.add_argument(
+                *options, dest=dest, type=_TYPES[kind], default=default, choices=choices
+            )
+    return parser
+
+
+def _config_keys(action: argparse.Action) -> set[str]:
+    return {action.dest} | {
+        opt[2:].replace("-", "_") for opt in action.option_strings if opt.startswith("--")
+    }
+
+
+def merge_config(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """SGLang's ConfigArgumentMerger: YAML values become flags placed before the CLI's."""
+    if "--config" not in argv:
+        return argv
+    if argv.count("--config") > 1:
+        raise ValueError("Multiple config files specified! Only one allowed.")
+    index = argv.index("--config")
+    if index == len(argv) - 1:
+        raise ValueError("No config file specified after --config flag!")
+    path = argv[index + 1]
+    if not path.lower().endswith((".yaml", ".yml")):
+        raise ValueError(f"Config file must be YAML format, got: .{path.rsplit('.', 1)[-1]}")
+    try:
+        with open(path) as handle:
+            data = yaml.safe_load(handle) or {}
+    except FileNotFoundError:
+        raise ValueError(f"Config file not found: {path}") from None
+    if not isinstance(data, dict):
+        raise ValueError("Config file must contain a dictionary at root level")
+    store_true = {
+        key
+        for action in parser._actions
+        if isinstance(action, argparse._StoreTrueAction)
+        for key in _config_keys(action)
+    }
+    return _config_to_args(data, store_true) + argv[:index] + argv[index + 2 :]
+
+
+def _config_to_args(data: dict[str, Any], store_true: set[str]) -> list[str]:
+    args: list[str] = []
+    for key, value in data.items():
+        if isinstance(value, bool):
+            if key.replace("-", "_") in store_true:
+                args += [f"--{key}"] if value else []
+            else:
+                args += [f"--{key}", str(value).lower()]
+        elif isinstance(value, list):
+            args += [f"--{key}", *(str(v) for v in value)] if value else []
+        elif isinstance(value, dict):
+            args += [f"--{key}", json.dumps(value)]
+        else:
+            args += [f"--{key}", str(value)]
+    return args
+
+
+def parse_server_args(argv: Sequence[str]) -> argparse.Namespace:
+    """Parse like `prepare_server_args`: argparse errors exit 2 with usage and message."""
+    parser = build_parser()
+    merged = merge_config(parser, list(argv))
+    return parser.parse_args(merged)

@@ -1,0 +1,592 @@
+"""SGLang's HTTP API on aiohttp: native endpoints, OpenAI-compatible ones, metrics.
+
+Shapes follow sglang 0.5.23 `srt/entrypoints/http_server.py` and its OpenAI serving
+classes; only the fields clients read are filled with meaning, the rest carry SGLang's
+defaults.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from gpusim import SGLANG_VERSION
+from gpusim.engine import Request, Scheduler
+from gpusim.memory import MemoryPlan
+from gpusim.tokenizer import WordTokenizer
+
+HEALTH_POLL_S = 0.05
+DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's SamplingParams default
+DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's completions default, as SGLang's protocol
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass
+class ServerState:
+    """What the HTTP layer shares with the launcher."""
+
+    server_args: dict[str, Any]
+    served_model_name: str
+    model_info: dict[str, Any]
+    tokenizer: WordTokenizer
+    scheduler: Scheduler | None = None
+    plan: MemoryPlan | None = None
+    starting: bool = True
+    gracefully_exit: bool = False
+    startup_time: float = field(default_factory=time.time)
+    metrics: Metrics | None = None
+
+
+class Metrics:
+    """The sglang: Prometheus series a deployment watches (names/labels of SGLang)."""
+
+    def __init__(self, model_name: str) -> None:
+        self.registry = CollectorRegistry()
+        sched = {
+            "model_name": model_name,
+            "engine_type": "unified",
+            "tp_rank": "0",
+            "pp_rank": "0",
+            "moe_ep_rank": "0",
+        }
+        tok = {"model_name": model_name, "engine_type": "unified"}
+        self.sched_labels, self.tok_labels = sched, tok
+        r = self.registry
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(name, doc, list(sched), registry=r)
+
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(name, doc, list(tok), registry=r)
+
+        self.running = gauge("sglang:num_running_reqs", "The number of running requests.")
+        self.queue = gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.")
+        self.used = gauge("sglang:num_used_tokens", "The number of used tokens.")
+        self.usage = gauge("sglang:token_usage", "The token usage.")
+        self.gen = gauge("sglang:gen_throughput", "The generation throughput (token/s).")
+        self.hit = gauge("sglang:cache_hit_rate", "The prefix cache hit rate.")
+        self.max_tokens = gauge("sglang:max_total_num_tokens", "Maximum total number of tokens.")
+        # The client counts "_total" itself: prometheus_client appends it to counter names.
+        self.prompt = counter("sglang:prompt_tokens", "Number of prefill tokens processed.")
+        self.generation = counter("sglang:generation_tokens", "Number of generation tokens.")
+        self.requests = counter("sglang:num_requests", "Number of requests processed.")
+        self.aborted = counter("sglang:num_aborted_requests", "Number of requests aborted.")
+        buckets = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 120, 160)
+        self.ttft = Histogram(
+            "sglang:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            [*tok, "is_streaming"],
+            registry=r,
+            buckets=buckets,
+        )
+        self.itl = Histogram(
+            "sglang:inter_token_latency_seconds",
+            "Histogram of inter-token latency in seconds.",
+            list(tok),
+            registry=r,
+            buckets=(0.002, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.0),
+        )
+        self.e2e = Histogram(
+            "sglang:e2e_request_latency_seconds",
+            "Histogram of End-to-end request latency in seconds",
+            list(tok),
+            registry=r,
+            buckets=buckets,
+        )
+        self.queue_time = Histogram(
+            "sglang:queue_time_seconds",
+            "Histogram of queueing time in seconds.",
+            list(sched),
+            registry=r,
+            buckets=buckets,
+        )
+        self._synced: dict[str, int] = {}
+
+    def _sync_counter(self, metric: Counter, key: str, value: int) -> None:
+        delta = value - self._synced.get(key, 0)
+        if delta > 0:
+            metric.labels(**self.tok_labels).inc(delta)
+            self._synced[key] = value
+
+    def refresh(self, scheduler: Scheduler) -> None:
+        s, labels = scheduler.stats, self.sched_labels
+        self.running.labels(**labels).set(len(scheduler.running))
+        self.queue.labels(**labels).set(len(scheduler.waiting))
+        self.used.labels(**labels).set(scheduler.reserved)
+        self.usage.labels(**labels).set(round(scheduler.token_usage, 2))
+        self.gen.labels(**labels).set(s.gen_throughput)
+        hit = s.cached_tokens_total / s.prompt_tokens_total if s.prompt_tokens_total else 0.0
+        self.hit.labels(**labels).set(hit)
+        self.max_tokens.labels(**labels).set(scheduler.max_total)
+        self._sync_counter(self.prompt, "prompt", s.prompt_tokens_total)
+        self._sync_counter(self.generation, "generation", s.generation_tokens_total)
+        self._sync_counter(self.requests, "requests", s.num_requests_total)
+        self._sync_counter(self.aborted, "aborted", s.num_aborted_requests_total)
+
+    def observe_finished(self, req: Request) -> None:
+        if req.first_token_at is None or req.finished_at is None:
+            return
+        self.ttft.labels(**self.tok_labels, is_streaming=str(req.stream).lower()).observe(
+            req.first_token_at - req.created
+        )
+        self.e2e.labels(**self.tok_labels).observe(req.finished_at - req.created)
+        if req.admitted is not None:
+            self.queue_time.labels(**self.sched_labels).observe(req.admitted - req.created)
+        if req.generated > 1:
+            gap = (req.finished_at - req.first_token_at) / (req.generated - 1)
+            self.itl.labels(**self.tok_labels).observe(gap)
+
+
+# -- helpers ------------------------------------------------------------------------------
+
+
+def _state(request: web.Request) -> ServerState:
+    return request.app["state"]
+
+
+def _error(status: int, message: str) -> web.Response:
+    body = {
+        "object": "error",
+        "message": message,
+        "type": "BadRequestError",
+        "param": None,
+        "code": status,
+    }
+    return web.json_response(body, status=status)
+
+
+async def _json_body(request: web.Request) -> dict[str, Any]:
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise web.HTTPBadRequest(text=f"Invalid JSON body: {exc}") from exc
+    if not isinstance(body, dict):
+        raise web.HTTPBadRequest(text="Request body must be a JSON object")
+    return body
+
+
+def _sse(payload: dict[str, Any] | str) -> bytes:
+    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
+    return f"data: {data}\n\n".encode()
+
+
+def _scheduler(state: ServerState) -> Scheduler:
+    if state.scheduler is None:
+        raise web.HTTPServiceUnavailable(text="The server is starting")
+    return state.scheduler
+
+
+class TextStream:
+    """Spells out a request's generated tokens as words, incrementally."""
+
+    def __init__(self, tokenizer: WordTokenizer, seed: int) -> None:
+        self.tokenizer, self.seed = tokenizer, seed
+        self.ids: list[int] = []
+        self.text = ""
+
+    def advance(self, generated: int) -> str:
+        """Extend to `generated` tokens; return the new text (the delta)."""
+        start = len(self.text)
+        vocab = self.tokenizer.vocab
+        while len(self.ids) < generated:
+            token = self.tokenizer.output_token(len(self.ids), self.seed)
+            self.ids.append(token)
+            self.text += (" " if self.text else "") + vocab[token]
+        return self.text[start:]
+
+
+async def _follow(req: Request) -> AsyncIterator[int]:
+    """Yield the generated-token count each time the scheduler makes progress."""
+    seen = 0
+    while True:
+        await req.progress.wait()
+        req.progress.clear()
+        if req.generated > seen or req.finished:
+            seen = req.generated
+            yield seen
+        if req.finished:
+            return
+
+
+def _new_request(
+    prompt_ids: list[int] | None,
+    prompt_tokens: int,
+    max_new: int,
+    *,
+    stream: bool,
+    rid: str | None = None,
+) -> Request:
+    return Request(
+        rid=rid or uuid.uuid4().hex,
+        prompt_tokens=max(1, prompt_tokens),
+        max_new_tokens=max(0, int(max_new)),
+        input_ids=prompt_ids,
+        stream=stream,
+    )
+
+
+def _finish(state: ServerState, req: Request) -> None:
+    if state.metrics is not None:
+        state.metrics.observe_finished(req)
+
+
+def _prompt_of(state: ServerState, value: Any) -> tuple[list[int], int]:
+    """Token ids and count of a text prompt or a list of token ids."""
+    if isinstance(value, list) and all(isinstance(v, int) for v in value):
+        return list(value), len(value)
+    if isinstance(value, list) and len(value) == 1:
+        return _prompt_of(state, value[0])
+    if isinstance(value, str):
+        ids = state.tokenizer.encode(value)
+        return ids, len(ids)
+    raise web.HTTPBadRequest(text="gpusim serves one prompt per request (text or input_ids)")
+
+
+# -- native endpoints ---------------------------------------------------------------------
+
+
+async def health(request: web.Request) -> web.Response:
+    """Like SGLang: 503 while starting or draining, else a one-token generation must run."""
+    state = _state(request)
+    if state.gracefully_exit or state.starting or state.scheduler is None:
+        return web.Response(status=503)
+    scheduler = state.scheduler
+    tic = time.perf_counter()
+    req = _new_request([0], 1, 1, stream=False, rid=f"HEALTH_CHECK_{uuid.uuid4().hex}")
+    scheduler.submit(req)
+    timeout = float(os.environ.get("SGLANG_HEALTH_CHECK_TIMEOUT", "20"))
+    try:
+        while time.perf_counter() < tic + timeout:
+            # Any output from the scheduler since tic proves it is alive, as in SGLang.
+            if req.finished or scheduler.last_progress > tic:
+                return web.Response(status=200)
+            await asyncio.sleep(HEALTH_POLL_S)
+    finally:
+        scheduler.abort(req)
+    return web.Response(status=503)
+
+
+async def server_info(request: web.Request) -> web.Response:
+    state = _state(request)
+    scheduler, plan = _scheduler(state), state.plan
+    assert plan is not None
+    memory_usage = {
+        "weight": round(plan.weight_gib, 3),
+        "kvcache": round(plan.kv_gib, 3),
+        "startup_available": round(plan.post_gib - plan.kv_gib - plan.graph_total_mib / 1024, 3),
+        "token_capacity": plan.max_total_num_tokens,
+        "token_capacity_swa": None,
+        "graph": {
+            "prefill": round(plan.graph_mib["prefill"] / 1024, 3),
+            "decode": round(plan.graph_mib["decode"] / 1024, 3),
+            "target_verify": 0.0,
+            "draft_prefill": 0.0,
+            "draft_decode": 0.0,
+            "draft_extend": 0.0,
+        },
+    }
+    internal = {
+        "memory_usage": memory_usage,
+        "world_size": state.server_args.get("tp_size", 1) * state.server_args.get("pp_size", 1),
+        "startup_time": state.startup_time,
+        "effective_max_running_requests_per_dp": plan.max_running_requests,
+        "last_gen_throughput": scheduler.stats.gen_throughput,
+    }
+    body = {
+        **state.server_args,
+        "mem_fraction_static": plan.mem_fraction_static,
+        "chunked_prefill_size": plan.chunked_prefill_size,
+        "max_running_requests": plan.max_running_requests,
+        "max_total_num_tokens": plan.max_total_num_tokens,
+        "max_req_input_len": min(plan.context_len - 1, plan.max_total_num_tokens - 1),
+        "startup_time": state.startup_time,
+        "internal_states": [internal],
+        "version": SGLANG_VERSION,
+        "frontend": "python",
+    }
+    return web.json_response(body)
+
+
+async def model_info(request: web.Request) -> web.Response:
+    return web.json_response(_state(request).model_info)
+
+
+async def list_models(request: web.Request) -> web.Response:
+    state = _state(request)
+    _scheduler(state)
+    card = {
+        "id": state.served_model_name,
+        "object": "model",
+        "created": int(state.startup_time),
+        "owned_by": "sglang",
+        "root": state.served_model_name,
+        "parent": None,
+        "max_model_len": state.model_info["context_len"],
+    }
+    return web.json_response({"object": "list", "data": [card]})
+
+
+async def flush_cache(request: web.Request) -> web.Response:
+    if _scheduler(_state(request)).flush_cache():
+        return web.Response(
+            text="Cache flushed.\nPlease check backend logs for more details. (When there are "
+            "running or waiting requests, the operation will not be performed.)\n"
+        )
+    return web.Response(status=400, text="Cache not flushed: requests are running or queued.\n")
+
+
+def _generate_chunk(req: Request, text: TextStream, prompt_tokens: int) -> dict[str, Any]:
+    meta = {
+        "id": req.rid,
+        "finish_reason": req.finish_reason if req.finished else None,
+        "prompt_tokens": prompt_tokens,
+        "weight_version": "default",
+        "completion_tokens": req.generated,
+        "cached_tokens": req.cached_tokens,
+        "e2e_latency": time.perf_counter() - req.created,
+    }
+    return {"text": text.text, "output_ids": list(text.ids), "meta_info": meta}
+
+
+async def generate(request: web.Request) -> web.StreamResponse:
+    state = _state(request)
+    scheduler = _scheduler(state)
+    body = await _json_body(request)
+    source = body.get("input_ids") if body.get("input_ids") is not None else body.get("text")
+    if source is None:
+        return _error(400, "Either text or input_ids should be provided.")
+    ids, count = _prompt_of(state, source)
+    params = body.get("sampling_params") or {}
+    max_new = params.get("max_new_tokens")
+    stream = bool(body.get("stream", False))
+    req = _new_request(
+        ids,
+        count,
+        DEFAULT_MAX_NEW_TOKENS if max_new is None else max_new,
+        stream=stream,
+        rid=body.get("rid"),
+    )
+    text = TextStream(state.tokenizer, hash(req.rid) & 0xFFFF)
+    scheduler.submit(req)
+    if not stream:
+        return await _collect(state, request, req, lambda: _generate_chunk(req, text, count), text)
+    response = web.StreamResponse(headers=SSE_HEADERS)
+    await response.prepare(request)
+    try:
+        async for generated in _follow(req):
+            text.advance(generated)
+            await response.write(_sse(_generate_chunk(req, text, count)))
+        await response.write(_sse("[DONE]"))
+    except (ConnectionResetError, asyncio.CancelledError):
+        scheduler.abort(req)
+        raise
+    _finish(state, req)
+    return response
+
+
+async def _collect(
+    state: ServerState,
+    request: web.Request,
+    req: Request,
+    render: Callable[[], dict[str, Any]],
+    text: TextStream,
+) -> web.Response:
+    try:
+        async for generated in _follow(req):
+            text.advance(generated)
+    except asyncio.CancelledError:
+        _scheduler(state).abort(req)
+        raise
+    _finish(state, req)
+    if req.aborted and req.error:
+        return _error(400, req.error)
+    return web.json_response(render())
+
+
+# -- OpenAI-compatible endpoints ----------------------------------------------------------
+
+
+def _usage(req: Request) -> dict[str, Any]:
+    return {
+        "prompt_tokens": req.prompt_tokens,
+        "completion_tokens": req.generated,
+        "total_tokens": req.prompt_tokens + req.generated,
+        "prompt_tokens_details": {"cached_tokens": req.cached_tokens}
+        if req.cached_tokens
+        else None,
+        "reasoning_tokens": 0,
+    }
+
+
+def _openai_max_tokens(body: dict[str, Any], default: int) -> int:
+    value = body.get("max_completion_tokens", body.get("max_tokens"))
+    return default if value is None else int(value)
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    state = _state(request)
+    body = await _json_body(request)
+    if "prompt" not in body:
+        return _error(400, "prompt is required")
+    ids, count = _prompt_of(state, body["prompt"])
+    max_new = _openai_max_tokens(body, DEFAULT_COMPLETION_MAX_TOKENS)
+    return await _openai(request, state, body, (ids, count), max_new, chat=False)
+
+
+def _chat_prompt(state: ServerState, messages: list[dict[str, Any]]) -> tuple[list[int], int]:
+    """The fixture chat template: 'role : content' per message, then 'assistant :'."""
+    parts = []
+    for message in messages:
+        content = message.get("content") or ""
+        if isinstance(content, list):  # OpenAI content parts
+            content = " ".join(p.get("text", "") for p in content if isinstance(p, dict))
+        parts.append(f"{message.get('role', 'user')} : {content}")
+    ids = state.tokenizer.encode("\n".join([*parts, "assistant :"]))
+    return ids, len(ids)
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    state = _state(request)
+    body = await _json_body(request)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return _error(400, "messages must be a non-empty list")
+    ids, count = _chat_prompt(state, messages)
+    max_new = _openai_max_tokens(body, DEFAULT_MAX_NEW_TOKENS)
+    return await _openai(request, state, body, (ids, count), max_new, chat=True)
+
+
+def _choice(chat: bool, delta: str | None, req: Request, stream: bool) -> dict[str, Any]:
+    finish = "length" if req.finished and not req.aborted else ("abort" if req.aborted else None)
+    choice: dict[str, Any] = {
+        "index": 0,
+        "logprobs": None,
+        "finish_reason": finish,
+        "matched_stop": None,
+    }
+    if not chat:
+        choice["text"] = delta or ""
+    elif stream:
+        choice["delta"] = {"role": "assistant", "content": delta}
+    else:
+        choice["message"] = {
+            "role": "assistant",
+            "content": delta,
+            "reasoning_content": None,
+            "tool_calls": None,
+        }
+    return choice
+
+
+async def _openai(
+    request: web.Request,
+    state: ServerState,
+    body: dict[str, Any],
+    prompt: tuple[list[int], int],
+    max_new: int,
+    *,
+    chat: bool,
+) -> web.StreamResponse:
+    ids, count = prompt
+    scheduler = _scheduler(state)
+    stream = bool(body.get("stream", False))
+    req = _new_request(ids, count, max_new, stream=stream)
+    text = TextStream(state.tokenizer, hash(req.rid) & 0xFFFF)
+    prefix = "chatcmpl-" if chat else "cmpl-"
+    base = {
+        "id": prefix + req.rid,
+        "object": "chat.completion.chunk" if chat else "text_completion",
+        "created": int(time.time()),
+        "model": body.get("model") or state.served_model_name,
+    }
+    scheduler.submit(req)
+    if not stream:
+        obj = "chat.completion" if chat else "text_completion"
+
+        def render() -> dict[str, Any]:
+            choice = _choice(chat, text.text, req, stream=False)
+            return {**base, "object": obj, "choices": [choice], "usage": _usage(req)}
+
+        return await _collect(state, request, req, render, text)
+    options = body.get("stream_options") or {}
+    response = web.StreamResponse(headers=SSE_HEADERS)
+    await response.prepare(request)
+    try:
+        if chat:
+            first = {
+                "index": 0,
+                "delta": {"role": "assistant", "content": ""},
+                "logprobs": None,
+                "finish_reason": None,
+            }
+            await response.write(_sse({**base, "choices": [first]}))
+        async for generated in _follow(req):
+            delta = text.advance(generated)
+            if delta or req.finished:
+                choice = _choice(chat, delta, req, stream=True)
+                await response.write(_sse({**base, "choices": [choice]}))
+        if options.get("include_usage"):
+            await response.write(_sse({**base, "choices": [], "usage": _usage(req)}))
+        await response.write(_sse("[DONE]"))
+    except (ConnectionResetError, asyncio.CancelledError):
+        scheduler.abort(req)
+        raise
+    _finish(state, req)
+    return response
+
+
+# -- metrics, auth, app -------------------------------------------------------------------
+
+
+async def metrics(request: web.Request) -> web.Response:
+    state = _state(request)
+    if state.metrics is None:
+        raise web.HTTPNotFound()
+    if state.scheduler is not None:
+        state.metrics.refresh(state.scheduler)
+    body = generate_latest(state.metrics.registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def _auth_middleware(api_key: str) -> Callable[[web.Request, Handler], Awaitable[Any]]:
+    @web.middleware
+    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        # SGLang exempts health checks and Prometheus scrapes from the API key.
+        if request.path.startswith(("/health", "/metrics")):
+            return await handler(request)
+        if request.headers.get("Authorization", "") != f"Bearer {api_key}":
+            return web.json_response({"error": "Unauthorized"}, status=401)
+        return await handler(request)
+
+    return check
+
+
+def build_app(state: ServerState, api_key: str | None) -> web.Application:
+    middlewares = [_auth_middleware(api_key)] if api_key else []
+    app = web.Application(middlewares=middlewares, client_max_size=64 * 1024 * 1024)
+    app["state"] = state
+    app.router.add_get("/health", health)
+    app.router.add_get("/health_generate", health)
+    for path in ("/server_info", "/get_server_info"):
+        app.router.add_get(path, server_info)
+    for path in ("/model_info", "/get_model_info"):
+        app.router.add_get(path, model_info)
+    app.router.add_get("/v1/models", list_models)
+    app.router.add_route("GET", "/flush_cache", flush_cache)
+    app.router.add_route("POST", "/flush_cache", flush_cache)
+    app.router.add_post("/generate", generate)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_get("/metrics", metrics)
+    return app

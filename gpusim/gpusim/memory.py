@@ -1,0 +1,389 @@
+"""GPU and host memory model, after SGLang 0.5.23's own arithmetic.
+
+Sources in the sglang 0.5.23 wheel: `srt/arg_groups/memory_hook.py` (default
+mem_fraction_static), `srt/mem_cache/kv_cache_configurator.py` (`_profile_available_bytes`,
+`resolve_max_num_reqs`), `srt/model_executor/pool_configurator.py` (the "Not enough memory"
+check), `srt/mem_cache/pool_host/base.py` (HiCache host pool). The headroom model (what the
+memory outside mem_fraction_static must hold) is the double's own and is documented in
+README.md with its constants below.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from gpusim.model import ModelShape
+
+MIB = 1 << 20
+GIB = 1 << 30
+
+# Memory a CUDA context (+ NCCL communicators) takes on every GPU before weights load.
+CUDA_CONTEXT_MIB = 768
+# Headroom model: what lives outside the static pool (weights + KV) once the server runs.
+RUNTIME_BASE_MIB = 512  # allocator/attention metadata, as SGLang's 512 MiB constant
+RUNTIME_PER_8_RANKS_MIB = 1024  # NCCL/custom all-reduce buffers: tp*pp/8 GiB, as SGLang
+DECODE_GRAPH_MIB_PER_BS = 2  # per captured decode batch size, as SGLang's estimate
+MLA_PREFILL_GRAPH_MIB = 1536  # as SGLang's MLA prefill-graph reserve
+MHA_PREFILL_GRAPH_MIB_PER_BUCKET = 8  # as SGLang's per-bucket MHA prefill-graph reserve
+# Real activation memory per prefill token. SGLang's reserve estimate uses 1.5 MiB/token,
+# which is deliberately conservative; the double uses 0.5 so a fraction above SGLang's
+# default still works up to a point, then OOMs in a large prefill (as in the story).
+ACTIVATION_MIB_PER_TOKEN = 0.5
+# SGLang keeps 10 GiB of host RAM for itself before sizing a HiCache host pool.
+HICACHE_HOST_RESERVE_BYTES = 10 * GIB
+DEFAULT_HICACHE_RATIO = 2.0
+DEFAULT_HICACHE_HOST_MEMORY_FRACTION = 0.8
+# SGLang refuses to start when the least-free GPU has under 90% of this rank's free memory.
+TP_BALANCE_RATIO = 0.9
+
+KV_ELEMENT_BYTES = {
+    "bf16": 2.0,
+    "bfloat16": 2.0,
+    "fp8_e4m3": 1.0,
+    "fp8_e5m2": 1.0,
+    "mxfp8": 1.0,
+    "nvfp4": 0.5,
+    "fp4_mx_block16": 0.5,
+    "fp4_e2m1": 0.5,
+}
+
+
+class StartupFailure(Exception):
+    """A failure SGLang would raise during start-up: exception type, message and phase."""
+
+    def __init__(self, exc_type: str, message: str, phase: str) -> None:
+        super().__init__(message)
+        self.exc_type = exc_type
+        self.message = message
+        self.phase = phase
+
+
+@dataclass
+class MemoryArgs:
+    """The server flags the memory model reads (SGLang names)."""
+
+    tp_size: int = 1
+    pp_size: int = 1
+    nnodes: int = 1
+    mem_fraction_static: float | None = None
+    kv_cache_dtype: str = "auto"
+    chunked_prefill_size: int | None = None
+    max_prefill_tokens: int = 16384
+    max_running_requests: int | None = None
+    max_total_tokens: int | None = None
+    page_size: int | None = None
+    disable_cuda_graph: bool = False
+    cuda_graph_max_bs: int | None = None
+    enable_hierarchical_cache: bool = False
+    disable_radix_cache: bool = False
+    hicache_size: int = 0
+    hicache_ratio: float | None = None
+
+
+@dataclass
+class MemoryPlan:
+    """Everything start-up decides about memory, per rank unless named otherwise."""
+
+    gpu_total_mib: int
+    mem_fraction_static: float
+    chunked_prefill_size: int
+    decode_graph_max_bs: int
+    pre_gib: float
+    weight_gib: float
+    post_gib: float
+    rest_gib: float
+    cell_size: float
+    max_total_num_tokens: int
+    max_running_requests: int
+    context_len: int
+    kv_gib: float
+    graph_mib: dict[str, float]
+    runtime_mib: float
+    headroom_mib: float
+    max_prefill_activation_tokens: int
+    host_pool_tokens: int = 0
+    host_pool_bytes_per_rank: int = 0
+    warnings: list[str] = field(default_factory=list)
+    hicache_failure: StartupFailure | None = None
+
+    @property
+    def graph_total_mib(self) -> float:
+        return sum(self.graph_mib.values())
+
+    @property
+    def rank_used_mib(self) -> int:
+        """What one rank holds on its GPU once serving (what nvidia-smi shows)."""
+        return round(
+            CUDA_CONTEXT_MIB
+            + (self.weight_gib + self.kv_gib) * 1024
+            + self.graph_total_mib
+            + self.runtime_mib
+        )
+
+
+def kv_element_bytes(kv_cache_dtype: str, model: ModelShape) -> float:
+    if kv_cache_dtype == "auto":
+        return float(model.dtype_bytes)
+    return KV_ELEMENT_BYTES[kv_cache_dtype]
+
+
+def cell_size_bytes(model: ModelShape, tp_size: int, kv_cache_dtype: str) -> float:
+    """KV bytes per token on one rank (SGLang's cell_size)."""
+    elem = kv_element_bytes(kv_cache_dtype, model)
+    if model.is_mla:
+        # The latent cache is replicated on every rank, not split by TP.
+        assert model.kv_lora_rank is not None and model.qk_rope_head_dim is not None
+        return (model.kv_lora_rank + model.qk_rope_head_dim) * model.num_layers * elem
+    kv_heads = max(1, model.num_kv_heads // tp_size)
+    return kv_heads * (model.head_dim + model.v_head_dim) * model.num_layers * elem
+
+
+def default_chunk_and_graph_bs(gpu_mem_mib: float, tp_size: int) -> tuple[int, int]:
+    """SGLang's GPU-size tiers for chunked_prefill_size and the decode CUDA-graph max bs."""
+    tiers = (  # (upper bound MiB, chunk, max_bs tp<4, max_bs tp>=4)
+        (20 * 1024, 2048, 8, 8),
+        (35 * 1024, 4096, 48, 160),
+        (60 * 1024, 4096, 32, 160),
+        (90 * 1024, 8192, 256, 512),
+        (160 * 1024, 8192, 256, 512),
+    )
+    for bound, chunk, small, large in tiers:
+        if gpu_mem_mib < bound:
+            return chunk, small if tp_size < 4 else large
+    return 16384, 512
+
+
+def prefill_graph_buckets(max_tokens: int) -> list[int]:
+    """SGLang's prefill CUDA-graph capture sizes (token buckets) up to max_tokens."""
+    sizes = (
+        list(range(4, 33, 4))
+        + list(range(48, 257, 16))
+        + list(range(288, 513, 32))
+        + list(range(576, 1025, 64))
+        + list(range(1280, 4097, 256))
+        + list(range(4608, max_tokens + 1, 512))
+    )
+    return [s for s in sizes if s <= max_tokens]
+
+
+def graph_memory_mib(
+    model: ModelShape, chunk: int, decode_max_bs: int, disabled: bool
+) -> dict[str, float]:
+    if disabled:
+        return {"decode": 0.0, "prefill": 0.0}
+    if model.is_mla:
+        prefill = float(MLA_PREFILL_GRAPH_MIB)
+    else:
+        prefill = float(len(prefill_graph_buckets(chunk)) * MHA_PREFILL_GRAPH_MIB_PER_BUCKET)
+    return {"decode": float(decode_max_bs * DECODE_GRAPH_MIB_PER_BS), "prefill": prefill}
+
+
+def default_mem_fraction_static(
+    model: ModelShape, args: MemoryArgs, gpu_mem_mib: float, chunk: int, decode_max_bs: int
+) -> float:
+    """SGLang 0.5.23 `handle_gpu_memory_settings`: total minus an activation/graph reserve."""
+    activation_tokens = max(chunk, 2048) if chunk > 0 else max(args.max_prefill_tokens, 2048)
+    reserved = 512 + activation_tokens * 1.5
+    reserved += args.tp_size * args.pp_size / 8 * 1024
+    reserved += sum(graph_memory_mib(model, chunk, decode_max_bs, args.disable_cuda_graph).values())
+    if gpu_mem_mib > 60 * 1024:
+        reserved = max(reserved, 10 * 1024)
+    return round((gpu_mem_mib - reserved) / gpu_mem_mib, 3)
+
+
+def check_args(args: MemoryArgs) -> None:
+    """Flag combinations SGLang rejects before any GPU work."""
+    if (args.tp_size * args.pp_size) % args.nnodes != 0:
+        raise StartupFailure(
+            "AssertionError", "tp_size must be divisible by number of nodes", "args"
+        )
+    if args.enable_hierarchical_cache and args.disable_radix_cache:
+        raise StartupFailure(
+            "ValueError",
+            "The arguments enable-hierarchical-cache and disable-radix-cache are mutually "
+            "exclusive and cannot be used at the same time. Please use only one of them.",
+            "args",
+        )
+
+
+def resolve_defaults(args: MemoryArgs, model: ModelShape, gpu_mem_mib: int) -> tuple[int, int]:
+    """Fill chunked_prefill_size/mem_fraction_static like SGLang; return (chunk, decode bs)."""
+    chunk, decode_bs = default_chunk_and_graph_bs(gpu_mem_mib, args.tp_size)
+    if args.chunked_prefill_size is not None:
+        chunk = args.chunked_prefill_size
+    if args.cuda_graph_max_bs is not None:
+        decode_bs = args.cuda_graph_max_bs
+    elif args.max_running_requests is not None:
+        decode_bs = min(decode_bs, args.max_running_requests)
+    if args.mem_fraction_static is None:
+        args.mem_fraction_static = default_mem_fraction_static(
+            model, args, gpu_mem_mib, chunk, decode_bs
+        )
+    return chunk, decode_bs
+
+
+def check_balance(free_mib_per_rank: list[int]) -> None:
+    least = min(free_mib_per_rank)
+    for local in free_mib_per_rank:
+        if least < local * TP_BALANCE_RATIO:
+            pre, loc = least / 1024, local / 1024
+            raise StartupFailure(
+                "RuntimeError",
+                "The memory capacity is unbalanced. Some GPUs may be occupied by other "
+                f"processes. pre_model_load_memory={pre!r}, local_gpu_memory={loc!r}, "
+                f"local_gpu_memory * 0.9={loc * 0.9!r}",
+                "init",
+            )
+
+
+def plan_memory(
+    model: ModelShape,
+    args: MemoryArgs,
+    gpu_total_mib: int,
+    free_mib_per_rank: list[int],
+    host_ram_bytes: float,
+) -> MemoryPlan:
+    """Run start-up's memory decisions; raise StartupFailure where SGLang would fail."""
+    check_args(args)
+    chunk, decode_bs = resolve_defaults(args, model, gpu_total_mib)
+    mfs = args.mem_fraction_static
+    assert mfs is not None
+    check_balance(free_mib_per_rank)
+    pre_gib = (min(free_mib_per_rank) - CUDA_CONTEXT_MIB) / 1024
+    weight_gib = model.weight_bytes / args.tp_size / GIB
+    if weight_gib > pre_gib:
+        raise StartupFailure(
+            "torch.OutOfMemoryError",
+            _oom_message(weight_gib - pre_gib, gpu_total_mib, pre_gib),
+            "load_weights",
+        )
+    post_gib = pre_gib - weight_gib
+    rest_gib = post_gib - pre_gib * (1 - mfs)
+    if rest_gib <= 0:
+        minimum = 1 - post_gib / pre_gib
+        raise StartupFailure(
+            "ValueError",
+            "Loaded weights leave no GPU memory for the KV cache under "
+            f"--mem-fraction-static={mfs}. Raise --mem-fraction-static above "
+            f"{math.ceil(minimum * 1000) / 1000:.3f} (minimum viable = 1 - available/pre = "
+            f"{minimum:.4f}). If using speculative decoding, draft weights are now counted.",
+            "kv_cache",
+        )
+    cell = cell_size_bytes(model, args.tp_size, args.kv_cache_dtype)
+    tokens = int(rest_gib * GIB // cell)
+    if args.max_total_tokens is not None:
+        tokens = min(tokens, args.max_total_tokens)
+    page = args.page_size or 1
+    tokens = tokens // page * page
+    if tokens <= 0:
+        raise StartupFailure(
+            "RuntimeError",
+            "Not enough memory. Please try to increase --mem-fraction-static. "
+            f"Current value: mem_fraction_static={mfs}",
+            "kv_cache",
+        )
+    graph = graph_memory_mib(model, chunk, decode_bs, args.disable_cuda_graph)
+    runtime = RUNTIME_BASE_MIB + args.tp_size * args.pp_size / 8 * RUNTIME_PER_8_RANKS_MIB
+    headroom = pre_gib * 1024 * (1 - mfs)
+    spare = headroom - sum(graph.values()) - runtime
+    plan = MemoryPlan(
+        gpu_total_mib=gpu_total_mib,
+        mem_fraction_static=mfs,
+        chunked_prefill_size=chunk,
+        decode_graph_max_bs=decode_bs,
+        pre_gib=pre_gib,
+        weight_gib=weight_gib,
+        post_gib=post_gib,
+        rest_gib=rest_gib,
+        cell_size=cell,
+        max_total_num_tokens=tokens,
+        max_running_requests=max_running_requests(tokens, model.context_len, args),
+        context_len=model.context_len,
+        kv_gib=tokens * cell / GIB,
+        graph_mib=graph,
+        runtime_mib=runtime,
+        headroom_mib=headroom,
+        max_prefill_activation_tokens=max(0, int(spare / ACTIVATION_MIB_PER_TOKEN)),
+    )
+    if args.enable_hierarchical_cache:
+        # The host pool is sized after the device pool and graphs exist: fail at that point.
+        try:
+            plan_host_pool(plan, args, host_ram_bytes)
+        except StartupFailure as exc:
+            plan.hicache_failure = exc
+    return plan
+
+
+def max_running_requests(tokens: int, context_len: int, args: MemoryArgs) -> int:
+    """SGLang's `resolve_max_num_reqs`."""
+    if args.max_running_requests is not None:
+        return min(max(1, args.max_running_requests), tokens // 2)
+    estimated = max(min(int(tokens / context_len * 512), 4096), 2048)
+    return min(estimated, tokens // 2)
+
+
+def plan_host_pool(plan: MemoryPlan, args: MemoryArgs, host_ram_bytes: float) -> None:
+    """HiCache host pool per rank; every rank on the host checks its share of free RAM."""
+    ranks_per_host = max(1, args.tp_size * args.pp_size // args.nnodes)
+    budget = int((host_ram_bytes - HICACHE_HOST_RESERVE_BYTES) // ranks_per_host)
+    if args.hicache_size > 0:
+        size = int(args.hicache_size * 1e9 // plan.cell_size)
+    elif args.hicache_ratio is not None:
+        size = int(plan.max_total_num_tokens * args.hicache_ratio)
+    else:
+        # Neither set: the default ratio shrinks until all ranks fit 80% of the budget.
+        size = int(plan.max_total_num_tokens * DEFAULT_HICACHE_RATIO)
+        size = min(size, int(budget * DEFAULT_HICACHE_HOST_MEMORY_FRACTION // plan.cell_size))
+    page = args.page_size or 1
+    size = (size // page + 1) * page  # SGLang reserves one padding page
+    if size <= plan.max_total_num_tokens:
+        plan.warnings.append(
+            f"HiCache kv host pool ({size} tokens) is smaller than the device pool "
+            f"({plan.max_total_num_tokens} tokens);L2 cache effectiveness is reduced."
+            "Consider increasing --hicache-ratio (or --hicache-size) for higher L2 cache "
+            "hit rate."
+        )
+    requested = int(size * plan.cell_size)
+    if requested > budget:
+        raise StartupFailure(
+            "ValueError",
+            f"Not enough host memory available. Requesting {requested / 1e9:.2f} GB but only "
+            f"have {budget / 1e9:.2f} GB free. Please reduce the size of the hierarchical cache.",
+            "hicache",
+        )
+    plan.host_pool_tokens = size
+    plan.host_pool_bytes_per_rank = requested
+
+
+def _oom_message(short_gib: float, total_mib: int, free_gib: float) -> str:
+    return (
+        f"CUDA out of memory. Tried to allocate {max(short_gib, 0.01):.2f} GiB. GPU 0 has a "
+        f"total capacity of {total_mib / 1024:.2f} GiB of which {max(free_gib, 0):.2f} GiB is "
+        "free. Of the allocated memory, PyTorch has reserved memory that is in use. If reserved "
+        "but unallocated memory is large try setting "
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation."
+    )
+
+
+def capture_oom(plan: MemoryPlan) -> StartupFailure | None:
+    """CUDA-graph capture fails when the headroom cannot even hold graphs + runtime buffers."""
+    need = plan.graph_total_mib + plan.runtime_mib
+    if need <= plan.headroom_mib:
+        return None
+    return StartupFailure(
+        "torch.OutOfMemoryError",
+        _oom_message(
+            (need - plan.headroom_mib) / 1024, plan.gpu_total_mib, plan.headroom_mib / 1024
+        ),
+        "graph_capture",
+    )
+
+
+def prefill_oom_message(plan: MemoryPlan, new_tokens: int) -> str | None:
+    """A prefill batch whose activations do not fit in what graphs left of the headroom."""
+    if new_tokens <= plan.max_prefill_activation_tokens:
+        return None
+    need_gib = new_tokens * ACTIVATION_MIB_PER_TOKEN / 1024
+    have_gib = plan.max_prefill_activation_tokens * ACTIVATION_MIB_PER_TOKEN / 1024
+    return _oom_message(need_gib - have_gib, plan.gpu_total_mib, have_gib)

@@ -1,0 +1,548 @@
+"""`python3 -m gpusim.sglang_server <SGLang flags>`: stands in for `python -m sglang.launch_server`.
+
+The launcher parses SGLang's flags, binds the HTTP port, spawns one process per TP rank
+(gpusim.rank, which inherits the listening socket), simulates start-up with SGLang's log
+lines while registering each rank's GPU memory, then serves SGLang's HTTP API with a
+simulated scheduler. Failures SGLang raises in a scheduler end the way SGLang's do: the
+rank logs "Scheduler hit an exception", the launcher kills its tree and itself (SIGKILL).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import errno
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from gpusim import flags, state
+from gpusim.engine import Request, Scheduler
+from gpusim.http_api import Metrics, ServerState, build_app
+from gpusim.memory import (
+    CUDA_CONTEXT_MIB,
+    GIB,
+    MemoryArgs,
+    MemoryPlan,
+    StartupFailure,
+    capture_oom,
+    check_args,
+    plan_memory,
+    prefill_graph_buckets,
+)
+from gpusim.model import ModelDirError, ModelShape, load_model
+from gpusim.tokenizer import WordTokenizer
+
+log = logging.getLogger("gpusim.launcher")
+rank_log = logging.getLogger("gpusim.scheduler")
+DRAIN_POLL_S = 0.05
+DRAIN_LOG_EVERY_S = 1.0
+CHILD_TERM_WAIT_S = 5.0
+KV_DTYPE_NAMES = {
+    "auto": "torch.bfloat16",
+    "bf16": "torch.bfloat16",
+    "bfloat16": "torch.bfloat16",
+    "fp8_e4m3": "torch.float8_e4m3fn",
+    "fp8_e5m2": "torch.float8_e5m2",
+    "mxfp8": "torch.float8_e4m3fn",
+    "nvfp4": "torch.float4_e2m1fn_x2",
+    "fp4_mx_block16": "torch.float4_e2m1fn_x2",
+}
+
+
+class PrefixFormatter(logging.Formatter):
+    """SGLang's format: `[time TP0] message`; the rank prefix rides on the record."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        if not hasattr(record, "prefix"):
+            record.prefix = ""
+        return super().format(record)
+
+
+def configure_logging(level: str, rank_prefix: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        PrefixFormatter("[%(asctime)s%(prefix)s] %(message)s", "%Y-%m-%d %H:%M:%S")
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(getattr(logging, level.upper(), logging.INFO))
+
+    def add_prefix(record: logging.LogRecord) -> bool:
+        # Per-rank start-up lines pass their own prefix; the rest speak as the first rank.
+        if not hasattr(record, "prefix"):
+            record.prefix = rank_prefix
+        return True
+
+    rank_log.filters[:] = [add_prefix]
+
+
+def print_traceback(exc_type: str, message: str, where: str) -> None:
+    """A Python-shaped traceback for failures SGLang raises in the launcher process."""
+    print("Traceback (most recent call last):", file=sys.stderr)
+    print(f'  File "<frozen runpy>", line 198, in _run_module_as_main\n  {where}', file=sys.stderr)
+    print(f"{exc_type}: {message}", file=sys.stderr, flush=True)
+
+
+def _memory_args(args: argparse.Namespace) -> MemoryArgs:
+    names = MemoryArgs.__dataclass_fields__
+    values = {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
+    graph_bs = getattr(args, "cuda_graph_max_bs_decode", None)
+    if graph_bs is not None:
+        values["cuda_graph_max_bs"] = graph_bs
+    return MemoryArgs(**values)
+
+
+@dataclass
+class RankProc:
+    tp_rank: int
+    gpu: int
+    title: str
+    proc: subprocess.Popen[bytes]
+    used_mib: int = 0
+
+
+class Launcher:
+    def __init__(self, args: argparse.Namespace, argv: Sequence[str]) -> None:
+        self.args = args
+        self.argv = list(argv)
+        self.hardware = state.load_hardware()
+        self.timing = self.hardware.timing
+        self.ranks: list[RankProc] = []
+        self.server: ServerState | None = None
+        self.runner: web.AppRunner | None = None
+        self.shutdown = asyncio.Event()
+        self.exit_code = 0
+        tp, pp, nnodes = args.tp_size, getattr(args, "pp_size", 1), getattr(args, "nnodes", 1)
+        self.local_ranks = max(1, tp * pp // max(1, nnodes))
+        self.first_rank = getattr(args, "node_rank", 0) * self.local_ranks
+        self.rank_prefix = f" TP{self.first_rank}" if tp > 1 else ""
+
+    # -- process tree ----------------------------------------------------------------------
+    def _gpu_of(self, local_rank: int) -> int:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        base = getattr(self.args, "base_gpu_id", 0) or 0
+        index = base + local_rank
+        if visible:
+            return int(visible.split(",")[index])
+        return index
+
+    def _title(self, tp_rank: int) -> str:
+        prefix = ""
+        if getattr(self.args, "pp_size", 1) > 1:
+            prefix += " PP0"
+        if self.args.tp_size > 1:
+            prefix += f" TP{tp_rank}"
+        return f"sglang::scheduler{prefix.replace(' ', '_')}"
+
+    def spawn_ranks(self, sock: socket.socket) -> None:
+        for local in range(self.local_ranks):
+            tp_rank = self.first_rank + local
+            gpu = self._gpu_of(local)
+            title = self._title(tp_rank)
+            cmd = [sys.executable, "-m", "gpusim.rank", "--gpu", str(gpu), "--title", title]
+            # Same session and process group as the launcher, as multiprocessing children.
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, pass_fds=(sock.fileno(),))
+            self.ranks.append(RankProc(tp_rank, gpu, title, proc))
+        for rank in self.ranks:
+            assert rank.proc.stdout is not None
+            rank.proc.stdout.readline()  # "ready": title set, device file open
+            rank.proc.stdout.close()
+            self._register(rank, CUDA_CONTEXT_MIB)
+
+    def _register(self, rank: RankProc, used_mib: float) -> None:
+        rank.used_mib = round(used_mib)
+        with contextlib.suppress(ProcessLookupError):
+            state.register(rank.proc.pid, rank.gpu, rank.used_mib, rank.title)
+
+    def kill_ranks(self, sig: int) -> None:
+        for rank in self.ranks:
+            with contextlib.suppress(ProcessLookupError):
+                rank.proc.send_signal(sig)
+
+    def reap_ranks(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for rank in self.ranks:
+            try:
+                rank.proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                rank.proc.kill()
+                rank.proc.wait()
+            state.unregister(rank.proc.pid)
+
+    def die_with_tree(self) -> None:
+        """SGLang's kill_process_tree(os.getpid()): children, then SIGKILL to itself."""
+        self.kill_ranks(signal.SIGKILL)
+        self.reap_ranks(5)
+        sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    # -- failures --------------------------------------------------------------------------
+    def scheduler_exception(self, exc_type: str, message: str, running: bool) -> None:
+        rank_log.error(
+            "Scheduler hit an exception: Traceback (most recent call last):\n"
+            '  File "/sgl-workspace/sglang/python/sglang/srt/managers/scheduler.py", '
+            "line 6363, in run_scheduler_process\n"
+            "    scheduler = Scheduler(server_args, port_args)\n"
+            f"{exc_type}: {message}\n"
+        )
+        if running:
+            log.error(
+                "SIGQUIT received. signum=None, frame=None. It usually means one child failed."
+            )
+        else:
+            log.error("Received sigquit from a child process. It usually means the child failed.")
+        self.die_with_tree()
+
+    # -- start-up --------------------------------------------------------------------------
+    def _rank_extra(self, rank: RankProc) -> dict[str, str]:
+        return {"prefix": f" TP{rank.tp_rank}" if self.args.tp_size > 1 else ""}
+
+    def _free_mib_per_rank(self) -> list[int]:
+        """Free memory per rank's GPU before this server allocates anything."""
+        mine = {r.proc.pid for r in self.ranks}
+        procs = [p for p in state.live_procs() if p.pid not in mine]
+        used = state.used_mib_by_gpu(self.hardware, procs)
+        return [self.hardware.gpu_memory_mib - used[r.gpu] for r in self.ranks]
+
+    def _avail_gib(self, rank: RankProc) -> float:
+        others = sum(
+            p.used_mib
+            for p in state.live_procs(prune=False)
+            if p.gpu_index == rank.gpu and p.pid != rank.proc.pid
+        )
+        return (self.hardware.gpu_memory_mib - others - rank.used_mib) / 1024
+
+    async def startup(self, model: ModelShape, mem_args: MemoryArgs) -> MemoryPlan:
+        free = self._free_mib_per_rank()
+        host_bytes = self.hardware.host_ram_gib * GIB
+        failure: StartupFailure | None = None
+        plan: MemoryPlan | None = None
+        try:
+            plan = plan_memory(model, mem_args, self.hardware.gpu_memory_mib, free, host_bytes)
+        except StartupFailure as exc:
+            failure = exc
+        self._fail_if(failure, "init")
+        await self._load_weights(model, mem_args, failure)
+        self._fail_if(failure, "kv_cache")
+        assert plan is not None
+        self._allocate_kv(plan, mem_args)
+        await self._capture_graphs(plan)
+        self._fail_if(plan.hicache_failure, "hicache")
+        if plan.host_pool_tokens:
+            rank_log.info(
+                f"Allocating kv hierarchical KV host pool: {plan.host_pool_tokens} tokens, "
+                f"{plan.host_pool_bytes_per_rank / 1e9:.2f} GB host memory."
+            )
+        for warning in plan.warnings:
+            rank_log.warning(warning)
+        return plan
+
+    def _fail_if(self, failure: StartupFailure | None, phase: str) -> None:
+        if failure is not None and failure.phase == phase:
+            self.scheduler_exception(failure.exc_type, failure.message, running=False)
+
+    async def _load_weights(
+        self, model: ModelShape, mem_args: MemoryArgs, failure: StartupFailure | None
+    ) -> None:
+        for rank in self.ranks:
+            rank_log.info(
+                f"Load weight begin. avail mem={self._avail_gib(rank):.2f} GB",
+                extra=self._rank_extra(rank),
+            )
+        tic = time.perf_counter()
+        await asyncio.sleep(self.timing.load_weights_s)
+        self._fail_if(failure, "load_weights")
+        weight_gib = model.weight_bytes / mem_args.tp_size / GIB
+        for rank in self.ranks:
+            self._register(rank, CUDA_CONTEXT_MIB + weight_gib * 1024)
+            rank_log.info(
+                f"Load weight end. elapsed={time.perf_counter() - tic:.2f} s, "
+                f"type={model.architecture}, "
+                f"avail mem={self._avail_gib(rank):.2f} GB, mem usage={weight_gib:.2f} GB.",
+                extra=self._rank_extra(rank),
+            )
+
+    def _allocate_kv(self, plan: MemoryPlan, mem_args: MemoryArgs) -> None:
+        dtype = KV_DTYPE_NAMES.get(mem_args.kv_cache_dtype, "torch.bfloat16")
+        kv_gb = plan.kv_gib
+        for rank in self.ranks:
+            self._register(rank, rank.used_mib + kv_gb * 1024)
+            if self.server is not None and self.server.model_info.get("is_mla"):
+                sizes = f"KV size: {kv_gb:.2f} GB"
+            else:
+                sizes = f"K size: {kv_gb / 2:.2f} GB, V size: {kv_gb / 2:.2f} GB"
+            rank_log.info(
+                f"KV Cache is allocated. dtype: {dtype}, #tokens: {plan.max_total_num_tokens}, "
+                + sizes,
+                extra=self._rank_extra(rank),
+            )
+            rank_log.info(
+                f"Memory pool end. avail mem={self._avail_gib(rank):.2f} GB",
+                extra=self._rank_extra(rank),
+            )
+
+    async def _capture_graphs(self, plan: MemoryPlan) -> None:
+        oom = capture_oom(plan)
+        for phase in ("decode", "prefill"):
+            mib = plan.graph_mib[phase]
+            if phase == "decode":
+                detail = "CUDA graph begin. backend=full, num_tokens_per_req=1"
+            else:
+                detail = "CUDA graph begin. backend=breakable, " + (
+                    f"num_tokens={prefill_graph_buckets(plan.chunked_prefill_size)[-1:]}"
+                )
+            for rank in self.ranks:
+                rank_log.info(
+                    f"Capture target {phase} {detail}, avail mem={self._avail_gib(rank):.2f} GB",
+                    extra=self._rank_extra(rank),
+                )
+            tic = time.perf_counter()
+            await asyncio.sleep(self.timing.graph_capture_s / 2)
+            if oom is not None:
+                self.scheduler_exception(oom.exc_type, oom.message, running=False)
+            for rank in self.ranks:
+                extra = mib + (plan.runtime_mib if phase == "decode" else 0)
+                self._register(rank, rank.used_mib + extra)
+                rank_log.info(
+                    f"Capture target {phase} CUDA graph end. elapsed="
+                    f"{time.perf_counter() - tic:.2f} s, mem usage={mib / 1024:.2f} GB, "
+                    f"avail mem={self._avail_gib(rank):.2f} GB.",
+                    extra=self._rank_extra(rank),
+                )
+
+    async def warmup(self, scheduler: Scheduler) -> None:
+        """SGLang sends one short generation before it declares itself ready."""
+        req = Request(rid="warmup", prompt_tokens=6, max_new_tokens=8)
+        scheduler.submit(req)
+        while not req.finished:
+            await req.progress.wait()
+            req.progress.clear()
+
+    # -- shutdown --------------------------------------------------------------------------
+    def on_sigterm(self) -> None:
+        log.info(
+            "SIGTERM received. signum=<Signals.SIGTERM: 15> frame=None. "
+            "Draining requests and shutting down..."
+        )
+        if self.server is not None:
+            self.server.gracefully_exit = True
+        self.shutdown.set()
+
+    async def drain(self) -> None:
+        scheduler = self.server.scheduler if self.server else None
+        if os.environ.get("SGL_FORCE_SHUTDOWN", "").lower() in ("1", "true", "yes"):
+            log.error("Signal SIGTERM received while force shutdown flag set. Force exiting.")
+            return
+        last_log = 0.0
+        while scheduler is not None:
+            remaining = [r.rid for r in (*scheduler.running, *scheduler.waiting)]
+            now = time.monotonic()
+            if now - last_log >= DRAIN_LOG_EVERY_S or not remaining:
+                log.info(
+                    f"Gracefully exiting... Remaining number of requests {len(remaining)}. "
+                    f"Remaining requests remaining_rids={remaining}."
+                )
+                last_log = now
+            if not remaining:
+                break
+            await asyncio.sleep(DRAIN_POLL_S)
+        await asyncio.sleep(DRAIN_POLL_S)  # let handlers write their last chunks
+
+    # -- main ------------------------------------------------------------------------------
+    def _server_state(self, model: ModelShape) -> ServerState:
+        args = self.args
+        served = getattr(args, "served_model_name", None) or args.model_path
+        tokenizer_dir = getattr(args, "tokenizer_path", None) or args.model_path
+        info = {
+            "model_path": args.model_path,
+            "served_model_name": served,
+            "tokenizer_path": tokenizer_dir,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": "default",
+            "load_format": getattr(args, "load_format", "auto"),
+            "reasoning_parser": None,
+            "tool_call_parser": None,
+            "disaggregation_mode": "null",
+            "has_image_understanding": False,
+            "has_audio_understanding": False,
+            "model_type": model.model_type,
+            "architectures": [model.architecture],
+            "context_len": model.context_len,
+            "is_mla": model.is_mla,
+        }
+        server_args = {k: v for k, v in vars(args).items() if k != "config"}
+        server_args["served_model_name"] = served
+        return ServerState(
+            server_args=server_args,
+            served_model_name=served,
+            model_info=info,
+            tokenizer=WordTokenizer.from_dir(tokenizer_dir),
+            metrics=Metrics(served) if getattr(args, "enable_metrics", False) else None,
+        )
+
+    async def serve(self, model: ModelShape, mem_args: MemoryArgs, sock: socket.socket) -> int:
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, self.on_sigterm)
+        loop.add_signal_handler(signal.SIGINT, self.on_sigterm)
+        self.server = self._server_state(model)
+        self.spawn_ranks(sock)
+        if getattr(self.args, "node_rank", 0) > 0:
+            return await self._serve_follower(sock)
+        app = build_app(self.server, getattr(self.args, "api_key", None))
+        self.runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self.runner.setup()
+        await web.SockSite(self.runner, sock).start()
+        startup = asyncio.create_task(self.startup(model, mem_args))
+        stop = asyncio.create_task(self.shutdown.wait())
+        await asyncio.wait({startup, stop}, return_when=asyncio.FIRST_COMPLETED)
+        if not startup.done():
+            startup.cancel()  # SIGTERM during start-up: nothing to drain
+            return await self._stop()
+        plan = startup.result()
+        await self._run_ready(plan)
+        await stop
+        await self.drain()
+        return await self._stop()
+
+    async def _run_ready(self, plan: MemoryPlan) -> None:
+        assert self.server is not None
+        scheduler = Scheduler(
+            plan,
+            self.timing,
+            decode_log_interval=getattr(self.args, "decode_log_interval", 40),
+            radix_cache=not getattr(self.args, "disable_radix_cache", False),
+            on_crash=lambda msg: self.scheduler_exception("torch.OutOfMemoryError", msg, True),
+        )
+        self._scheduler_task = asyncio.create_task(scheduler.run())
+        self.server.plan = plan
+        rank_log.info(
+            f"max_total_num_tokens={plan.max_total_num_tokens}, "
+            f"chunked_prefill_size={plan.chunked_prefill_size}, "
+            f"max_prefill_tokens={getattr(self.args, 'max_prefill_tokens', 16384)}, "
+            f"max_running_requests={plan.max_running_requests}, "
+            f"context_len={plan.context_len}, "
+            f"available_gpu_mem={self._avail_gib(self.ranks[0]):.2f} GB"
+        )
+        self.server.scheduler = scheduler
+        if not getattr(self.args, "skip_server_warmup", False):
+            await self.warmup(scheduler)
+        self.server.starting = False
+        log.info("The server is fired up and ready to roll!")
+
+    async def _serve_follower(self, sock: socket.socket) -> int:
+        """Ranks >= 1 of a multi-node group answer /health with 200 and nothing else."""
+        app = web.Application()
+        app.router.add_get("/health", lambda r: _ok())
+        app.router.add_get("/health_generate", lambda r: _ok())
+        self.runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self.runner.setup()
+        await web.SockSite(self.runner, sock).start()
+        await self.shutdown.wait()
+        return await self._stop()
+
+    async def _stop(self) -> int:
+        self.kill_ranks(signal.SIGTERM)
+        self.reap_ranks(CHILD_TERM_WAIT_S)
+        if self.runner is not None:
+            await self.runner.cleanup()
+        return self.exit_code
+
+
+async def _ok() -> web.Response:
+    return web.Response(status=200)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    # SO_REUSEADDR as uvicorn: TIME_WAIT sockets do not block a restart, live listeners do.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _entrypoint_warning() -> None:
+    print(
+        f"{__file__}:1: UserWarning: 'python -m sglang.launch_server' is still supported, but "
+        "'sglang serve' is the recommended entrypoint.\n"
+        "  Example: sglang serve --model-path <model> [options]\n  warnings.warn(",
+        file=sys.stderr,
+    )
+
+
+def _prepare(args: argparse.Namespace) -> tuple[ModelShape, MemoryArgs] | int:
+    """Launcher-side checks; an int is the exit code of a failure already reported."""
+    hardware = state.load_hardware()
+    if not hardware.driver_loaded:
+        print_traceback(
+            "RuntimeError",
+            "Found no NVIDIA driver on your system. Please check that you have an NVIDIA GPU "
+            "and installed a driver from http://www.nvidia.com/Download/index.aspx",
+            "torch.cuda.device_count()",
+        )
+        return 1
+    try:
+        model = load_model(args.model_path, getattr(args, "context_length", None))
+    except (ModelDirError, KeyError, ValueError) as exc:
+        print_traceback("OSError", str(exc), "AutoConfig.from_pretrained(model_path)")
+        return 1
+    mem_args = _memory_args(args)
+    try:
+        check_args(mem_args)
+    except StartupFailure as exc:
+        print_traceback(exc.exc_type, exc.message, "ServerArgs.__post_init__()")
+        return 1
+    needed = mem_args.tp_size * mem_args.pp_size // max(1, mem_args.nnodes)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    available = len(visible.split(",")) if visible else hardware.gpu_count
+    if needed > available:
+        print_traceback(
+            "RuntimeError", "CUDA error: invalid device ordinal", "torch.cuda.set_device"
+        )
+        return 1
+    return model, mem_args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    _entrypoint_warning()
+    try:
+        args = flags.parse_server_args(argv)
+    except ValueError as exc:
+        print_traceback("ValueError", str(exc), "prepare_server_args(sys.argv[1:])")
+        return 1
+    launcher = Launcher(args, argv)
+    configure_logging(args.log_level, launcher.rank_prefix)
+    log.info(f"server_args=ServerArgs({', '.join(f'{k}={v!r}' for k, v in vars(args).items())})")
+    prepared = _prepare(args)
+    if isinstance(prepared, int):
+        return prepared
+    model, mem_args = prepared
+    try:
+        sock = bind(args.host, args.port)
+    except OSError as exc:
+        if exc.errno != errno.EADDRINUSE:
+            raise
+        log.error(
+            f"[Errno 98] error while attempting to bind on address ('{args.host}', {args.port}): "
+            "address already in use"
+        )
+        return 1
+    return asyncio.run(launcher.serve(model, mem_args, sock))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,188 @@
+#!/usr/bin/python
+"""Ansible module: one look at an SGLang systemd unit: health endpoint, unit state, journal."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: sglang_health_probe
+short_description: Probe an SGLang server once (health endpoint, unit state, fatal log lines)
+description:
+  - Asks C(/health_generate) once (a real one-token generation), reads the systemd unit's state and
+    scans the unit's journal since a given time for fatal start-up errors (out of memory, "Not
+    enough memory", tracebacks, NCCL errors).
+  - Read-only. The C(sglang_wait_healthy) action calls it in a loop and prints progress.
+options:
+  unit:
+    description: systemd unit of the server.
+    type: str
+    required: true
+  url:
+    description: Health URL (C(/health_generate) on the server's port).
+    type: str
+    required: true
+  since:
+    description: Unix time; only journal lines from then on are read.
+    type: float
+    required: true
+  request_timeout:
+    description: Seconds one health request may take (SGLang answers within 20 s or says 503).
+    type: float
+    default: 25
+  fatal_patterns:
+    description: Regular expressions that mark a start as failed when a log line matches.
+    type: list
+    elements: str
+    default: []
+author: sglang-fleet
+"""
+
+EXAMPLES = r"""
+- name: Probe once
+  sglang_health_probe:
+    unit: sglang@kimi.service
+    url: http://127.0.0.1:8000/health_generate
+    since: "{{ ansible_date_time.epoch }}"
+"""
+
+RETURN = r"""
+state:
+  description: C(healthy) (HTTP 200), C(starting) (no answer or 503 while the unit runs) or
+    C(failed) (unit dead, restarted, or a fatal log line).
+  type: str
+  returned: always
+http_status:
+  description: HTTP status of the health request, or null when no answer.
+  type: int
+  returned: always
+active_state:
+  description: The unit's ActiveState/SubState.
+  type: str
+  returned: always
+n_restarts:
+  description: How often systemd restarted the unit since it was started.
+  type: int
+  returned: always
+cause:
+  description: Why the start failed (the first fatal line, or the unit's exit status).
+  type: str
+  returned: when state is failed
+last_log_line:
+  description: The latest journal line of the unit (start-up progress).
+  type: str
+  returned: always
+log_tail:
+  description: The last 25 journal lines since C(since).
+  type: list
+  returned: always
+"""
+
+import re
+import subprocess
+import urllib.error
+import urllib.request
+
+from ansible.module_utils.basic import AnsibleModule
+
+DEFAULT_FATAL = [
+    r"CUDA out of memory",
+    r"OutOfMemoryError",
+    r"Not enough memory",
+    r"Not enough host memory",
+    r"Traceback \(most recent call last\)",
+    r"NCCL error",
+    r"RuntimeError:",
+    r"Address already in use",
+]
+
+
+def unit_state(unit: str) -> dict[str, str]:
+    props = "ActiveState,SubState,NRestarts,ExecMainStatus,Result"
+    out = subprocess.run(
+        ["systemctl", "show", unit, f"--property={props}"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def journal_lines(unit: str, since: float) -> list[str]:
+    out = subprocess.run(
+        ["journalctl", "-u", unit, "--since", f"@{int(since)}", "-o", "cat", "--no-pager"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
+    return [line for line in out.splitlines() if line.strip()]
+
+
+def http_status(url: str, timeout: float) -> int | None:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as err:
+        return int(err.code)
+    except (OSError, ValueError):
+        return None
+
+
+def first_fatal(lines: list[str], patterns: list[str]) -> str | None:
+    compiled = [re.compile(p) for p in patterns]
+    for line in lines:
+        if any(p.search(line) for p in compiled):
+            return line.strip()
+    return None
+
+
+def classify(state: dict[str, str], status: int | None, fatal: str | None) -> tuple[str, str]:
+    """Return (state, cause). A fatal log line or a dead/restarted unit ends the wait at once."""
+    active = state.get("ActiveState", "unknown")
+    restarts = int(state.get("NRestarts", "0") or 0)
+    if fatal:
+        return "failed", fatal
+    if active in ("failed", "inactive") or restarts > 0:
+        exit_status = state.get("ExecMainStatus", "?")
+        return "failed", (
+            f"unit is {active}/{state.get('SubState', '?')} "
+            f"(exit status {exit_status}, restarts {restarts}, result {state.get('Result', '?')})"
+        )
+    if status == 200:
+        return "healthy", ""
+    return "starting", ""
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "unit": {"type": "str", "required": True},
+            "url": {"type": "str", "required": True},
+            "since": {"type": "float", "required": True},
+            "request_timeout": {"type": "float", "default": 25.0},
+            "fatal_patterns": {"type": "list", "elements": "str", "default": []},
+        },
+        supports_check_mode=True,
+    )
+    params = module.params
+    state = unit_state(params["unit"])
+    lines = journal_lines(params["unit"], params["since"])
+    status = None
+    if state.get("ActiveState") in ("active", "activating", "reloading"):
+        status = http_status(params["url"], params["request_timeout"])
+    patterns = params["fatal_patterns"] or DEFAULT_FATAL
+    verdict, cause = classify(state, status, first_fatal(lines, patterns))
+    result = {
+        "changed": False,
+        "state": verdict,
+        "http_status": status,
+        "active_state": f"{state.get('ActiveState', '?')}/{state.get('SubState', '?')}",
+        "n_restarts": int(state.get("NRestarts", "0") or 0),
+        "last_log_line": lines[-1] if lines else "",
+        "log_tail": lines[-25:],
+    }
+    if verdict == "failed":
+        result["cause"] = cause
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,171 @@
+"""Deploy scenario: real state of the deployed host, then reruns driven through ansible-runner.
+
+Order matters: the module's tests run top to bottom against one host, each leaving both servers
+serving on the inventory's configuration.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import testinfra.utils.ansible_runner
+from fleet_runner import run_playbook
+
+testinfra_hosts = testinfra.utils.ansible_runner.AnsibleRunner(
+    os.environ["MOLECULE_INVENTORY_FILE"]
+).get_hosts("gpu_hosts")
+
+HOST = "deploy-gpu1"
+UNITS = {"llama-a": "sglang@llama-a.service", "llama-b": "sglang@llama-b.service"}
+PORTS = {"llama-a": 30000, "llama-b": 30001}
+API_KEY = os.environ.get("MOLECULE_SGLANG_API_KEY", "molecule-test-key")
+
+
+def unit_identity(host, name: str) -> tuple[str, str]:
+    """MainPID and start timestamp: both unchanged means the server was not touched."""
+    out = host.check_output(
+        "systemctl show -p MainPID -p ActiveEnterTimestampMonotonic %s", UNITS[name]
+    )
+    props = dict(line.split("=", 1) for line in out.splitlines())
+    return props["MainPID"], props["ActiveEnterTimestampMonotonic"]
+
+
+def generate(host, port: int, key: str | None = None) -> dict:
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    body = {"text": "hello", "sampling_params": {"max_new_tokens": 4}}
+    script = (
+        "import json, sys, urllib.request;"
+        f"r = urllib.request.Request('http://127.0.0.1:{port}/generate',"
+        f" data=json.dumps({body!r}).encode(), headers={headers!r});"
+        "print(urllib.request.urlopen(r, timeout=30).read().decode())"
+    )
+    return json.loads(host.check_output("python3 -c %s", script))
+
+
+def test_both_servers_run_as_units(host):
+    for name, unit in UNITS.items():
+        service = host.service(unit)
+        assert service.is_running, name
+        assert service.is_enabled, name
+        assert host.socket(f"tcp://127.0.0.1:{PORTS[name]}").is_listening
+
+
+def test_servers_answer_a_generation(host):
+    assert generate(host, PORTS["llama-a"])["meta_info"]["completion_tokens"] == 4
+    assert generate(host, PORTS["llama-b"], API_KEY)["meta_info"]["completion_tokens"] == 4
+
+
+def test_api_key_is_enforced_and_never_on_argv_unit_or_journal(host):
+    with pytest.raises(AssertionError):
+        generate(host, PORTS["llama-b"])  # no key: 401
+    secrets = host.file("/etc/sglang/llama-b.secrets.yaml")
+    assert (secrets.user, secrets.group, secrets.mode) == ("root", "root", 0o600)
+    assert API_KEY in host.check_output("cat /etc/sglang/llama-b.secrets.yaml")
+    for path in (
+        "/etc/systemd/system/sglang@llama-b.service.d/10-launch.conf",
+        "/etc/systemd/system/sglang@.service",
+        "/etc/sglang/llama-b.env",
+    ):
+        assert API_KEY not in host.file(path).content_string, path
+    assert API_KEY not in host.check_output("ps -eo args")
+    assert API_KEY not in host.check_output("journalctl -u sglang@llama-b --no-pager -o cat")
+
+
+def test_unit_runs_hardened_as_service_user_on_its_gpus(host):
+    show = host.check_output(
+        "systemctl show -p User -p KillMode -p TimeoutStopUSec -p Restart -p LimitNOFILE"
+        " -p LimitMEMLOCK -p ProtectSystem -p PrivateTmp -p NoNewPrivileges sglang@llama-a"
+    )
+    props = dict(line.split("=", 1) for line in show.splitlines())
+    assert props["User"] == "sglang"
+    assert props["KillMode"] == "control-group"
+    assert props["TimeoutStopUSec"] == "20s"
+    assert props["Restart"] == "on-failure"
+    assert props["LimitNOFILE"] == "1048576"
+    assert props["LimitMEMLOCK"] == "infinity"
+    assert props["ProtectSystem"] == "full"
+    assert props["PrivateTmp"] == "yes"
+    assert props["NoNewPrivileges"] == "yes"
+    env_a = host.file("/etc/sglang/llama-a.env").content_string
+    assert 'CUDA_VISIBLE_DEVICES="0,1"' in env_a or "CUDA_VISIBLE_DEVICES=0,1" in env_a
+    assert "NCCL_PROTO" in env_a
+    smi = host.check_output(
+        "nvidia-smi --query-compute-apps=pid,gpu_uuid,used_memory --format=csv,noheader,nounits"
+    )
+    gpus = host.check_output("nvidia-smi --query-gpu=index,uuid --format=csv,noheader,nounits")
+    index_of = {u.strip(): int(i) for i, u in (line.split(",") for line in gpus.splitlines())}
+    used = sorted({index_of[line.split(",")[1].strip()] for line in smi.splitlines()})
+    assert used == [0, 1, 2, 3]
+
+
+def test_rerun_with_same_inventory_changes_and_restarts_nothing(host):
+    before = {name: unit_identity(host, name) for name in UNITS}
+    run = run_playbook("deploy.yml")
+    assert run.rc == 0, run.failures
+    assert run.changed_tasks(HOST) == []
+    assert {name: unit_identity(host, name) for name in UNITS} == before
+
+
+def test_check_diff_shows_the_flag_change_and_restarts_nothing(host):
+    before = {name: unit_identity(host, name) for name in UNITS}
+    change = {"sglang_server_overrides": {"llama-a": {"flags": {"max_running_requests": 64}}}}
+    run = run_playbook("deploy.yml", extravars=change, cmdline="--check --diff")
+    assert run.rc == 0, run.failures
+    after_text = "".join(str(d.get("after", "")) for d in run.diffs())
+    assert "--max-running-requests 64" in after_text
+    assert {name: unit_identity(host, name) for name in UNITS} == before
+
+
+def test_one_changed_flag_restarts_only_that_server(host):
+    before = {name: unit_identity(host, name) for name in UNITS}
+    change = {"sglang_server_overrides": {"llama-a": {"flags": {"max_running_requests": 64}}}}
+    run = run_playbook("deploy.yml", extravars=change)
+    assert run.rc == 0, run.failures
+    assert unit_identity(host, "llama-a") != before["llama-a"]
+    assert unit_identity(host, "llama-b") == before["llama-b"]
+    assert "--max-running-requests" in host.check_output("ps -eo args")
+    # Back to the inventory's configuration for the next tests.
+    assert run_playbook("deploy.yml").rc == 0
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        ({"not_a_real_flag": 1}, "sglang_server_instances[llama-a].flags"),
+        ({"kv_cache_dtype": "fp9_bogus"}, "fp8_e4m3"),
+        ({"enable_hierarchical_cache": True, "hicache_size": 300}, "hicache_size"),
+    ],
+    ids=["unknown-flag", "bad-choice", "hicache-over-host-ram"],
+)
+def test_bad_flag_sets_fail_before_the_running_server_is_touched(host, flags, expected):
+    before = {name: unit_identity(host, name) for name in UNITS}
+    run = run_playbook("deploy.yml", extravars={"sglang_server_overrides": {"llama-a": {"flags": flags}}})
+    assert run.rc != 0
+    messages = " ".join(msg for _, _, msg in run.failures)
+    assert expected in messages, messages
+    assert run.changed_tasks(HOST) == []
+    assert {name: unit_identity(host, name) for name in UNITS} == before
+
+
+def test_crash_at_start_is_reported_with_its_cause_and_rolled_back(host):
+    before_b = unit_identity(host, "llama-b")
+    # 0.99 leaves no room for CUDA graphs and prefill: the double dies with CUDA out of memory.
+    crash = {"sglang_server_overrides": {"llama-a": {"flags": {"mem_fraction_static": 0.99}}}}
+    run = run_playbook("deploy.yml", extravars=crash)
+    assert run.rc != 0
+    messages = " ".join(msg for _, _, msg in run.failures)
+    assert "out of memory" in messages.lower(), messages
+    assert "Rolled back to the last-known-good configuration" in messages
+    waits = [
+        r for r in run.task_results("Wait until llama-a answers a real generation") if r.get("failed")
+    ]
+    assert waits and waits[0]["elapsed_s"] < 30  # reported at the crash, not at the time-out
+    assert generate(host, PORTS["llama-a"])["meta_info"]["completion_tokens"] == 4
+    assert "0.99" not in host.file(
+        "/etc/systemd/system/sglang@llama-a.service.d/10-launch.conf"
+    ).content_string
+    assert unit_identity(host, "llama-b") == before_b

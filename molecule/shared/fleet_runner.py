@@ -1,0 +1,100 @@
+"""Run the project's playbooks against a Molecule scenario's hosts and read the events.
+
+Verifiers assert on ansible-runner's structured events (which host changed, which task failed
+and with what message), never on scraped text.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ansible_runner
+
+REPO = Path(os.environ.get("SGLANG_FLEET_REPO", Path(__file__).resolve().parents[2]))
+
+
+@dataclass
+class PlaybookRun:
+    """What one ansible-playbook run did, from its events."""
+
+    rc: int
+    status: str
+    events: list[dict[str, Any]] = field(repr=False)
+
+    def _results(self, event_name: str) -> list[dict[str, Any]]:
+        return [e["event_data"] for e in self.events if e.get("event") == event_name]
+
+    @property
+    def failures(self) -> list[tuple[str, str, str]]:
+        """(host, task, message) of every failed task that was not rescued or ignored."""
+        out = []
+        for data in self._results("runner_on_failed"):
+            if data.get("ignore_errors"):
+                continue
+            res = data.get("res", {})
+            out.append((data.get("host", ""), data.get("task", ""), str(res.get("msg", res))))
+        return out
+
+    def changed_tasks(self, host: str | None = None) -> list[str]:
+        names = []
+        for data in self._results("runner_on_ok"):
+            if data.get("res", {}).get("changed") and host in (None, data.get("host")):
+                names.append(data.get("task", ""))
+        for data in self._results("runner_item_on_ok"):
+            if data.get("res", {}).get("changed") and host in (None, data.get("host")):
+                names.append(data.get("task", ""))
+        return names
+
+    def task_results(self, task: str) -> list[dict[str, Any]]:
+        return [
+            d.get("res", {})
+            for kind in ("runner_on_ok", "runner_on_failed", "runner_on_skipped")
+            for d in self._results(kind)
+            if d.get("task") == task
+        ]
+
+    def diffs(self) -> list[dict[str, Any]]:
+        out = []
+        for kind in ("runner_on_ok", "runner_item_on_ok"):
+            for data in self._results(kind):
+                diff = data.get("res", {}).get("diff")
+                if diff:
+                    out.extend(diff if isinstance(diff, list) else [diff])
+        return out
+
+    def stats(self) -> dict[str, Any]:
+        for event in reversed(self.events):
+            if event.get("event") == "playbook_on_stats":
+                return event["event_data"]
+        return {}
+
+
+def run_playbook(
+    playbook: str,
+    extravars: dict[str, Any] | None = None,
+    cmdline: str = "",
+    limit: str | None = None,
+    timeout: int = 600,
+) -> PlaybookRun:
+    """Run playbooks/<playbook> against the scenario's inventory, as an operator would."""
+    inventory = os.environ["MOLECULE_INVENTORY_FILE"]
+    env = {k: v for k, v in os.environ.items() if k.startswith(("ANSIBLE_", "MOLECULE_"))}
+    env.setdefault("ANSIBLE_CONFIG", str(REPO / "ansible.cfg"))
+    with tempfile.TemporaryDirectory(prefix="fleet-runner-") as private:
+        result = ansible_runner.run(
+            private_data_dir=private,
+            playbook=str(REPO / "playbooks" / playbook),
+            inventory=inventory,
+            extravars=extravars or {},
+            cmdline=cmdline or None,
+            limit=limit,
+            envvars=env,
+            quiet=True,
+            timeout=timeout,
+        )
+        events = list(result.events)
+    return PlaybookRun(rc=result.rc, status=result.status, events=events)

@@ -1,0 +1,1 @@
+"""Control-node Python for sglang-fleet: flags, planner, diagnosis, smoke client."""

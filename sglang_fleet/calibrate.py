@@ -1,0 +1,211 @@
+"""Parse an SGLang server log: measured memory at start-up, and Decode batch samples.
+
+Line formats are SGLang 0.5.23's (older forms where they differ are accepted too):
+
+    [2026-11-29 10:00:00 TP0] Load weight begin. avail mem=94.21 GB
+    [... TP0] Load weight end. elapsed=..., type=..., avail mem=24.05 GB, mem usage=70.16 GB.
+    [... TP0] KV Cache is allocated. dtype: torch.bfloat16, #tokens: N, KV size: X GB
+    [... TP0] Memory pool end. avail mem=X GB
+    [... TP0] Capture target decode CUDA graph end. bs=[...], elapsed=..., mem usage=...,
+              avail mem=X GB.
+              (<= 0.5.19: "Capture cuda graph end. Time elapsed: ... avail mem=X GB.")
+    [...] max_total_num_tokens=N, chunked_prefill_size=N, ..., available_gpu_mem=X GB
+    [... TP0] Decode batch, #running-req: N, #token: N, token usage: 0.xx, cuda graph: True,
+              gen throughput (token/s): X, #queue-req: N
+
+(`model_executor/model_runner.py`, `mem_cache/memory_pool.py`, `mem_cache/kv_cache_configurator.py`,
+`model_executor/model_runner_components/cuda_graph_setup.py`, `managers/scheduler.py`,
+`managers/scheduler_components/metrics_reporter.py`.) SGLang's "GB" here is GiB.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+_NUM = r"(\d+(?:\.\d+)?)"
+# "[2026-11-29 10:00:00 DP0 TP3] msg": the bracket's words after the time name the rank.
+_PREFIX = re.compile(r"^\[(?P<head>[^\]]*)\]\s*(?P<msg>.*)$")
+_RANK = re.compile(r"\b((?:DP|PP|TP|EP)\d+)\b")
+
+_LOAD_BEGIN = re.compile(rf"Load weight begin\. avail mem={_NUM} GB")
+_LOAD_END = re.compile(rf"Load weight end\..*?avail mem={_NUM} GB, mem usage={_NUM} GB")
+_KV_ALLOC = re.compile(
+    rf"KV Cache is allocated\..*?#tokens: (\d+), "
+    rf"(?:KV size: {_NUM} GB|K size: {_NUM} GB, V size: {_NUM} GB)"
+)
+_POOL_END = re.compile(rf"Memory pool end\. avail mem={_NUM} GB")
+_GRAPH_END = re.compile(rf"Capture .*graph end\..*?avail mem={_NUM} GB", re.IGNORECASE)
+_SCHED = re.compile(
+    r"max_total_num_tokens=(\d+), chunked_prefill_size=(-?\d+), max_prefill_tokens=(\d+), "
+    r"max_running_requests=(\d+), context_len=(\d+)"
+)
+_DECODE = re.compile(
+    r"Decode batch(?: \[\d+\])?, #running-req: (\d+), #token: (\d+), token usage: "
+    rf"{_NUM}, .*?gen throughput \(token/s\): {_NUM}, #queue-req: (\d+)"
+)
+# server_args=ServerArgs(a=1, ...) up to 0.5.19; server_args={'a': 1, ...} from 0.5.20.
+_ARG_NUM = r"['\"]?{name}['\"]?\s*[=:]\s*(-?\d+(?:\.\d+)?)"
+_ARG_STR = r"['\"]?{name}['\"]?\s*[=:]\s*['\"]([^'\"]*)['\"]"
+
+
+@dataclass(frozen=True)
+class DecodeSample:
+    """One "Decode batch" line."""
+
+    rank: str
+    num_running_reqs: int
+    num_tokens: int
+    token_usage: float
+    gen_throughput: float
+    num_queue_reqs: int
+
+
+@dataclass
+class Calibration:
+    """What a start-up log measured (GiB, minimum over ranks where ranks differ)."""
+
+    pre_gib: float | None = None
+    post_gib: float | None = None
+    weight_gib: float | None = None
+    kv_tokens: int | None = None
+    kv_size_gib: float | None = None
+    pool_end_avail_gib: float | None = None
+    graph_end_avail_gib: float | None = None
+    max_total_num_tokens: int | None = None
+    chunked_prefill_size: int | None = None
+    max_running_requests: int | None = None
+    context_len: int | None = None
+    mem_fraction_static: float | None = None
+    kv_cache_dtype: str | None = None
+    tp_size: int | None = None
+    dp_size: int | None = None
+    model_path: str | None = None
+    decode_samples: list[DecodeSample] = field(default_factory=list)
+
+    @property
+    def has_memory(self) -> bool:
+        """Enough start-up lines to replace the planner's memory estimates."""
+        return self.pre_gib is not None and self.post_gib is not None
+
+    def per_request_tok_s(self) -> float | None:
+        """Median decode speed of one request: gen throughput / running requests."""
+        speeds = [
+            s.gen_throughput / s.num_running_reqs
+            for s in self.decode_samples
+            if s.num_running_reqs > 0 and s.gen_throughput > 0
+        ]
+        return statistics.median(speeds) if speeds else None
+
+
+def _split(line: str) -> tuple[str, str]:
+    match = _PREFIX.match(line.strip())
+    if not match:
+        return "", line.strip()
+    return " ".join(_RANK.findall(match["head"])), match["msg"]
+
+
+def _min(current: float | None, value: float) -> float:
+    return value if current is None else min(current, value)
+
+
+def _max(current: float | None, value: float) -> float:
+    return value if current is None else max(current, value)
+
+
+def _server_args(cal: Calibration, msg: str) -> None:
+    def num(name: str) -> float | None:
+        found = re.search(_ARG_NUM.format(name=name), msg)
+        return float(found[1]) if found else None
+
+    def text(name: str) -> str | None:
+        found = re.search(_ARG_STR.format(name=name), msg)
+        return found[1] if found else None
+
+    cal.mem_fraction_static = num("mem_fraction_static")
+    tp, dp = num("tp_size"), num("dp_size")
+    cal.tp_size = int(tp) if tp is not None else None
+    cal.dp_size = int(dp) if dp is not None else None
+    cal.kv_cache_dtype = text("kv_cache_dtype")
+    cal.model_path = text("model_path")
+
+
+def _memory_line(cal: Calibration, msg: str) -> bool:
+    """Record a start-up memory line; False when the line is none of them."""
+    if m := _LOAD_BEGIN.search(msg):
+        cal.pre_gib = _min(cal.pre_gib, float(m[1]))
+    elif m := _LOAD_END.search(msg):
+        cal.post_gib = _min(cal.post_gib, float(m[1]))
+        cal.weight_gib = _max(cal.weight_gib, float(m[2]))
+    elif m := _KV_ALLOC.search(msg):
+        cal.kv_tokens = int(_min(cal.kv_tokens, int(m[1])))
+        size = float(m[2]) if m[2] else float(m[3]) + float(m[4])
+        cal.kv_size_gib = _min(cal.kv_size_gib, size)
+    elif m := _POOL_END.search(msg):
+        cal.pool_end_avail_gib = _min(cal.pool_end_avail_gib, float(m[1]))
+    elif m := _GRAPH_END.search(msg):
+        # Decode and prefill graphs are captured one after the other: the lowest figure is
+        # what is left once every graph is resident.
+        cal.graph_end_avail_gib = _min(cal.graph_end_avail_gib, float(m[1]))
+    else:
+        return False
+    return True
+
+
+def _scheduler_line(cal: Calibration, msg: str) -> bool:
+    m = _SCHED.search(msg)
+    if not m:
+        return False
+    cal.max_total_num_tokens = int(m[1])
+    cal.chunked_prefill_size = int(m[2])
+    cal.max_running_requests = int(m[4])
+    cal.context_len = int(m[5])
+    return True
+
+
+def parse_decode_line(line: str) -> DecodeSample | None:
+    """A DecodeSample for one log line, or None when it is not a Decode batch line."""
+    rank, msg = _split(line)
+    m = _DECODE.search(msg)
+    if not m:
+        return None
+    return DecodeSample(
+        rank=rank,
+        num_running_reqs=int(m[1]),
+        num_tokens=int(m[2]),
+        token_usage=float(m[3]),
+        gen_throughput=float(m[4]),
+        num_queue_reqs=int(m[5]),
+    )
+
+
+def parse_decode_lines(lines: Iterable[str]) -> list[DecodeSample]:
+    return [s for s in map(parse_decode_line, lines) if s is not None]
+
+
+def _derive_fraction(cal: Calibration) -> None:
+    """Without a server_args line, recover the fraction the run used from the KV pool size.
+
+    rest = post - pre * (1 - f) and the pool takes (just under) rest, so
+    f = 1 - (post - kv_size) / pre.
+    """
+    if cal.mem_fraction_static is None and cal.has_memory and cal.kv_size_gib is not None:
+        assert cal.pre_gib is not None and cal.post_gib is not None  # has_memory
+        cal.mem_fraction_static = round(1 - (cal.post_gib - cal.kv_size_gib) / cal.pre_gib, 3)
+
+
+def parse_log(text: str) -> Calibration:
+    """Parse a whole server log."""
+    cal = Calibration()
+    for line in text.splitlines():
+        _rank, msg = _split(line)
+        if "server_args=" in msg:
+            _server_args(cal, msg)
+        elif _memory_line(cal, msg) or _scheduler_line(cal, msg):
+            continue
+        elif sample := parse_decode_line(line):
+            cal.decode_samples.append(sample)
+    _derive_fraction(cal)
+    return cal

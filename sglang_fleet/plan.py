@@ -1,0 +1,589 @@
+"""Capacity planner: will a flag set fit, and what bounds its throughput?
+
+    python3 -m sglang_fleet.plan --model-path DIR --tp-size 8 --mem-fraction-static 0.88 \
+        --kv-cache-dtype fp8_e4m3 --gpu-memory-mib 97887 --host-ram-gib 400 --gpu-count 8 \
+        [--calibrate-from server.log] [--json]
+
+`plan()` is the pure function behind it; the deploy's pre-flight (filter `sglang_plan`)
+calls it with facts slurped from the host. Exit status: 0 no errors, 1 errors, 2 bad usage.
+
+Memory model (SGLang 0.5.23, see kvmath.py): pre = free GiB before weights load, post =
+free GiB after; rest = post - pre * (1 - mem_fraction_static); max_total_num_tokens =
+rest / cell_size. Without a calibration log pre = GPU total - CUDA_CONTEXT_GIB and
+post = pre - weights / tp; a calibration log of an earlier run of the same model on the same
+GPUs replaces both with what SGLang measured, and its token count replaces the estimate
+when fraction and KV dtype are the same.
+
+Out-of-memory risk of a high mem_fraction_static (the memory left outside the static pool
+must hold CUDA graphs and the activations of the largest prefill):
+- without calibration: warn above the fraction SGLang 0.5.23 would choose for this GPU size,
+  model and tp (its own reserve estimate; conservative by design);
+- with calibration: free memory after CUDA graph capture at the new fraction is
+  extrapolated as measured_free - (new - calibrated fraction) * pre (the static pool grows
+  by exactly that; graph memory depends on batch sizes, not on the fraction), and warned
+  about below MIN_FREE_AFTER_GRAPH_GIB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from sglang_fleet import kvmath
+from sglang_fleet.calibrate import Calibration, parse_log
+from sglang_fleet.modelcfg import ModelConfigError, ModelShape, model_shape, read_model_dir
+
+# Free GPU memory that must remain after CUDA graph capture for a large prefill to run:
+# its activations (a few GiB for an 8k-token chunk of a 7k-hidden MoE) plus allocator
+# fragmentation. Chosen against the story's runs (Kimi-K2.5 int4, 8 x RTX PRO 6000,
+# calibrated at 0.85 with 11.0 GiB free after capture, pre = 94.19 GiB): 0.88 and 0.90
+# ran (8.2 and 6.3 GiB predicted free), 0.93 ran out of memory in a large prefill
+# (3.5 GiB). Any margin in (3.5, 6.3) separates them; 5 GiB sits in the middle.
+MIN_FREE_AFTER_GRAPH_GIB = 5.0
+# Decode speed of one request when neither the caller nor a calibration log says: the
+# story's server decoded ~600 tok/s over ~50 running requests. A guess for other models.
+DEFAULT_PER_REQUEST_TOK_S = 12.0
+DEFAULT_AVG_INPUT_LEN = 1024
+DEFAULT_AVG_OUTPUT_LEN = 1024
+# Two fractions closer than this are the same setting (SGLang rounds to 3 decimals).
+_SAME_FRACTION = 5e-4
+
+ARG_DEFAULTS: dict[str, Any] = {
+    "tp_size": 1,
+    "dp_size": 1,
+    "mem_fraction_static": None,
+    "kv_cache_dtype": "auto",
+    "enable_hierarchical_cache": False,
+    "hicache_size": 0,
+    "hicache_ratio": None,
+    "chunked_prefill_size": None,
+    "max_running_requests": None,
+    "context_length": None,
+    "page_size": 1,
+    "avg_input_len": DEFAULT_AVG_INPUT_LEN,
+    "avg_output_len": DEFAULT_AVG_OUTPUT_LEN,
+    "per_request_tok_s": None,
+    "calibration_log": None,
+    "min_free_after_graph_gib": MIN_FREE_AFTER_GRAPH_GIB,
+}
+HOST_KEYS = ("gpu_memory_mib", "host_ram_gib", "gpu_count")
+
+
+class PlanInputError(ValueError):
+    """The inputs cannot describe a deployment (bad usage, exit status 2)."""
+
+
+def _issue(code: str, message: str) -> dict[str, str]:
+    return {"code": code, "message": message}
+
+
+# Types of the inputs: Ansible extra-vars arrive as strings ("8", "true"), so convert.
+_INT_KEYS = frozenset(
+    {
+        "tp_size",
+        "dp_size",
+        "page_size",
+        "chunked_prefill_size",
+        "max_running_requests",
+        "context_length",
+        "avg_input_len",
+        "avg_output_len",
+        "gpu_count",
+    }
+)
+_FLOAT_KEYS = frozenset(
+    {
+        "mem_fraction_static",
+        "hicache_size",
+        "hicache_ratio",
+        "per_request_tok_s",
+        "min_free_after_graph_gib",
+        "gpu_memory_mib",
+        "host_ram_gib",
+    }
+)
+
+
+def _as_bool(value: Any) -> bool:
+    if isinstance(value, str):
+        if value.strip().lower() in {"1", "true", "yes", "on"}:
+            return True
+        if value.strip().lower() in {"0", "false", "no", "off", ""}:
+            return False
+        raise ValueError(f"not a boolean: {value!r}")
+    return bool(value)
+
+
+def _typed(values: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for key, value in values.items():
+        if value is None:
+            continue
+        try:
+            if key in _INT_KEYS:
+                out[key] = int(value)
+            elif key in _FLOAT_KEYS:
+                out[key] = float(value)
+            elif key == "enable_hierarchical_cache":
+                out[key] = _as_bool(value)
+            else:
+                out[key] = value
+        except (TypeError, ValueError) as exc:
+            raise PlanInputError(f"{key}: {exc}") from exc
+    return out
+
+
+def _merge_args(args: dict[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(args) - set(ARG_DEFAULTS))
+    if unknown:
+        raise PlanInputError(f"unknown planner argument(s): {', '.join(unknown)}")
+    return dict(ARG_DEFAULTS) | _typed(args)
+
+
+def _check_inputs(a: dict[str, Any], host: dict[str, Any]) -> None:
+    unknown = sorted(set(host) - set(HOST_KEYS))
+    if unknown:
+        raise PlanInputError(f"unknown host fact(s): {', '.join(unknown)}")
+    if not host.get("gpu_memory_mib") or host["gpu_memory_mib"] <= 0:
+        raise PlanInputError(
+            "host fact gpu_memory_mib (per GPU, as nvidia-smi reports) is required"
+        )
+    for key in ("tp_size", "dp_size", "page_size"):
+        if int(a[key]) < 1:
+            raise PlanInputError(f"{key} must be >= 1")
+    fraction = a["mem_fraction_static"]
+    if fraction is not None and not 0 < float(fraction) < 1:
+        raise PlanInputError("mem_fraction_static must be between 0 and 1")
+    if (
+        a["avg_input_len"] < 0
+        or a["avg_output_len"] < 0
+        or a["avg_input_len"] + a["avg_output_len"] <= 0
+    ):
+        raise PlanInputError("avg_input_len + avg_output_len must be positive")
+    if a["hicache_size"] < 0 or (a["hicache_ratio"] is not None and a["hicache_ratio"] <= 0):
+        raise PlanInputError("hicache_size must be >= 0 and hicache_ratio > 0")
+    try:
+        kvmath.elem_bytes(a["kv_cache_dtype"])
+    except ValueError as exc:
+        raise PlanInputError(str(exc)) from exc
+
+
+def _usable_calibration(a: dict[str, Any], warnings: list[dict[str, str]]) -> Calibration | None:
+    if not a["calibration_log"]:
+        return None
+    cal = parse_log(a["calibration_log"])
+    if not cal.has_memory:
+        warnings.append(
+            _issue(
+                "calibration_incomplete",
+                "The calibration log has no 'Load weight begin/end ... avail mem' lines; "
+                "using estimates instead.",
+            )
+        )
+        return None
+    if cal.tp_size is not None and cal.tp_size != int(a["tp_size"]):
+        warnings.append(
+            _issue(
+                "calibration_mismatch",
+                f"The calibration log is from a tp_size={cal.tp_size} run, this plan is for "
+                f"tp_size={a['tp_size']}: per-GPU memory differs, so it is ignored.",
+            )
+        )
+        return None
+    return cal
+
+
+def _same_kv_layout(shape: ModelShape, dtype_a: str | None, dtype_b: str, tp: int) -> bool:
+    if dtype_a is None:
+        return False
+    try:
+        return kvmath.cell_size_bytes(shape, dtype_a, tp) == kvmath.cell_size_bytes(
+            shape, dtype_b, tp
+        )
+    except ValueError:
+        return False
+
+
+class _Planner:
+    """One planning run; collects warnings and errors while it computes."""
+
+    def __init__(
+        self, config: dict[str, Any], weight_bytes: int, args: dict[str, Any], host: dict[str, Any]
+    ):
+        self.a = _merge_args(args)
+        self.host = _typed(host)
+        _check_inputs(self.a, self.host)
+        try:
+            self.shape = model_shape(config)
+        except ModelConfigError as exc:
+            raise PlanInputError(str(exc)) from exc
+        self.weight_bytes = weight_bytes
+        self.tp = int(self.a["tp_size"])
+        self.dp = int(self.a["dp_size"])
+        self.dtype = str(self.a["kv_cache_dtype"])
+        self.gpu_mib = float(self.host["gpu_memory_mib"])
+        self.warnings: list[dict[str, str]] = []
+        self.errors: list[dict[str, str]] = []
+        self.cal = _usable_calibration(self.a, self.warnings)
+        self.defaults = kvmath.sglang_default_mem_fraction(
+            self.gpu_mib,
+            self.shape,
+            self.tp,
+            chunked_prefill_size=self.a["chunked_prefill_size"],
+            max_running_requests=self.a["max_running_requests"],
+        )
+        given = self.a["mem_fraction_static"]
+        self.fraction = float(given) if given is not None else self.defaults.mem_fraction_static
+        self.pre, self.post = self._free_memory()
+
+    def _free_memory(self) -> tuple[float, float]:
+        if self.cal is not None:
+            assert self.cal.pre_gib is not None and self.cal.post_gib is not None
+            return self.cal.pre_gib, self.cal.post_gib
+        pre = kvmath.estimate_pre_gib(self.gpu_mib)
+        return pre, kvmath.estimate_post_gib(pre, self.weight_bytes, self.tp)
+
+    # --- KV budget -------------------------------------------------------------------
+    def kv_tokens(self, cell: int) -> tuple[float, int]:
+        reserve = kvmath.multimodal_reserve_gib(self.shape)
+        rest = kvmath.rest_gib(self.pre, self.post, self.fraction, reserve)
+        tokens = kvmath.max_total_num_tokens(rest, cell, int(self.a["page_size"]))
+        cal = self.cal
+        if (
+            tokens > 0
+            and cal is not None
+            and cal.max_total_num_tokens
+            and cal.mem_fraction_static is not None
+            and abs(cal.mem_fraction_static - self.fraction) < _SAME_FRACTION
+            and _same_kv_layout(self.shape, cal.kv_cache_dtype or "auto", self.dtype, self.tp)
+        ):
+            # Same run settings: what SGLang actually allocated beats the formula.
+            tokens = cal.max_total_num_tokens
+        if rest <= 0:
+            self._not_enough_memory(rest)
+        return rest, tokens
+
+    def _not_enough_memory(self, rest: float) -> None:
+        needed = kvmath.min_mem_fraction_for_kv(self.pre, self.post)
+        self.errors.append(
+            _issue(
+                "not_enough_memory",
+                f"Not enough memory. Please try to increase --mem-fraction-static: at "
+                f"{self.fraction:.3f} the KV cache gets {rest:.2f} GiB per GPU (weights leave "
+                f"{self.post:.2f} of {self.pre:.2f} GiB free); it must be above {needed:.3f}, "
+                "or use more GPUs (tp) or a smaller model.",
+            )
+        )
+
+    # --- out-of-memory risk ----------------------------------------------------------
+    def graph_calibration(self) -> tuple[float, float] | None:
+        """(free GiB after CUDA graph capture, fraction of that run) when the log has both."""
+        cal = self.cal
+        if cal is None or cal.graph_end_avail_gib is None or cal.mem_fraction_static is None:
+            return None
+        return cal.graph_end_avail_gib, cal.mem_fraction_static
+
+    def free_after_graph(self) -> float | None:
+        measured = self.graph_calibration()
+        if measured is None:
+            return None
+        free, fraction = measured
+        return free - (self.fraction - fraction) * self.pre
+
+    def max_safe_fraction(self) -> float:
+        measured = self.graph_calibration()
+        if measured is None:
+            return self.defaults.mem_fraction_static
+        free, fraction = measured
+        return fraction + (free - float(self.a["min_free_after_graph_gib"])) / self.pre
+
+    def check_oom_risk(self) -> None:
+        margin = float(self.a["min_free_after_graph_gib"])
+        measured = self.graph_calibration()
+        if measured is not None:
+            free = measured[0] - (self.fraction - measured[1]) * self.pre
+            if free < margin:
+                self.warnings.append(
+                    _issue(
+                        "oom_risk_mem_fraction",
+                        f"mem_fraction_static {self.fraction:.3f} leaves about {free:.2f} GiB free "
+                        f"after CUDA graph capture (calibrated: {measured[0]:.2f} GiB at "
+                        f"{measured[1]:.3f}), below the {margin:.1f} GiB safety margin: expect "
+                        "CUDA out of memory during CUDA graph capture or a large prefill. Stay at "
+                        f"or below {self.max_safe_fraction():.3f}.",
+                    )
+                )
+            return
+        default = self.defaults.mem_fraction_static
+        if self.fraction > default + 1e-9:
+            self.warnings.append(
+                _issue(
+                    "oom_risk_mem_fraction",
+                    f"mem_fraction_static {self.fraction:.3f} is above {default:.3f}, the fraction "
+                    f"SGLang 0.5.23 would choose itself for a {self.gpu_mib:.0f} MiB GPU with this "
+                    f"model at tp={self.tp} (it keeps {self.defaults.reserved_mib:.0f} MiB for "
+                    "activations and CUDA graphs): risk of CUDA out of memory during CUDA graph "
+                    "capture or a large prefill. SGLang's estimate is conservative; calibrate "
+                    "with the log of a run (--calibrate-from) for a measured limit.",
+                )
+            )
+
+    # --- HiCache, GPUs, dtype, context ----------------------------------------------
+    def check_hicache(self, device_pool_gib: float) -> float:
+        a = self.a
+        if not a["enable_hierarchical_cache"]:
+            return 0.0
+        host_ram = self.host.get("host_ram_gib")
+        ranks = self.tp * self.dp
+        per_rank = kvmath.hicache_host_gib_per_rank(
+            a["hicache_size"] or None,
+            a["hicache_ratio"],
+            max(device_pool_gib, 0.0),
+            float(host_ram or 0),
+            ranks,
+        )
+        total = per_rank * ranks
+        self.warnings.append(
+            _issue(
+                "hicache_no_decode_slots",
+                "HiCache spills evicted prefix-cache entries to host RAM; it adds no decode "
+                "slots (a running request's KV must be on the GPU). To decode more requests at "
+                "once use a smaller KV dtype (fp8), more GPU memory for KV, or more GPUs.",
+            )
+        )
+        if host_ram is None:
+            self.warnings.append(
+                _issue(
+                    "host_ram_unknown",
+                    "host_ram_gib is not known: the HiCache host pool is not checked.",
+                )
+            )
+        elif total + kvmath.HICACHE_HOST_RESERVE_GIB > float(host_ram):
+            size_note = f"{a['hicache_size']} GB per rank" if a["hicache_size"] else "the pool size"
+            self.errors.append(
+                _issue(
+                    "hicache_host_ram",
+                    f"HiCache host pool is per rank: {size_note} x {ranks} ranks = "
+                    f"{total:.1f} GiB, "
+                    f"plus SGLang's {kvmath.HICACHE_HOST_RESERVE_GIB:.0f} GiB reserve, exceeds the "
+                    f"host's {float(host_ram):.1f} GiB RAM (Not enough host memory available). "
+                    f"At most {self._max_hicache_gb(float(host_ram), ranks)} GB per rank fits.",
+                )
+            )
+        if 0 < per_rank <= device_pool_gib:
+            self.warnings.append(
+                _issue(
+                    "hicache_smaller_than_device",
+                    f"The HiCache host pool ({per_rank:.1f} GiB per rank) is not larger than the "
+                    f"GPU KV pool ({device_pool_gib:.1f} GiB): it can hold little beyond what the "
+                    "GPU already caches.",
+                )
+            )
+        return total
+
+    @staticmethod
+    def _max_hicache_gb(host_ram_gib: float, ranks: int) -> int:
+        spare = max(0.0, host_ram_gib - kvmath.HICACHE_HOST_RESERVE_GIB)
+        return int(spare * kvmath.GIB / ranks // kvmath.GB)
+
+    def check_gpus(self) -> None:
+        count = self.host.get("gpu_count")
+        if count is not None and self.tp * self.dp > int(count):
+            self.errors.append(
+                _issue(
+                    "not_enough_gpus",
+                    f"tp_size {self.tp} x dp_size {self.dp} = {self.tp * self.dp} GPUs, "
+                    f"but the host has {count}.",
+                )
+            )
+
+    def check_dtype(self) -> None:
+        if self.dtype in kvmath.FP8_DTYPES or self.dtype in kvmath.FP4_DTYPES:
+            ratio = kvmath.elem_bytes("bf16") / kvmath.elem_bytes(self.dtype)
+            self.warnings.append(
+                _issue(
+                    "kv_dtype_quality",
+                    f"--kv-cache-dtype {self.dtype} stores KV in fewer bits: about "
+                    f"{float(ratio):g}x "
+                    "the tokens of bf16 (more concurrent decodes), at some cost in output "
+                    "quality. A trade-off the operator chooses: check quality on your task.",
+                )
+            )
+        if self.dtype in kvmath.FP4_DTYPES and not self.shape.is_mla:
+            self.warnings.append(
+                _issue(
+                    "fp4_cell_size_estimate",
+                    "FP4 KV for MHA models keeps recipe-specific scale buffers; the planned "
+                    "token count is an upper estimate.",
+                )
+            )
+
+    def check_context(self) -> None:
+        context = self.a["context_length"] or self.shape.context_length
+        per_request = self.a["avg_input_len"] + self.a["avg_output_len"]
+        if context and per_request > context:
+            self.warnings.append(
+                _issue(
+                    "exceeds_context_length",
+                    f"avg_input_len + avg_output_len = {per_request} exceeds the context "
+                    f"length {context}.",
+                )
+            )
+
+    # --- throughput ------------------------------------------------------------------
+    def per_request_tok_s(self) -> tuple[float, str]:
+        if self.a["per_request_tok_s"]:
+            return float(self.a["per_request_tok_s"]), "argument"
+        if self.cal is not None and (speed := self.cal.per_request_tok_s()):
+            return speed, "calibration log"
+        return DEFAULT_PER_REQUEST_TOK_S, "default guess"
+
+    def concurrency(self, tokens: int) -> int:
+        tokens_per_request = self.a["avg_input_len"] + self.a["avg_output_len"]
+        fit = tokens // tokens_per_request
+        context = self.a["context_length"] or self.shape.context_length
+        cap = self.a["max_running_requests"] or kvmath.sglang_default_max_running_requests(
+            tokens, context
+        )
+        # Each data-parallel replica has its own KV pool and scheduler.
+        return min(fit, cap) * self.dp
+
+    def run(self) -> dict[str, Any]:
+        cell = kvmath.cell_size_bytes(self.shape, self.dtype, self.tp)
+        rest, tokens = self.kv_tokens(cell)
+        self.check_gpus()
+        self.check_oom_risk()
+        hicache_total = self.check_hicache(rest)
+        self.check_dtype()
+        self.check_context()
+        concurrent = self.concurrency(tokens)
+        speed, speed_source = self.per_request_tok_s()
+        free_after_graph = self.free_after_graph()
+        return {
+            "cell_size_bytes": cell,
+            "max_total_num_tokens": tokens,
+            "max_concurrent_requests": concurrent,
+            "kv_bound_output_tok_s": round(concurrent * speed, 1),
+            "headroom_gib": round(kvmath.headroom_gib(self.pre, self.fraction), 2),
+            "hicache_host_gib_total": round(hicache_total, 2),
+            "warnings": self.warnings,
+            "errors": self.errors,
+            "details": {
+                "attention": self.shape.attention,
+                "architecture": self.shape.architecture,
+                "kv_cache_dtype": self.dtype,
+                "mem_fraction_static": round(self.fraction, 4),
+                "sglang_default_mem_fraction_static": round(self.defaults.mem_fraction_static, 4),
+                "max_safe_mem_fraction_static": round(self.max_safe_fraction(), 4),
+                "pre_gib": round(self.pre, 2),
+                "post_gib": round(self.post, 2),
+                "kv_pool_gib": round(max(rest, 0.0), 2),
+                "free_after_graph_gib": None
+                if free_after_graph is None
+                else round(free_after_graph, 2),
+                "calibrated": self.cal is not None,
+                "tokens_per_request": self.a["avg_input_len"] + self.a["avg_output_len"],
+                "per_request_tok_s": round(speed, 2),
+                "per_request_tok_s_source": speed_source,
+                "dp_size": self.dp,
+            },
+        }
+
+
+def plan(model_config: dict, weight_bytes: int, args: dict, host: dict) -> dict:
+    """Plan one flag set. Pure: every input is data (the pre-flight slurps it from the host).
+
+    model_config: config.json as a dict; weight_bytes: safetensors index metadata.total_size;
+    args: SGLang flag values by field name (tp_size, mem_fraction_static, ...) plus workload
+    (avg_input_len, avg_output_len, per_request_tok_s) and calibration_log (log text);
+    host: gpu_memory_mib, host_ram_gib, gpu_count. Raises PlanInputError on bad input.
+    """
+    return _Planner(model_config, weight_bytes, args, host).run()
+
+
+# --- command line ----------------------------------------------------------------------
+def add_plan_arguments(parser: argparse.ArgumentParser, *, model_required: bool) -> None:
+    """The planner's flags (shared with diagnose, which plans the levers it suggests)."""
+    parser.add_argument(
+        "--model-path", required=model_required, help="model directory (config.json)"
+    )
+    parser.add_argument("--tp-size", type=int, default=None)
+    parser.add_argument("--dp-size", type=int, default=None)
+    parser.add_argument("--mem-fraction-static", type=float, default=None)
+    parser.add_argument("--kv-cache-dtype", default=None, choices=sorted(kvmath.KV_ELEM_BYTES))
+    parser.add_argument("--enable-hierarchical-cache", action="store_true", default=None)
+    parser.add_argument("--hicache-size", type=float, default=None, help="GB per rank")
+    parser.add_argument("--hicache-ratio", type=float, default=None)
+    parser.add_argument("--chunked-prefill-size", type=int, default=None)
+    parser.add_argument("--max-running-requests", type=int, default=None)
+    parser.add_argument("--context-length", type=int, default=None)
+    parser.add_argument("--page-size", type=int, default=None)
+    parser.add_argument(
+        "--gpu-memory-mib", type=float, default=None, help="per GPU, as nvidia-smi reports"
+    )
+    parser.add_argument("--host-ram-gib", type=float, default=None)
+    parser.add_argument("--gpu-count", type=int, default=None)
+    parser.add_argument("--avg-input-len", type=int, default=None)
+    parser.add_argument("--avg-output-len", type=int, default=None)
+    parser.add_argument("--per-request-tok-s", type=float, default=None)
+    parser.add_argument(
+        "--calibrate-from", metavar="LOG", default=None, help="server log of an earlier run"
+    )
+    parser.add_argument("--min-free-after-graph-gib", type=float, default=None)
+
+
+def split_namespace(ns: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(planner args, host facts) from parsed flags; reads the calibration log file."""
+    values = vars(ns)
+    args = {k: values[k] for k in ARG_DEFAULTS if k in values and values[k] is not None}
+    if values.get("calibrate_from"):
+        args["calibration_log"] = Path(values["calibrate_from"]).read_text(
+            encoding="utf-8", errors="replace"
+        )
+    host = {k: values[k] for k in HOST_KEYS if values.get(k) is not None}
+    return args, host
+
+
+def _summary(result: dict[str, Any]) -> str:
+    d = result["details"]
+    lines = [
+        f"{d['architecture']} ({d['attention']}), KV {d['kv_cache_dtype']}, "
+        f"mem_fraction_static {d['mem_fraction_static']} "
+        f"(SGLang default {d['sglang_default_mem_fraction_static']})",
+        f"cell size {result['cell_size_bytes']} B/token, "
+        f"max_total_num_tokens {result['max_total_num_tokens']}",
+        f"concurrent requests {result['max_concurrent_requests']}, "
+        f"KV-bound output ~{result['kv_bound_output_tok_s']} tok/s "
+        f"({d['per_request_tok_s']} tok/s per request, {d['per_request_tok_s_source']})",
+        f"headroom outside the static pool {result['headroom_gib']} GiB, "
+        f"HiCache host total {result['hicache_host_gib_total']} GiB",
+    ]
+    lines += [f"ERROR {e['code']}: {e['message']}" for e in result["errors"]]
+    lines += [f"WARNING {w['code']}: {w['message']}" for w in result["warnings"]]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python3 -m sglang_fleet.plan", description=__doc__.splitlines()[0]
+    )
+    add_plan_arguments(parser, model_required=True)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    ns = parser.parse_args(argv)
+    try:
+        config, weight_bytes = read_model_dir(ns.model_path)
+        args, host = split_namespace(ns)
+        result = plan(config, weight_bytes, args, host)
+    except (ModelConfigError, PlanInputError, OSError) as exc:
+        parser.print_usage(sys.stderr)
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(result, indent=2) if ns.json else _summary(result))
+    return 1 if result["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

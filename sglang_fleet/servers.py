@@ -1,0 +1,341 @@
+"""Resolve the inventory's server descriptions into what the role renders.
+
+A server in `sglang_server_instances`::
+
+    - name: kimi                      # becomes the unit instance sglang@kimi.service
+      model_path: /shared/kimi-k2.5-int4
+      served_model_name: kimi-k2.5    # optional
+      port: 8000
+      gpus: [0, 1, 2, 3, 4, 5, 6, 7]
+      profile: throughput             # optional: a key of sglang_server_profiles
+      flags: {mem_fraction_static: 0.88}
+      env: {NCCL_PROTO: LL}
+      host: 127.0.0.1                 # optional: loopback unless the inventory opens it
+      api_key: "{{ vault_kimi_api_key }}"   # optional secret: never in flags, argv or the result
+
+Precedence (later wins; nested mappings such as json_model_override_args combine key by key; a
+value of null removes the key set by an earlier layer):
+
+    flags: sglang_server_defaults.flags  <  sglang_server_profiles[profile]
+           <  sglang_server_instances[i].flags  <  sglang_server_overrides[name].flags
+    env:   sglang_server_defaults.env  <  sglang_server_instances[i].env
+           <  sglang_server_overrides[name].env
+
+Example: defaults.flags {log_level: info, mem_fraction_static: 0.85}, profile `throughput`
+{mem_fraction_static: 0.90, kv_cache_dtype: fp8_e4m3}, server flags {mem_fraction_static: 0.88},
+host_vars override {kv_cache_dtype: null} give {log_level: info, mem_fraction_static: 0.88} plus
+the fields the role manages: model_path, port, host, served_model_name and tp_size (default: the
+GPU count x nnodes / pp_size, divided by dp_size unless DP attention shares the TP group).
+
+Flag keys may use dashes (mem-fraction-static); they are stored in ServerArgs spelling (underscores)
+so layers that spell a key differently still override each other. The description stays
+independent of the host that runs it: nnodes/node_rank/dist_init_addr are ordinary flags.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from sglang_fleet.flags import normalize_key
+
+SERVERS_VAR = "sglang_server_instances"
+PROFILES_VAR = "sglang_server_profiles"
+OVERRIDES_VAR = "sglang_server_overrides"
+DEFAULTS_VAR = "sglang_server_defaults"
+
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,40}$")
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+DEFAULT_HOST = "127.0.0.1"
+SERVER_KEYS = (
+    "name",
+    "model_path",
+    "served_model_name",
+    "port",
+    "gpus",
+    "profile",
+    "flags",
+    "env",
+    "host",
+    "api_key",
+)
+# Flags the description sets from its own fields (or keeps secret): setting them in a flag layer
+# would make two places disagree, so the error says which field to use instead.
+MANAGED_FLAGS = {
+    "model_path": "model_path",
+    "port": "port",
+    "host": "host",
+    "served_model_name": "served_model_name",
+    "api_key": "api_key (a secret: it goes to a root-only config file, never to argv)",
+    "config": "nothing (the role passes --config for the secrets file itself)",
+}
+MANAGED_ENV = {"CUDA_VISIBLE_DEVICES": "gpus"}
+
+
+class ServerConfigError(ValueError):
+    """A server description is wrong; `variable` names the inventory path to fix."""
+
+    def __init__(self, variable: str, message: str) -> None:
+        super().__init__(f"{variable}: {message}")
+        self.variable = variable
+        self.message = message
+
+
+def combine(base: Mapping[str, Any], layer: Mapping[str, Any]) -> dict[str, Any]:
+    """Recursive merge, layer wins; a None in the layer removes the key."""
+    merged = copy.deepcopy(dict(base))
+    for key, value in layer.items():
+        if value is None:
+            merged.pop(key, None)
+        elif isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = combine(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def _mapping(value: Any, variable: str) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ServerConfigError(variable, f"must be a mapping, got {type(value).__name__}")
+    return value
+
+
+def _flag_layer(value: Any, variable: str) -> dict[str, Any]:
+    """A flag mapping with keys in ServerArgs spelling; managed keys refused."""
+    layer: dict[str, Any] = {}
+    for key, item in _mapping(value, variable).items():
+        try:
+            norm = normalize_key(key)
+        except ValueError as exc:
+            raise ServerConfigError(f"{variable}.{key}", str(exc)) from None
+        if norm in MANAGED_FLAGS:
+            raise ServerConfigError(
+                f"{variable}.{key}", f"is set by the server's own field: use {MANAGED_FLAGS[norm]}"
+            )
+        if norm in layer:
+            raise ServerConfigError(f"{variable}.{key}", f"repeats flag {norm} (same flag)")
+        layer[norm] = item
+    return layer
+
+
+def _env_layer(value: Any, variable: str) -> dict[str, Any]:
+    layer = dict(_mapping(value, variable))
+    for key in layer:
+        if not isinstance(key, str) or not ENV_NAME_RE.match(key):
+            raise ServerConfigError(
+                f"{variable}.{key}",
+                "is not an environment variable name (letters, digits, '_', no leading digit)",
+            )
+        if key in MANAGED_ENV:
+            raise ServerConfigError(
+                f"{variable}.{key}", f"is set from the server's {MANAGED_ENV[key]}"
+            )
+    return layer
+
+
+def _origins(layers: list[tuple[str, dict[str, Any]]]) -> dict[str, str]:
+    """Which variable set each top-level flag last (for messages that say what to edit)."""
+    origins: dict[str, str] = {}
+    for variable, layer in layers:
+        for key, value in layer.items():
+            if value is None:
+                origins.pop(key, None)
+            else:
+                origins[key] = f"{variable}.{key}"
+    return origins
+
+
+def _check_name(server: Mapping[str, Any], index: int) -> str:
+    name = server.get("name")
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise ServerConfigError(
+            f"{SERVERS_VAR}[{index}].name",
+            f"{name!r} must match {NAME_RE.pattern} (it names the unit sglang@<name>.service)",
+        )
+    return name
+
+
+def _check_keys(server: Mapping[str, Any], where: str) -> None:
+    unknown = sorted(str(key) for key in server if key not in SERVER_KEYS)
+    if unknown:
+        raise ServerConfigError(
+            f"{where}.{unknown[0]}",
+            f"unknown key; a server takes {', '.join(SERVER_KEYS)} (SGLang flags go in flags:)",
+        )
+
+
+def _check_gpus(value: Any, where: str) -> list[int]:
+    variable = f"{where}.gpus"
+    if not isinstance(value, list) or not value:
+        raise ServerConfigError(variable, "must be a non-empty list of GPU indexes, like [0, 1]")
+    for gpu in value:
+        if isinstance(gpu, bool) or not isinstance(gpu, int) or gpu < 0:
+            raise ServerConfigError(variable, f"{gpu!r} is not a GPU index (an integer >= 0)")
+    if len(set(value)) != len(value):
+        raise ServerConfigError(variable, f"{value} lists a GPU twice")
+    return list(value)
+
+
+def _check_port(value: Any, where: str) -> int:
+    if isinstance(value, str) and value.isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ServerConfigError(f"{where}.port", f"{value!r} is not a port number (1..65535)")
+    return value
+
+
+def _check_text(value: Any, variable: str, required: bool) -> str | None:
+    if value is None and not required:
+        return None
+    if not isinstance(value, str) or not value:
+        raise ServerConfigError(variable, f"{value!r} must be a non-empty string")
+    return value
+
+
+def _profile_layer(
+    server: Mapping[str, Any], profiles: Mapping[str, Any], where: str
+) -> tuple[str | None, dict[str, Any]]:
+    profile = server.get("profile")
+    if profile is None:
+        return None, {}
+    if not isinstance(profile, str) or profile not in profiles:
+        allowed = ", ".join(sorted(str(key) for key in profiles)) or "none defined"
+        raise ServerConfigError(
+            f"{where}.profile", f"{profile!r} is not a profile in {PROFILES_VAR}: {allowed}"
+        )
+    return profile, _flag_layer(profiles[profile], f"{PROFILES_VAR}.{profile}")
+
+
+def _positive_int(flags: Mapping[str, Any], key: str) -> int | None:
+    """An int flag value for the tp_size default, or None when it is not one (validate says)."""
+    value = flags.get(key, 1)
+    if isinstance(value, str) and value.isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        return None
+    return value
+
+
+def default_tp_size(flags: Mapping[str, Any], gpu_count: int) -> int | None:
+    """tp_size that uses exactly the server's GPUs on this node (None: cannot tell)."""
+    nnodes, pp, dp = (_positive_int(flags, key) for key in ("nnodes", "pp_size", "dp_size"))
+    if nnodes is None or pp is None or dp is None:
+        return None
+    # With DP attention the DP ranks live inside the TP group; otherwise each DP replica has its
+    # own TP group and GPUs.
+    replicas = 1 if flags.get("enable_dp_attention") else dp
+    total = gpu_count * nnodes
+    if total % (pp * replicas):
+        return None
+    return total // (pp * replicas)
+
+
+def resolve_server(
+    server: Mapping[str, Any],
+    index: int,
+    profiles: Mapping[str, Any],
+    overrides: Mapping[str, Any],
+    defaults: Mapping[str, Any],
+) -> dict[str, Any]:
+    """One resolved server description (see the module docstring)."""
+    if not isinstance(server, Mapping):
+        raise ServerConfigError(f"{SERVERS_VAR}[{index}]", "must be a mapping")
+    name = _check_name(server, index)
+    where = f"{SERVERS_VAR}[{name}]"
+    _check_keys(server, where)
+    model_path = _check_text(server.get("model_path"), f"{where}.model_path", required=True)
+    served_name = _check_text(
+        server.get("served_model_name"), f"{where}.served_model_name", required=False
+    )
+    host = _check_text(
+        server.get("host", defaults.get("host", DEFAULT_HOST)), f"{where}.host", required=True
+    )
+    gpus = _check_gpus(server.get("gpus"), where)
+    port = _check_port(server.get("port"), where)
+    profile, profile_flags = _profile_layer(server, profiles, where)
+    override = _mapping(overrides.get(name), f"{OVERRIDES_VAR}.{name}")
+
+    flag_layers = [
+        (f"{DEFAULTS_VAR}.flags", _flag_layer(defaults.get("flags"), f"{DEFAULTS_VAR}.flags")),
+        (f"{PROFILES_VAR}.{profile}", profile_flags),
+        (f"{where}.flags", _flag_layer(server.get("flags"), f"{where}.flags")),
+        (
+            f"{OVERRIDES_VAR}.{name}.flags",
+            _flag_layer(override.get("flags"), f"{OVERRIDES_VAR}.{name}.flags"),
+        ),
+    ]
+    flags: dict[str, Any] = {}
+    for _variable, layer in flag_layers:
+        flags = combine(flags, layer)
+    origins = _origins(flag_layers)
+
+    env: dict[str, Any] = {}
+    for variable, value in (
+        (f"{DEFAULTS_VAR}.env", defaults.get("env")),
+        (f"{where}.env", server.get("env")),
+        (f"{OVERRIDES_VAR}.{name}.env", override.get("env")),
+    ):
+        env = combine(env, _env_layer(value, variable))
+
+    if "tp_size" not in flags:
+        tp_size = default_tp_size(flags, len(gpus))
+        if tp_size is not None:
+            flags["tp_size"] = tp_size
+            origins["tp_size"] = f"{where}.gpus"
+    flags.update(model_path=model_path, host=host, port=port)
+    origins.update(model_path=f"{where}.model_path", host=f"{where}.host", port=f"{where}.port")
+    if served_name is not None:
+        flags["served_model_name"] = served_name
+        origins["served_model_name"] = f"{where}.served_model_name"
+
+    cuda_visible_devices = ",".join(str(gpu) for gpu in gpus)
+    return {
+        "name": name,
+        "unit": f"sglang@{name}.service",
+        "model_path": model_path,
+        "served_model_name": served_name,
+        "port": port,
+        "host": host,
+        "gpus": gpus,
+        "cuda_visible_devices": cuda_visible_devices,
+        "profile": profile,
+        "flags": flags,
+        "flag_origins": origins,
+        "env": env,
+        # What the unit's EnvironmentFile holds: the merged env plus the server's GPU set.
+        "environment": {**env, "CUDA_VISIBLE_DEVICES": cuda_visible_devices},
+        # The key itself stays out of the description, which Ansible prints and diffs.
+        "api_key_set": bool(server.get("api_key")),
+    }
+
+
+def resolve_servers(
+    servers: list[dict], profiles: dict, overrides: dict, defaults: dict
+) -> list[dict]:
+    """Resolve every server of a host; errors raise ServerConfigError naming the variable."""
+    if servers is None:
+        servers = []
+    if not isinstance(servers, list):
+        raise ServerConfigError(SERVERS_VAR, "must be a list of server descriptions")
+    profiles = _mapping(profiles, PROFILES_VAR)
+    overrides = _mapping(overrides, OVERRIDES_VAR)
+    defaults = _mapping(defaults, DEFAULTS_VAR)
+    resolved = [
+        resolve_server(server, index, profiles, overrides, defaults)
+        for index, server in enumerate(servers)
+    ]
+    names = [server["name"] for server in resolved]
+    for name in names:
+        if names.count(name) > 1:
+            raise ServerConfigError(f"{SERVERS_VAR}[{name}]", "two servers have this name")
+    for name in overrides:
+        if name not in names:
+            raise ServerConfigError(
+                f"{OVERRIDES_VAR}.{name}",
+                f"names no server of this host; servers: {', '.join(names) or 'none'}",
+            )
+    return resolved

@@ -1,0 +1,146 @@
+"""Helpers for the gpusim tests: a private state directory and real server processes.
+
+Nothing is installed: gpusim is imported from the source tree (/work/main/gpusim), and
+child processes get the same path through PYTHONPATH.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+GPUSIM_SRC = Path(__file__).resolve().parents[2] / "gpusim"
+if str(GPUSIM_SRC) not in sys.path:
+    sys.path.insert(0, str(GPUSIM_SRC))
+
+from gpusim.state import Hardware, Timing  # noqa: E402
+
+from gpusim import state  # noqa: E402  (needs the path above)
+
+FIXTURES = GPUSIM_SRC / "gpusim" / "fixtures"
+LLAMA = str(FIXTURES / "llama-3.1-8b-instruct")
+KIMI = str(FIXTURES / "kimi-k2.5-int4")
+ZERO_TIMING = Timing(
+    load_weights_s=0, kv_alloc_s=0, graph_capture_s=0, decode_step_s=0, prefill_token_s=0
+)
+
+
+def make_state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh simulated host (8 x 96 GB, 400 GiB RAM) with zero timings."""
+    root = tmp_path / "gpusim"
+    state.init_state(Hardware(timing=Timing(**vars(ZERO_TIMING))), root)
+    monkeypatch.setenv("GPUSIM_STATE_DIR", str(root))
+    return root
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def port_is_bound(port: int) -> bool:
+    """Whether a live listener holds the port (SO_REUSEADDR as servers do: TIME_WAIT is fine)."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+def child_env(root: Path, **extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["GPUSIM_STATE_DIR"] = str(root)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(GPUSIM_SRC), env.get("PYTHONPATH")]))
+    env.update(extra)
+    return env
+
+
+@dataclass
+class Server:
+    """A running gpusim.sglang_server launcher process."""
+
+    proc: subprocess.Popen[str]
+    port: int
+    root: Path
+    log_path: Path
+    extra_pids: list[int] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def status(self, path: str, headers: dict[str, str] | None = None) -> int:
+        request = urllib.request.Request(self.url + path, headers=headers or {})
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return response.status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
+    def wait_ready(self, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"server exited {self.proc.returncode}:\n{self.log()}")
+            with contextlib.suppress(OSError):
+                if self.status("/health") == 200:
+                    return
+            time.sleep(0.05)
+        raise AssertionError(f"server not ready in {timeout}s:\n{self.log()}")
+
+    def rank_pids(self) -> list[int]:
+        with_env = os.environ.get("GPUSIM_STATE_DIR")
+        os.environ["GPUSIM_STATE_DIR"] = str(self.root)
+        try:
+            return sorted({p.pid for p in state.live_procs(self.root)})
+        finally:
+            if with_env is not None:
+                os.environ["GPUSIM_STATE_DIR"] = with_env
+
+
+def start_server(root: Path, tmp_path: Path, *flags: str, **env: str) -> Server:
+    port = free_port()
+    log_path = tmp_path / f"server-{port}.log"
+    cmd = [sys.executable, "-m", "gpusim.sglang_server", "--port", str(port), *flags]
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env(root, **env), text=True
+        )
+    return Server(proc, port, root, log_path)
+
+
+def stop_server(server: Server) -> None:
+    """Kill the launcher and every rank it registered (by PID, never by name)."""
+    pids = server.rank_pids()
+    if server.proc.poll() is None:
+        server.proc.kill()
+        server.proc.wait(10)
+    for pid in pids + server.extra_pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def collect_servers() -> Iterator[list[Server]]:
+    """Collects servers a test starts and makes sure none outlives it."""
+    started: list[Server] = []
+    yield started
+    for server in started:
+        stop_server(server)

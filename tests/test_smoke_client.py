@@ -1,0 +1,794 @@
+"""The smoke client against a scripted in-process HTTP server.
+
+The server writes exact bytes (so chunk boundaries, chunked encoding and connection handling are
+under the test's control) and drives a fake clock that the client reads: every byte a script
+writes is stamped with the time the script chose, so TTFT, ITL, TPOT and throughput come out
+exactly, independent of how busy the machine is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sglang_fleet import smoke
+
+# Long enough for the client's event loop to read what the server just wrote before the server
+# moves the clock on; only the count of these sleeps adds to the test time.
+SETTLE_S = 0.005
+
+
+class FakeClock:
+    """The client's clock; only the scripted server moves it."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class Request:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+    connection: int
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+@dataclass
+class Step:
+    """Bytes the server writes, and the request-relative time the clock shows when they land."""
+
+    data: bytes
+    at: float | None = None
+
+
+# ------------------------------------------------------------------------------------------
+# Byte builders
+# ------------------------------------------------------------------------------------------
+
+
+def chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+LAST_CHUNK = b"0\r\n\r\n"
+
+
+def sse(obj: Any) -> bytes:
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+def head(status: int = 200, *headers: str) -> bytes:
+    reason = {200: "OK", 404: "Not Found", 500: "Internal Server Error"}.get(status, "X")
+    lines = [f"HTTP/1.1 {status} {reason}", *headers]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+SSE_CHUNKED = head(200, "Content-Type: text/event-stream", "Transfer-Encoding: chunked")
+
+
+def gen_event(tokens: int, prompt_tokens: int = 7) -> bytes:
+    """A /generate stream chunk as SGLang sends it: cumulative text and the server's counts."""
+    return sse(
+        {
+            "text": "tok" * tokens,
+            "output_ids": list(range(tokens)),
+            "meta_info": {
+                "id": "r1",
+                "finish_reason": None,
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": tokens,
+                "cached_tokens": 0,
+            },
+        }
+    )
+
+
+def oai_event(text: str) -> bytes:
+    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": None}
+    return sse({"id": "c1", "object": "text_completion", "choices": [choice], "usage": None})
+
+
+def oai_usage(prompt_tokens: int, completion_tokens: int) -> bytes:
+    usage = {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+    return sse({"id": "c1", "object": "text_completion", "choices": [], "usage": usage})
+
+
+def generate_script(times: list[float], prompt_tokens: int = 7) -> list[Step]:
+    """One token per chunk at the given request-relative times, [DONE] with the last one."""
+    steps = [Step(SSE_CHUNKED, None)]
+    for n, at in enumerate(times, start=1):
+        data = chunk(gen_event(n, prompt_tokens))
+        if n == len(times):
+            data += chunk(DONE) + LAST_CHUNK
+        steps.append(Step(data, at))
+    return steps
+
+
+# ------------------------------------------------------------------------------------------
+# The scripted server
+# ------------------------------------------------------------------------------------------
+
+Handler = Callable[[Request, "ScriptedServer"], Awaitable[list[Step] | None]]
+
+
+@dataclass
+class ScriptedServer:
+    """HTTP/1.1 server whose responses are byte scripts; records every request it reads."""
+
+    clock: FakeClock
+    handler: Handler
+    metrics_text: str | None = None
+    requests: list[Request] = field(default_factory=list)
+    close_after_response: bool = False
+    port: int = 0
+    _connections: int = 0
+    _server: asyncio.AbstractServer | None = None
+
+    async def start(self) -> str:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return f"http://127.0.0.1:{self.port}"
+
+    async def stop(self) -> None:
+        assert self._server is not None
+        self._server.close()
+        await self._server.wait_closed()
+
+    def generate_requests(self) -> list[Request]:
+        return [r for r in self.requests if r.path in ("/generate", "/v1/completions")]
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._connections += 1
+        connection = self._connections
+        try:
+            while True:
+                request = await self._read_request(reader, connection)
+                if request is None:
+                    return
+                self.requests.append(request)
+                steps = await self._route(request)
+                if steps is None:  # the script drops the connection without an answer
+                    return
+                await self._play(steps, writer)
+                if self.close_after_response:
+                    return
+        except (ConnectionError, asyncio.IncompleteReadError):
+            return
+        finally:
+            writer.close()
+
+    async def _read_request(
+        self, reader: asyncio.StreamReader, connection: int
+    ) -> Request | None:
+        try:
+            raw = await reader.readuntil(b"\r\n\r\n")
+        except asyncio.IncompleteReadError:
+            return None
+        lines = raw.decode("latin-1").split("\r\n")
+        method, path, _ = lines[0].split(" ")
+        headers = {}
+        for line in lines[1:]:
+            if line:
+                name, _, value = line.partition(":")
+                headers[name.strip().lower()] = value.strip()
+        body = await reader.readexactly(int(headers.get("content-length", "0")))
+        return Request(method, path, headers, body, connection)
+
+    async def _route(self, request: Request) -> list[Step] | None:
+        if request.path == "/metrics":
+            if self.metrics_text is None:
+                return [Step(head(404, "Content-Length: 9") + b"not found")]
+            body = self.metrics_text.encode()
+            return [Step(head(200, f"Content-Length: {len(body)}") + body)]
+        if request.path == "/v1/models":
+            body = json.dumps({"object": "list", "data": [{"id": "served-model"}]}).encode()
+            return [Step(head(200, f"Content-Length: {len(body)}") + body)]
+        return await self.handler(request, self)
+
+    async def _play(self, steps: list[Step], writer: asyncio.StreamWriter) -> None:
+        start = self.clock.now
+        for step in steps:
+            if step.at is not None:
+                self.clock.now = start + step.at
+            writer.write(step.data)
+            await writer.drain()
+            await asyncio.sleep(SETTLE_S)
+
+
+def scripted(*scripts: list[Step] | None) -> Handler:
+    """A handler that answers the n-th streaming request with the n-th script."""
+    queue: Iterator[list[Step] | None] = iter(scripts)
+
+    async def handler(request: Request, server: ScriptedServer) -> list[Step] | None:
+        return next(queue)
+
+    return handler
+
+
+def run_against(
+    handler: Handler,
+    metrics_text: str | None = None,
+    close_after_response: bool = False,
+    **config: Any,
+) -> tuple[dict[str, Any], ScriptedServer]:
+    """Run the benchmark against a scripted server in one event loop, on the fake clock."""
+    clock = FakeClock()
+    server = ScriptedServer(clock, handler, metrics_text, close_after_response=close_after_response)
+
+    async def main() -> dict[str, Any]:
+        url = await server.start()
+        try:
+            settings = {"warmup_requests": 0, "max_concurrency": 1, **config}
+            return await smoke.Benchmark(smoke.Config(url=url, **settings), clock).run()
+        finally:
+            await server.stop()
+
+    return asyncio.run(main()), server
+
+
+# ------------------------------------------------------------------------------------------
+# Metrics computed exactly
+# ------------------------------------------------------------------------------------------
+
+
+def test_generate_metrics_are_exact() -> None:
+    first = generate_script([0.100, 0.120, 0.150, 0.200])
+    second = generate_script([0.300, 0.310, 0.320, 0.330, 0.340, 0.400], prompt_tokens=9)
+    result, server = run_against(scripted(first, second), num_prompts=2, random_input_len=5)
+
+    assert result["completed"] == 2
+    assert result["failed"] == 0
+    assert result["duration"] == pytest.approx(0.6)
+    # token counts are the server's (7 + 9 prompt tokens), not the 5 ids the client sent
+    assert result["total_input_tokens"] == 16
+    assert result["total_output_tokens"] == 10
+    assert result["request_throughput"] == pytest.approx(2 / 0.6)
+    assert result["input_throughput"] == pytest.approx(16 / 0.6)
+    assert result["output_throughput"] == pytest.approx(10 / 0.6)
+    assert result["mean_ttft_ms"] == pytest.approx(200.0)
+    assert result["median_ttft_ms"] == pytest.approx(200.0)
+    assert result["p99_ttft_ms"] == pytest.approx(100 + 200 * 0.99)
+    tpots = [(0.2 - 0.1) / 3 * 1000, (0.4 - 0.3) / 5 * 1000]
+    assert result["mean_tpot_ms"] == pytest.approx(sum(tpots) / 2)
+    itls = [20, 30, 50, 10, 10, 10, 10, 60]
+    assert sorted(result["itl_ms_all"]) == pytest.approx(sorted(itls))
+    assert result["mean_itl_ms"] == pytest.approx(sum(itls) / len(itls))
+    assert result["median_itl_ms"] == pytest.approx(15.0)  # (10 + 20) / 2
+    assert result["mean_e2e_latency_ms"] == pytest.approx(300.0)
+    assert result["concurrency"] == pytest.approx((0.2 + 0.4) / 0.6)
+    assert result["ttft_ms_all"] == pytest.approx([100.0, 300.0])
+    assert result["server_metrics"] is None
+    assert result["goodput"] is None
+    assert result["errors"] == []
+    # one connection, kept alive for both requests
+    assert {r.connection for r in server.generate_requests()} == {1}
+
+
+def test_several_tokens_in_one_chunk_spread_the_gap_like_bench_serving() -> None:
+    steps = [
+        Step(SSE_CHUNKED),
+        Step(chunk(gen_event(1)), 0.1),
+        Step(chunk(gen_event(4)), 0.4),  # three tokens at once: 0.3 s spread over them
+        Step(chunk(gen_event(4)) + chunk(DONE) + LAST_CHUNK, 0.5),  # no new token: no gap
+    ]
+    result, _ = run_against(scripted(steps), num_prompts=1)
+    assert result["total_output_tokens"] == 4
+    assert result["itl_ms_all"] == pytest.approx([100.0, 100.0, 100.0])
+    assert result["mean_e2e_latency_ms"] == pytest.approx(500.0)
+    assert result["mean_tpot_ms"] == pytest.approx((0.5 - 0.1) / 3 * 1000)
+
+
+def test_timeline_counts_tokens_per_second_of_the_run() -> None:
+    script = generate_script([0.5, 0.9, 1.2, 1.4, 2.5])
+    result, _ = run_against(scripted(script), num_prompts=1)
+    assert result["timeline"] == [
+        {"t": 0, "output_tokens": 2},
+        {"t": 1, "output_tokens": 2},
+        {"t": 2, "output_tokens": 1},
+    ]
+
+
+def test_goodput_is_the_share_of_all_requests_within_the_slos() -> None:
+    fast = generate_script([0.05, 0.06, 0.07])  # TTFT 50 ms, TPOT 10 ms
+    slow_first = generate_script([0.30, 0.31, 0.32])  # misses the TTFT SLO
+    slow_decode = generate_script([0.05, 0.15, 0.25])  # misses the TPOT SLO
+    failed = [Step(head(500, "Content-Length: 4") + b"oops")]
+    result, _ = run_against(
+        scripted(fast, slow_first, slow_decode, failed),
+        num_prompts=4,
+        slo_ttft_ms=100,
+        slo_tpot_ms=50,
+    )
+    assert result["completed"] == 3
+    assert result["failed"] == 1
+    assert result["goodput"] == pytest.approx(1 / 4)
+    assert result["slo"] == {"ttft_ms": 100, "tpot_ms": 50}
+
+
+def test_percentile_matches_numpy_linear_interpolation() -> None:
+    assert smoke.percentile(list(range(1, 101)), 99) == pytest.approx(99.01)
+    assert smoke.percentile([5.0], 99) == 5.0
+    assert smoke.percentile([], 99) == 0.0
+    assert smoke.percentile([1.0, 2.0, 3.0, 4.0], 50) == pytest.approx(2.5)
+
+
+# ------------------------------------------------------------------------------------------
+# SSE and HTTP edge cases
+# ------------------------------------------------------------------------------------------
+
+
+def test_event_split_across_reads_counts_when_it_completes() -> None:
+    first = chunk(gen_event(1))
+    second = gen_event(2)
+    steps = [
+        Step(SSE_CHUNKED),
+        Step(first[:9], 0.05),  # part of the chunk-size line and payload
+        Step(first[9:], 0.10),  # the event completes here: TTFT 100 ms
+        Step(chunk(second[:20]), 0.15),  # the event split across two HTTP chunks
+        Step(chunk(second[20:]), 0.25),
+        Step(chunk(DONE)[:3], 0.26),
+        Step(chunk(DONE)[3:] + LAST_CHUNK[:2], 0.27),
+        Step(LAST_CHUNK[2:], 0.28),
+    ]
+    result, _ = run_against(scripted(steps), num_prompts=1)
+    assert result["failed"] == 0, result["errors"]
+    assert result["ttft_ms_all"] == pytest.approx([100.0])
+    assert result["itl_ms_all"] == pytest.approx([150.0])
+    # latency ends with [DONE], as bench_serving measures it
+    assert result["mean_e2e_latency_ms"] == pytest.approx(270.0)
+
+
+def test_several_events_in_one_read() -> None:
+    events = b"".join(gen_event(n) for n in (1, 2, 3))
+    steps = [
+        Step(SSE_CHUNKED + chunk(events), 0.2),
+        Step(chunk(gen_event(4) + DONE) + LAST_CHUNK, 0.3),
+    ]
+    result, _ = run_against(scripted(steps), num_prompts=1)
+    assert result["total_output_tokens"] == 4
+    assert result["ttft_ms_all"] == pytest.approx([200.0])
+    # tokens that arrive in one read arrive at the same time
+    assert result["itl_ms_all"] == pytest.approx([0.0, 0.0, 100.0])
+
+
+@pytest.mark.parametrize(
+    "framing",
+    ["content-length", "until-close", "crlf-events"],
+)
+def test_streams_without_chunked_encoding(framing: str) -> None:
+    newline = b"\r\n" if framing == "crlf-events" else b"\n"
+    body = b"".join(
+        gen_event(n).replace(b"\n\n", newline * 2) for n in (1, 2, 3)
+    ) + DONE.replace(b"\n", newline)
+    if framing == "content-length":
+        response = head(200, f"Content-Length: {len(body)}") + body
+    elif framing == "until-close":
+        response = head(200, "Connection: close") + body
+    else:
+        response = SSE_CHUNKED + chunk(body) + LAST_CHUNK
+    result, _ = run_against(scripted([Step(response, 0.1)]), num_prompts=1)
+    assert result["completed"] == 1, result["errors"]
+    assert result["total_output_tokens"] == 3
+
+
+def test_keep_alive_reuses_one_connection_per_concurrent_stream() -> None:
+    scripts = [generate_script([0.01, 0.02]) for _ in range(6)]
+    result, server = run_against(scripted(*scripts), num_prompts=6, max_concurrency=2)
+    assert result["completed"] == 6
+    connections = [r.connection for r in server.generate_requests()]
+    assert len(set(connections)) == 2
+    # the metrics probe is not on a stream connection; the server saw HTTP/1.1 keep-alive
+    assert all("close" not in r.headers.get("connection", "") for r in server.requests)
+
+
+def test_server_closing_idle_connections_does_not_fail_requests() -> None:
+    scripts = [generate_script([0.01, 0.02]) for _ in range(3)]
+    result, server = run_against(scripted(*scripts), num_prompts=3, close_after_response=True)
+    assert result["completed"] == 3
+    assert result["failed"] == 0
+    assert len({r.connection for r in server.generate_requests()}) == 3
+
+
+def test_completions_usage_chunk_gives_counts_but_no_token_time() -> None:
+    steps = [
+        Step(SSE_CHUNKED + chunk(oai_event("")), 0.05),  # an empty delta is no token
+        Step(chunk(oai_event("Hello")), 0.1),
+        Step(chunk(oai_event(" world")), 0.2),
+        Step(chunk(oai_event("!")), 0.25),
+        Step(chunk(oai_usage(11, 5)), 0.4),  # usage only: counts, not a token arrival
+        Step(chunk(DONE) + LAST_CHUNK, 0.5),
+    ]
+    result, server = run_against(
+        scripted(steps), backend="sglang-oai", num_prompts=1, random_input_len=8
+    )
+    assert result["completed"] == 1, result["errors"]
+    assert result["total_input_tokens"] == 11
+    assert result["total_output_tokens"] == 5  # the server's count, not the 3 chunks
+    assert result["ttft_ms_all"] == pytest.approx([100.0])
+    assert result["itl_ms_all"] == pytest.approx([100.0, 50.0])
+    assert result["mean_e2e_latency_ms"] == pytest.approx(500.0)
+    assert result["mean_tpot_ms"] == pytest.approx((0.5 - 0.1) / 4 * 1000)
+    # the two tokens the chunks did not show are put at the last arrival
+    assert sum(b["output_tokens"] for b in result["timeline"]) == 5
+    body = server.generate_requests()[0].json()
+    assert body["model"] == "served-model"  # asked from /v1/models
+    assert body["stream"] is True
+    assert body["stream_options"] == {"include_usage": True}
+    assert body["max_tokens"] == 128
+    assert len(body["prompt"].split()) == 8
+
+
+# ------------------------------------------------------------------------------------------
+# Failed requests
+# ------------------------------------------------------------------------------------------
+
+
+def test_failed_requests_are_counted_with_their_reasons() -> None:
+    good = generate_script([0.1, 0.2])
+    http_500 = [Step(head(500, "Content-Length: 12") + b"server broke", 0.05)]
+    cut_mid_stream = [Step(SSE_CHUNKED + chunk(gen_event(1)), 0.1)]
+    error_in_stream = [
+        Step(SSE_CHUNKED + chunk(gen_event(1)), 0.1),
+        Step(chunk(sse({"error": {"message": "out of memory"}})), 0.2),
+        Step(chunk(DONE) + LAST_CHUNK, 0.3),
+    ]
+    no_token = [Step(SSE_CHUNKED + chunk(DONE) + LAST_CHUNK, 0.1)]
+
+    class CutHandler:
+        def __init__(self) -> None:
+            self.scripts = iter([good, http_500, cut_mid_stream, error_in_stream, no_token, good])
+
+        async def __call__(self, request: Request, server: ScriptedServer) -> list[Step] | None:
+            script = next(self.scripts)
+            # the server drops the connection after the first token of this one
+            server.close_after_response = script is cut_mid_stream
+            return script
+
+    result, _ = run_against(CutHandler(), num_prompts=6)
+    assert result["completed"] == 2
+    assert result["failed"] == 4
+    assert result["total_output_tokens"] == 4
+    errors = result["errors"]
+    assert len(errors) == 4
+    assert errors[0] == "HTTP 500: server broke"
+    assert errors[1] == "connection closed mid-response"
+    assert "out of memory" in errors[2]
+    assert errors[3] == "stream ended without any token"
+    # failed requests add nothing to the latency figures
+    assert result["ttft_ms_all"] == pytest.approx([100.0, 100.0])
+
+
+def test_request_timeout_fails_the_request() -> None:
+    async def silent(request: Request, server: ScriptedServer) -> list[Step] | None:
+        await asyncio.sleep(1.0)  # longer than the client waits
+        return None
+
+    result, _ = run_against(silent, num_prompts=1, timeout=0.1)
+    assert result["failed"] == 1
+    assert result["errors"] == ["timeout"]
+
+
+# ------------------------------------------------------------------------------------------
+# Workload
+# ------------------------------------------------------------------------------------------
+
+
+def test_generate_workload_is_exact_and_repeatable() -> None:
+    def bodies(seed: int) -> list[dict[str, Any]]:
+        scripts = [generate_script([0.01]) for _ in range(3)]
+        _, server = run_against(
+            scripted(*scripts),
+            num_prompts=3,
+            seed=seed,
+            random_input_len=37,
+            random_output_len=5,
+        )
+        return [r.json() for r in server.generate_requests()]
+
+    first, again, other = bodies(3), bodies(3), bodies(4)
+    assert first == again
+    assert first != other
+    for body in first:
+        assert len(body["input_ids"]) == 37
+        assert body["sampling_params"] == {
+            "max_new_tokens": 5,
+            "ignore_eos": True,
+            "temperature": 0,
+        }
+        assert body["stream"] is True
+    assert len({tuple(b["input_ids"]) for b in first}) == 3
+
+
+def test_warmup_requests_are_sent_first_and_not_counted() -> None:
+    scripts = [generate_script([0.01, 0.02]) for _ in range(5)]
+    result, server = run_against(scripted(*scripts), num_prompts=3, warmup_requests=2)
+    assert len(server.generate_requests()) == 5
+    assert result["completed"] == 3
+    assert result["num_prompts"] == 3
+    assert result["total_output_tokens"] == 6
+
+
+# ------------------------------------------------------------------------------------------
+# /metrics cross-check
+# ------------------------------------------------------------------------------------------
+
+METRICS_TEMPLATE = """\
+# HELP sglang:num_running_reqs The number of running requests.
+# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{{model_name="m",tp_rank="0"}} {running}
+sglang:num_running_reqs{{model_name="m",tp_rank="1"}} {running}
+sglang:num_queue_reqs{{model_name="m",tp_rank="0"}} {queued}
+sglang:token_usage{{model_name="m",tp_rank="0"}} {usage}
+sglang:gen_throughput{{model_name="m",tp_rank="0"}} 123.5
+sglang:max_total_num_tokens{{model_name="m",tp_rank="0"}} 65536.0
+# TYPE sglang:generation_tokens_total counter
+sglang:generation_tokens_total{{model_name="m",tp_rank="0"}} {generated}
+sglang:generation_tokens_created{{model_name="m",tp_rank="0"}} 1.7e9
+sglang:prompt_tokens_total{{model_name="m",tp_rank="0"}} {prompted}
+sglang:time_to_first_token_seconds_bucket{{le="+Inf",model_name="m"}} 3.0
+sglang:cache_hit_rate{{model_name="m"}} NaN
+"""
+
+
+class MetricsServer:
+    """Streams /generate while keeping /metrics in step with what it served."""
+
+    def __init__(self) -> None:
+        self.generated = 1000.0
+        self.prompted = 50.0
+        self.running = 0
+        self.sampled_while_running = asyncio.Event()
+
+    def text(self) -> str:
+        if self.running:
+            self.sampled_while_running.set()
+        return METRICS_TEMPLATE.format(
+            running=self.running,
+            queued=2 * self.running,
+            usage=0.25 * self.running,
+            generated=self.generated,
+            prompted=self.prompted,
+        )
+
+    async def __call__(self, request: Request, server: ScriptedServer) -> list[Step] | None:
+        self.running += 1
+        self.sampled_while_running.clear()
+        server.metrics_text = self.text()
+        # hold the stream until the client has sampled /metrics once during it
+        await asyncio.wait_for(self.sampled_while_running.wait(), 5.0)
+        self.running -= 1
+        self.generated += 3
+        self.prompted += 7
+        server.metrics_text = self.text()
+        return generate_script([0.1, 0.2, 0.3])
+
+
+def test_metrics_cross_check_and_samples() -> None:
+    metrics = MetricsServer()
+
+    class LiveMetrics(ScriptedServer):
+        async def _route(self, request: Request) -> list[Step] | None:
+            if request.path == "/metrics":
+                self.metrics_text = metrics.text()
+            return await super()._route(request)
+
+    clock = FakeClock()
+    server = LiveMetrics(clock, metrics, metrics_text=metrics.text())
+
+    async def main() -> dict[str, Any]:
+        url = await server.start()
+        try:
+            config = smoke.Config(
+                url=url, num_prompts=3, max_concurrency=1, warmup_requests=1, metrics_interval=0.01
+            )
+            return await smoke.Benchmark(config, clock).run()
+        finally:
+            await server.stop()
+
+    result = asyncio.run(main())
+    assert result["completed"] == 3
+    sm = result["server_metrics"]
+    # the warm-up's tokens are before the "before" reading: the deltas match the client's count
+    assert sm["generation_tokens_delta"] == result["total_output_tokens"] == 9
+    assert sm["prompt_tokens_delta"] == result["total_input_tokens"] == 21
+    # gauges are summed over ranks (two tp ranks report num_running_reqs)
+    assert sm["peak_num_running_reqs"] == 2.0
+    assert sm["peak_num_queue_reqs"] == 2.0
+    assert sm["peak_token_usage"] == 0.25
+    assert sm["max_total_num_tokens"] == 65536.0
+    assert sm["samples"]
+    sample = sm["samples"][0]
+    assert set(sample) == {"t", "num_running_reqs", "num_queue_reqs", "token_usage", "gen_throughput"}
+    assert sample["gen_throughput"] == 123.5
+
+
+def test_parse_prometheus_sums_label_sets_and_skips_comments() -> None:
+    values = smoke.parse_prometheus(
+        METRICS_TEMPLATE.format(running=3, queued=1, usage=0.5, generated=10, prompted=4)
+        + "plain_metric 4 1700000000000\n"
+        + 'odd{path="/a b}"} 2\n'
+    )
+    assert values["sglang:num_running_reqs"] == 6.0
+    assert values["sglang:generation_tokens_total"] == 10.0
+    assert values["sglang:time_to_first_token_seconds_bucket"] == 3.0
+    assert "sglang:cache_hit_rate" not in values  # NaN carries no information
+    assert values["plain_metric"] == 4.0
+    assert values["odd"] == 2.0
+
+
+# ------------------------------------------------------------------------------------------
+# Command line: exit codes, API key, JSON file (server in a thread, real clock)
+# ------------------------------------------------------------------------------------------
+
+
+class ThreadedServer:
+    """The scripted server on its own event loop, for driving smoke.main()."""
+
+    def __init__(self, handler: Handler, metrics_text: str | None = None) -> None:
+        self.server = ScriptedServer(FakeClock(), handler, metrics_text)
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+
+    def __enter__(self) -> ThreadedServer:
+        self.thread.start()
+        self.url = asyncio.run_coroutine_threadsafe(self.server.start(), self.loop).result(5)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        asyncio.run_coroutine_threadsafe(self.server.stop(), self.loop).result(5)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+        self.loop.close()
+
+
+async def always_two_tokens(request: Request, server: ScriptedServer) -> list[Step]:
+    return generate_script([0.0, 0.0])
+
+
+def test_main_writes_json_and_sends_the_api_key_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("SGLANG_API_KEY", "s3cret")
+    out = tmp_path / "result.json"
+    with ThreadedServer(always_two_tokens) as srv:
+        code = smoke.main(["--url", srv.url, "--num-prompts", "4", "--json", str(out)])
+    assert code == 0
+    result = json.loads(out.read_text())
+    assert result["completed"] == 4
+    assert result["request_rate"] is None  # inf is not JSON
+    assert {r.headers["authorization"] for r in srv.server.requests} == {"Bearer s3cret"}
+    assert "Successful requests:" in capsys.readouterr().out
+
+
+def test_api_key_flag_wins_over_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SGLANG_API_KEY", raising=False)
+    with ThreadedServer(always_two_tokens) as srv:
+        assert smoke.main(["--url", srv.url, "--num-prompts", "1", "--api-key", "k1"]) == 0
+    assert srv.server.generate_requests()[0].headers["authorization"] == "Bearer k1"
+
+
+def test_no_api_key_sends_no_authorization(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SGLANG_API_KEY", raising=False)
+    with ThreadedServer(always_two_tokens) as srv:
+        assert smoke.main(["--url", srv.url, "--num-prompts", "1"]) == 0
+    assert all("authorization" not in r.headers for r in srv.server.requests)
+
+
+def test_exit_code_zero_even_when_requests_fail(tmp_path: Path) -> None:
+    async def broken(request: Request, server: ScriptedServer) -> list[Step]:
+        return [Step(head(500, "Content-Length: 2") + b"no")]
+
+    out = tmp_path / "r.json"
+    with ThreadedServer(broken) as srv:
+        code = smoke.main(["--url", srv.url, "--num-prompts", "3", "--json", str(out)])
+    assert code == 0
+    result = json.loads(out.read_text())
+    assert result["completed"] == 0
+    assert result["failed"] == 3
+    assert result["errors"] == ["HTTP 500: no"] * 3
+
+
+def test_duration_mode_stops_sending_and_counts_everything_it_sent() -> None:
+    with ThreadedServer(always_two_tokens) as srv:
+        config = smoke.Config(
+            url=srv.url, num_prompts=None, duration=0.3, max_concurrency=2, warmup_requests=0
+        )
+        result = asyncio.run(smoke.Benchmark(config).run())
+    sent = len(srv.server.generate_requests())
+    assert sent > 0
+    assert result["completed"] == sent
+    assert result["num_prompts"] == sent
+    assert result["total_output_tokens"] == 2 * sent
+
+
+def test_request_rate_sends_every_request() -> None:
+    with ThreadedServer(always_two_tokens) as srv:
+        config = smoke.Config(url=srv.url, num_prompts=5, request_rate=500.0, warmup_requests=0)
+        result = asyncio.run(smoke.Benchmark(config).run())
+    assert result["completed"] == 5
+    assert result["request_rate"] == 500.0
+
+
+def test_unreachable_server_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
+    with ThreadedServer(always_two_tokens) as srv:
+        url = srv.url  # the port is free again once the server stops
+    assert smoke.main(["--url", url, "--num-prompts", "1"]) == 1
+    assert "cannot reach" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--backend", "vllm"],
+        ["--num-prompts", "0"],
+        ["--duration", "5"],  # neither a concurrency limit nor a rate: unbounded
+        ["--url", "ftp://host"],
+        ["--warmup-requests", "-1"],
+    ],
+)
+def test_bad_usage_exits_2(argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        smoke.main(argv)
+    assert exc.value.code == 2
+
+
+def test_json_keys_follow_the_contract() -> None:
+    result, _ = run_against(scripted(generate_script([0.1, 0.2])), num_prompts=1)
+    contract = Path(__file__).parent.parent / "docs" / "CONTRACTS.md"
+    section = contract.read_text().split("## Smoke result JSON")[1].split("\n## ")[0]
+    for key in [
+        "completed",
+        "failed",
+        "duration",
+        "total_input_tokens",
+        "total_output_tokens",
+        "request_throughput",
+        "input_throughput",
+        "output_throughput",
+        "concurrency",
+        *(
+            f"{stat}_{name}_ms"
+            for stat in ("mean", "median", "p99")
+            for name in ("ttft", "tpot", "itl", "e2e_latency")
+        ),
+    ]:
+        assert key in result
+    for key in (
+        "max_concurrency",
+        "request_rate",
+        "num_prompts",
+        "backend",
+        "seed",
+        "random_input_len",
+        "random_output_len",
+        "goodput",
+        "slo",
+        "server_metrics",
+        "timeline",
+        "ttft_ms_all",
+        "itl_ms_all",
+        "errors",
+    ):
+        assert f"`{key}`" in section
+        assert key in result
