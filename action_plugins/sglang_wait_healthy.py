@@ -16,7 +16,7 @@ from ansible.utils.display import Display
 
 display = Display()
 
-ARGS = ("unit", "url", "since", "request_timeout", "fatal_patterns")
+ARGS = ("unit", "url", "since", "request_timeout", "fatal_patterns", "restarts_baseline")
 
 
 class ActionModule(ActionBase):

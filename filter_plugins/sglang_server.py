@@ -7,6 +7,7 @@
     {{ server | sglang_launch_argv(python, module) }}  [python, "-m", module, *flags]
     {{ argv | sglang_exec_start }}                   the value of an ExecStart= line
     {{ 'NCCL_PROTO' | sglang_env_line('LL') }}       NCCL_PROTO="LL"
+    {{ server | sglang_config_hash }}                12 hex digits naming the configuration
 
 Thin wrappers: the logic lives in sglang_fleet/ (tested there). Bad input fails the task with
 the variable to fix.
@@ -14,6 +15,8 @@ the variable to fix.
 
 from __future__ import annotations
 
+import base64
+import json
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -29,7 +32,7 @@ if _REPO_ROOT not in sys.path:
 
 from sglang_fleet import flags as _flags  # noqa: E402  (needs the sys.path entry above)
 from sglang_fleet import validate as _validate  # noqa: E402
-from sglang_fleet.servers import ServerConfigError, resolve_servers  # noqa: E402
+from sglang_fleet.servers import ServerConfigError, config_hash, resolve_servers  # noqa: E402
 
 
 def _plain(value: Any) -> Any:
@@ -71,6 +74,26 @@ def sglang_launch_argv(server: dict, python: str, launch_module: str) -> list[st
     return [str(python), "-m", str(launch_module), *sglang_argv(server["flags"])]
 
 
+def sglang_config_hash(server: dict) -> str:
+    return _wrap(config_hash, server)
+
+
+def sglang_not_last_known_good(servers: list, lkg_slurps: list) -> list[str]:
+    """Names of servers whose last-known-good record is missing or names another configuration.
+
+    lkg_slurps: the results of slurping each server's lkg/meta.json, in the same order.
+    """
+    names = []
+    for server, slurp in zip(_plain(servers), _plain(lkg_slurps), strict=True):
+        try:
+            recorded = json.loads(base64.b64decode(slurp["content"]))["config_hash"]
+        except (KeyError, TypeError, ValueError):
+            recorded = None
+        if recorded != config_hash(server):
+            names.append(server["name"])
+    return names
+
+
 def sglang_exec_start(argv: list) -> str:
     return _wrap(_flags.exec_start, argv)
 
@@ -90,5 +113,7 @@ class FilterModule:
             "sglang_argv": sglang_argv,
             "sglang_launch_argv": sglang_launch_argv,
             "sglang_exec_start": sglang_exec_start,
+            "sglang_config_hash": sglang_config_hash,
+            "sglang_not_last_known_good": sglang_not_last_known_good,
             "sglang_env_line": sglang_env_line,
         }

@@ -12,8 +12,8 @@ DOCUMENTATION = r"""
 module: sglang_flags_check
 short_description: Check SGLang launch flags against the installed SGLang, without starting it
 description:
-  - Reads the flags of the installed SGLang from C(python -m <launch_module> --help) (argparse
-    help text: option strings, value counts and C({a,b,c}) choices).
+  - Reads the flags of the installed SGLang from the argparse help text of
+    C(python -m <launch_module> --help), with their value counts and C({a,b,c}) choices.
   - Reports every unknown flag with the closest known ones, every flag given the wrong number of
     values, and every value that is not one of the flag's choices with the allowed values.
   - Then runs SGLang's real parser on the remaining flags followed by C(--help). argparse
@@ -126,7 +126,10 @@ VERSION_CODE = (
 )
 # argparse: "prog: error: argument --tp-size/--tensor-parallel-size: invalid int value: 'x'"
 _ARG_ERROR_RE = re.compile(r"error: argument ([^:\s]+): (.+)$", re.MULTILINE)
+_OPTION_RE = re.compile(r"^--?[A-Za-z0-9][\w.-]*$")
+_CHOICES_RE = re.compile(r"^\[?\{([^{}]*)\}")
 MANY = -1  # value count of nargs '+' / '*' flags
+MAX_HIDDEN_PROBES = 3
 
 
 @dataclass
@@ -184,14 +187,16 @@ def _parse_invocation(invocation: str) -> FlagSpec | None:
     words: list[str] = []
     for part in _split_top(invocation, ", "):
         tokens = _split_top(part.strip(), " ")
-        if not tokens or not tokens[0].startswith("-"):
+        if not tokens or not _OPTION_RE.match(tokens[0]):
             return None
         options.append(tokens[0])
         words = words or [token for token in tokens[1:] if token]
     spec = FlagSpec(options=options)
     spec.min_values, spec.max_values = _value_counts(words)
-    if words and words[0].startswith("{") and words[0].endswith("}"):
-        spec.choices = words[0][1:-1].split(",")
+    # Choices stand in for the metavar: `{a,b}`, `{a,b} [{a,b} ...]` or `[{a,b} ...]`.
+    choices = _CHOICES_RE.match(words[0]) if words else None
+    if choices:
+        spec.choices = choices.group(1).split(",")
     return spec
 
 
@@ -283,7 +288,7 @@ def _count_problem(group: ArgGroup, spec: FlagSpec, prefix: str) -> dict[str, An
     if spec.min_values <= count and (spec.max_values == MANY or count <= spec.max_values):
         return None
     if spec.max_values == 0:
-        expected = "no value: it is a switch, set it to true or false"
+        expected = "no value (a switch: set the key to true or false)"
     elif spec.max_values == MANY:
         expected = f"at least {spec.min_values} value(s)"
     elif spec.min_values == spec.max_values:
@@ -294,7 +299,7 @@ def _count_problem(group: ArgGroup, spec: FlagSpec, prefix: str) -> dict[str, An
         "value_count",
         group.flag,
         variable_of(prefix, group.flag),
-        f"{group.flag} takes {expected}, got {count}: {group.values}",
+        f"{group.flag} takes {expected}; got {group.values}",
     )
 
 
@@ -315,8 +320,8 @@ def _choice_problem(group: ArgGroup, spec: FlagSpec, prefix: str) -> dict[str, A
 
 def static_problems(
     argv: list[str], known: dict[str, FlagSpec], prefix: str
-) -> tuple[list[dict[str, Any]], list[ArgGroup]]:
-    """Problems the help text shows, and the groups left for SGLang's parser to check."""
+) -> tuple[list[dict[str, Any]], list[ArgGroup], list[ArgGroup]]:
+    """(problems the help text shows, groups left for SGLang's parser, flags not in the help)."""
     stray, groups = group_argv(argv)
     problems: list[dict[str, Any]] = []
     if stray:
@@ -324,17 +329,18 @@ def static_problems(
             _problem("stray_value", None, prefix, f"values {stray} come before any flag")
         )
     passed: list[ArgGroup] = []
+    unlisted: list[ArgGroup] = []
     for group in groups:
         spec = known.get(group.flag)
         if spec is None:
-            problems.append(_unknown(group, known, prefix))
+            unlisted.append(group)
             continue
         problem = _count_problem(group, spec, prefix) or _choice_problem(group, spec, prefix)
         if problem:
             problems.append(problem)
         else:
             passed.append(group)
-    return problems, passed
+    return problems, passed, unlisted
 
 
 def parser_error(stderr: str) -> tuple[list[str], str] | None:
@@ -431,6 +437,19 @@ def parser_problems(
     return problems
 
 
+def is_hidden_flag(python: str, launch_module: str, group: ArgGroup, timeout: int) -> bool:
+    """Whether a flag missing from --help exists anyway (argparse.SUPPRESS hides some).
+
+    `<flag> --help` makes argparse complain that a value-taking flag got no value, while an
+    unknown flag is set aside and --help exits 0. A hidden switch cannot be told apart.
+    """
+    if not group.values:
+        return False
+    rc, _, err = run([python, "-m", launch_module, group.flag, "--help"], timeout)
+    found = parser_error(err) if rc == 2 else None
+    return bool(found and group.flag in found[0])
+
+
 def check(params: dict[str, Any]) -> dict[str, Any]:
     """The module's work, without AnsibleModule (tested directly)."""
     python, module, timeout = params["python"], params["launch_module"], params["timeout"]
@@ -447,7 +466,13 @@ def check(params: dict[str, Any]) -> dict[str, Any]:
         result["problems"] = [_problem("parser_error", None, prefix, str(exc))]
         return result
     result["known_flags"] = len(known)
-    problems, passed = static_problems(list(params["argv"]), known, prefix)
+    problems, passed, unlisted = static_problems(list(params["argv"]), known, prefix)
+    for index, group in enumerate(unlisted):
+        # Each probe imports SGLang again (seconds): only a few, then unknown is unknown.
+        if index < MAX_HIDDEN_PROBES and is_hidden_flag(python, module, group, timeout):
+            passed.append(group)
+        else:
+            problems.append(_unknown(group, known, prefix))
     problems += parser_problems(python, module, passed, prefix, timeout)
     result["problems"] = problems
     return result

@@ -28,6 +28,10 @@ options:
     description: Seconds one health request may take (SGLang answers within 20 s or says 503).
     type: float
     default: 25
+  restarts_baseline:
+    description: The unit's NRestarts before this start (systemd keeps counting across starts).
+    type: int
+    default: 0
   fatal_patterns:
     description: Regular expressions that mark a start as failed when a log line matches.
     type: list
@@ -59,7 +63,7 @@ active_state:
   type: str
   returned: always
 n_restarts:
-  description: How often systemd restarted the unit since it was started.
+  description: How often systemd restarted the unit since this start (NRestarts minus the baseline).
   type: int
   returned: always
 cause:
@@ -134,10 +138,12 @@ def first_fatal(lines: list[str], patterns: list[str]) -> str | None:
     return None
 
 
-def classify(state: dict[str, str], status: int | None, fatal: str | None) -> tuple[str, str]:
+def classify(
+    state: dict[str, str], status: int | None, fatal: str | None, restarts_baseline: int = 0
+) -> tuple[str, str]:
     """Return (state, cause). A fatal log line or a dead/restarted unit ends the wait at once."""
     active = state.get("ActiveState", "unknown")
-    restarts = int(state.get("NRestarts", "0") or 0)
+    restarts = int(state.get("NRestarts", "0") or 0) - restarts_baseline
     if fatal:
         return "failed", fatal
     if active in ("failed", "inactive") or restarts > 0:
@@ -158,6 +164,7 @@ def main() -> None:
             "url": {"type": "str", "required": True},
             "since": {"type": "float", "required": True},
             "request_timeout": {"type": "float", "default": 25.0},
+            "restarts_baseline": {"type": "int", "default": 0},
             "fatal_patterns": {"type": "list", "elements": "str", "default": []},
         },
         supports_check_mode=True,
@@ -169,13 +176,14 @@ def main() -> None:
     if state.get("ActiveState") in ("active", "activating", "reloading"):
         status = http_status(params["url"], params["request_timeout"])
     patterns = params["fatal_patterns"] or DEFAULT_FATAL
-    verdict, cause = classify(state, status, first_fatal(lines, patterns))
+    baseline = params["restarts_baseline"]
+    verdict, cause = classify(state, status, first_fatal(lines, patterns), baseline)
     result = {
         "changed": False,
         "state": verdict,
         "http_status": status,
         "active_state": f"{state.get('ActiveState', '?')}/{state.get('SubState', '?')}",
-        "n_restarts": int(state.get("NRestarts", "0") or 0),
+        "n_restarts": int(state.get("NRestarts", "0") or 0) - baseline,
         "last_log_line": lines[-1] if lines else "",
         "log_tail": lines[-25:],
     }

@@ -18,7 +18,7 @@ quiet() { "$@" 2> >(grep -v 'is ignored: it is neither' >&2) >/dev/null; }
 if [ "$(cat "$out/.downloads" 2>/dev/null)" != "$stamp_key" ]; then
   say "downloading sglang==$sglang_version and the double's dependencies for CPython 3.11"
   target=(--only-binary=:all: --python-version 3.11 --implementation cp --abi cp311
-          --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64
+          --platform manylinux_2_34_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64
           --platform manylinux2014_x86_64 --platform any)
   quiet "$pip" download --disable-pip-version-check --no-deps -d "$out" "${target[@]}" "sglang==$sglang_version"
   quiet "$pip" download --disable-pip-version-check -d "$out" "${target[@]}" -r "$host_reqs"
@@ -28,3 +28,8 @@ say "building the gpusim wheel"
 rm -f "$out"/gpusim-*.whl
 quiet "$pip" wheel --disable-pip-version-check --no-deps -w "$out" "$repo/gpusim"
 say "wheelhouse ready: $(find "$out" -name '*.whl' | wc -l) wheels in $out"
+# One archive for the simulated test hosts (wheelhouse + the double's fixture models): a single
+# transfer is far quicker than copying each file over a docker or SSH connection.
+tar -C "$repo/.cache" -cf "$repo/.cache/testhost-payload.tar" wheelhouse \
+  -C "$repo/gpusim/gpusim" --transform 's,^fixtures,models,' fixtures
+say "test-host payload: $repo/.cache/testhost-payload.tar"

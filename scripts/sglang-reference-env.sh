@@ -191,7 +191,9 @@ main() {
 
   write_lock >"$dir/requirements.lock"
   say "installing $(grep -c '==' "$dir/requirements.lock") pinned packages with --no-deps (index from pip's config)"
-  quiet_pip install --no-deps --only-binary=:all: --progress-bar off --no-input \
+  # --no-compile: byte-compiling ~2 GB of torch/triton/sglang is most of the install CPU; the
+  # few modules `--help` imports compile on first use instead.
+  quiet_pip install --no-deps --no-compile --only-binary=:all: --progress-bar off --no-input \
     -r "$dir/requirements.lock"
 
   say "putting the torchvision stand-in on the venv's path: $stub"

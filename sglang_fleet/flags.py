@@ -48,6 +48,7 @@ _BARE_WORD_RE = re.compile(r"^[A-Za-z0-9_+=:,./@-]+$")
 _C_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\t": "\\t", "\r": "\\r"}
 _ENV_ESCAPED = set('"\\`$')
 _FIRST = "model_path"
+_EXACT_INT_FLOAT = 2.0**53  # beyond this not every integer is a float
 
 
 def flag_name(key: str) -> str:
@@ -75,8 +76,8 @@ def render_scalar(value: Any) -> str:
         return str(value)
     if isinstance(value, float):
         # An integral float is written as an integer: SGLang's int flags reject "48.0" while
-        # its float flags accept "48". repr() is the shortest round-tripping form (0.88).
-        if math.isfinite(value) and value.is_integer():
+        # its float flags accept "48". repr() is the shortest round-tripping form (0.88, 1e+20).
+        if math.isfinite(value) and value.is_integer() and abs(value) < _EXACT_INT_FLOAT:
             return str(int(value))
         return repr(value)
     if isinstance(value, Mapping):

@@ -35,6 +35,8 @@ independent of the host that runs it: nnodes/node_rank/dist_init_addr are ordina
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -339,3 +341,17 @@ def resolve_servers(
                 f"names no server of this host; servers: {', '.join(names) or 'none'}",
             )
     return resolved
+
+
+def config_hash(server: Mapping[str, Any]) -> str:
+    """A short, stable name for what a server runs: flags, environment and whether a key is set.
+
+    The fleet summary and the last-known-good record use it to say which configuration passed.
+    """
+    identity = {
+        "flags": server.get("flags", {}),
+        "environment": server.get("environment", {}),
+        "api_key_set": bool(server.get("api_key_set")),
+    }
+    text = json.dumps(identity, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]

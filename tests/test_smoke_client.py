@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import threading
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
@@ -178,9 +179,7 @@ class ScriptedServer:
         finally:
             writer.close()
 
-    async def _read_request(
-        self, reader: asyncio.StreamReader, connection: int
-    ) -> Request | None:
+    async def _read_request(self, reader: asyncio.StreamReader, connection: int) -> Request | None:
         try:
             raw = await reader.readuntil(b"\r\n\r\n")
         except asyncio.IncompleteReadError:
@@ -239,7 +238,8 @@ def run_against(
     async def main() -> dict[str, Any]:
         url = await server.start()
         try:
-            settings = {"warmup_requests": 0, "max_concurrency": 1, **config}
+            # a short timeout turns a hang into a failed request the test reports
+            settings = {"warmup_requests": 0, "max_concurrency": 1, "timeout": 10.0, **config}
             return await smoke.Benchmark(smoke.Config(url=url, **settings), clock).run()
         finally:
             await server.stop()
@@ -282,7 +282,7 @@ def test_generate_metrics_are_exact() -> None:
     assert result["goodput"] is None
     assert result["errors"] == []
     # one connection, kept alive for both requests
-    assert {r.connection for r in server.generate_requests()} == {1}
+    assert len({r.connection for r in server.generate_requests()}) == 1
 
 
 def test_several_tokens_in_one_chunk_spread_the_gap_like_bench_serving() -> None:
@@ -359,17 +359,47 @@ def test_event_split_across_reads_counts_when_it_completes() -> None:
     assert result["mean_e2e_latency_ms"] == pytest.approx(270.0)
 
 
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+def test_any_split_of_the_stream_gives_the_same_result(seed: int) -> None:
+    """Reads that cut events, chunk headers and CRLFs anywhere: an event counts at the read
+    that completes it, and TTFT plus the ITLs add up to the time of the last token."""
+    events = [gen_event(n) for n in range(1, 21)]
+    stream = SSE_CHUNKED + b"".join(chunk(e) for e in events) + chunk(DONE) + LAST_CHUNK
+    rng = random.Random(seed)
+    cuts = sorted(rng.sample(range(1, len(stream)), 25))
+    pieces = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)]
+    steps = [Step(piece, 0.01 * (i + 1)) for i, piece in enumerate(pieces)]
+
+    def arrival(offset: int) -> float:
+        """The clock when the byte at ``offset`` arrives."""
+        return 0.01 * (1 + sum(1 for cut in cuts if cut <= offset))
+
+    def event_end(index: int) -> int:
+        return stream.index(events[index]) + len(events[index]) - 1
+
+    result, _ = run_against(scripted(steps), num_prompts=1)
+    assert result["completed"] == 1, result["errors"]
+    assert result["total_output_tokens"] == 20
+    assert len(result["itl_ms_all"]) == 19
+    ttft = result["ttft_ms_all"][0]
+    assert ttft == pytest.approx(arrival(event_end(0)) * 1000)
+    assert ttft + sum(result["itl_ms_all"]) == pytest.approx(arrival(event_end(19)) * 1000)
+    done_end = stream.index(DONE) + len(DONE) - 1
+    assert result["mean_e2e_latency_ms"] == pytest.approx(arrival(done_end) * 1000)
+
+
 def test_several_events_in_one_read() -> None:
     events = b"".join(gen_event(n) for n in (1, 2, 3))
     steps = [
-        Step(SSE_CHUNKED + chunk(events), 0.2),
-        Step(chunk(gen_event(4) + DONE) + LAST_CHUNK, 0.3),
+        Step(SSE_CHUNKED + chunk(events), 0.2),  # three events in one HTTP chunk
+        Step(chunk(gen_event(4)) + chunk(gen_event(5)), 0.3),  # two chunks in one read
+        Step(chunk(gen_event(6) + DONE) + LAST_CHUNK, 0.4),
     ]
     result, _ = run_against(scripted(steps), num_prompts=1)
-    assert result["total_output_tokens"] == 4
+    assert result["total_output_tokens"] == 6
     assert result["ttft_ms_all"] == pytest.approx([200.0])
     # tokens that arrive in one read arrive at the same time
-    assert result["itl_ms_all"] == pytest.approx([0.0, 0.0, 100.0])
+    assert result["itl_ms_all"] == pytest.approx([0.0, 0.0, 100.0, 0.0, 100.0])
 
 
 @pytest.mark.parametrize(
@@ -378,16 +408,20 @@ def test_several_events_in_one_read() -> None:
 )
 def test_streams_without_chunked_encoding(framing: str) -> None:
     newline = b"\r\n" if framing == "crlf-events" else b"\n"
-    body = b"".join(
-        gen_event(n).replace(b"\n\n", newline * 2) for n in (1, 2, 3)
-    ) + DONE.replace(b"\n", newline)
+    body = b"".join(gen_event(n).replace(b"\n\n", newline * 2) for n in (1, 2, 3)) + DONE.replace(
+        b"\n", newline
+    )
     if framing == "content-length":
         response = head(200, f"Content-Length: {len(body)}") + body
     elif framing == "until-close":
         response = head(200, "Connection: close") + body
     else:
         response = SSE_CHUNKED + chunk(body) + LAST_CHUNK
-    result, _ = run_against(scripted([Step(response, 0.1)]), num_prompts=1)
+    result, _ = run_against(
+        scripted([Step(response, 0.1)]),
+        num_prompts=1,
+        close_after_response=framing == "until-close",
+    )
     assert result["completed"] == 1, result["errors"]
     assert result["total_output_tokens"] == 3
 
@@ -558,9 +592,10 @@ class MetricsServer:
         self.generated = 1000.0
         self.prompted = 50.0
         self.running = 0
+        self.streams = 0
         self.sampled_while_running = asyncio.Event()
 
-    def text(self) -> str:
+    def scrape(self) -> str:
         if self.running:
             self.sampled_while_running.set()
         return METRICS_TEMPLATE.format(
@@ -572,29 +607,29 @@ class MetricsServer:
         )
 
     async def __call__(self, request: Request, server: ScriptedServer) -> list[Step] | None:
+        self.streams += 1
         self.running += 1
         self.sampled_while_running.clear()
-        server.metrics_text = self.text()
-        # hold the stream until the client has sampled /metrics once during it
-        await asyncio.wait_for(self.sampled_while_running.wait(), 5.0)
+        if self.streams > 1:  # the first is the warm-up, when the client does not sample
+            # hold the stream until the client has sampled /metrics during it
+            await asyncio.wait_for(self.sampled_while_running.wait(), 5.0)
         self.running -= 1
         self.generated += 3
         self.prompted += 7
-        server.metrics_text = self.text()
         return generate_script([0.1, 0.2, 0.3])
 
 
+class LiveMetricsServer(ScriptedServer):
+    async def _route(self, request: Request) -> list[Step] | None:
+        if request.path == "/metrics":
+            assert isinstance(self.handler, MetricsServer)
+            self.metrics_text = self.handler.scrape()
+        return await super()._route(request)
+
+
 def test_metrics_cross_check_and_samples() -> None:
-    metrics = MetricsServer()
-
-    class LiveMetrics(ScriptedServer):
-        async def _route(self, request: Request) -> list[Step] | None:
-            if request.path == "/metrics":
-                self.metrics_text = metrics.text()
-            return await super()._route(request)
-
     clock = FakeClock()
-    server = LiveMetrics(clock, metrics, metrics_text=metrics.text())
+    server = LiveMetricsServer(clock, MetricsServer())
 
     async def main() -> dict[str, Any]:
         url = await server.start()
@@ -617,10 +652,16 @@ def test_metrics_cross_check_and_samples() -> None:
     assert sm["peak_num_queue_reqs"] == 2.0
     assert sm["peak_token_usage"] == 0.25
     assert sm["max_total_num_tokens"] == 65536.0
-    assert sm["samples"]
     sample = sm["samples"][0]
-    assert set(sample) == {"t", "num_running_reqs", "num_queue_reqs", "token_usage", "gen_throughput"}
+    assert set(sample) == {
+        "t",
+        "num_running_reqs",
+        "num_queue_reqs",
+        "token_usage",
+        "gen_throughput",
+    }
     assert sample["gen_throughput"] == 123.5
+    assert [s["t"] for s in sm["samples"]] == sorted(s["t"] for s in sm["samples"])
 
 
 def test_parse_prometheus_sums_label_sets_and_skips_comments() -> None:

@@ -134,6 +134,8 @@ def _converter(kind: str | None) -> Callable[[str], Any] | None:
     if kind in _TYPES:
         return _TYPES[kind]
     return _TYPES.get(kind.rsplit(".", 1)[-1], str) if kind else None
+
+
 _ACTIONS = {
     "store",
     "store_true",
@@ -171,6 +173,8 @@ def _add_from_json(parser: argparse.ArgumentParser, entry: dict[str, Any]) -> No
     if entry.get("required"):
         kwargs["required"] = True
     if action == "booleanoptional":
+        # The table lists the generated --no-X too; argparse derives it again from --X.
+        options = [o for o in options if not o.startswith("--no-")] or options
         kwargs["action"] = argparse.BooleanOptionalAction
         kwargs["default"] = entry.get("default")
     else:

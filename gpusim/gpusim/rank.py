@@ -1,48 +1,55 @@
 """One simulated scheduler process (one TP rank): holds its GPU, inherits the HTTP socket.
 
-Started by gpusim.sglang_server with the listening socket among its file descriptors, so
-the port stays bound while this process lives, like SGLang's schedulers. The launcher
-registers this PID's GPU memory in the state directory. Nothing here watches the parent:
-when the launcher is SIGKILLed this process keeps running, holding memory and the port,
-exactly the orphan the story's operator had to hunt down. SIGTERM/SIGINT end it cleanly.
+The launcher forks it after binding the HTTP port, so the listening socket is among its
+file descriptors and the port stays bound while this process lives, like SGLang's
+schedulers. The launcher registers this PID's GPU memory in the state directory. Nothing
+here watches the parent: when the launcher is SIGKILLed this process keeps running,
+holding memory and the port, exactly the orphan the story's operator had to hunt down.
+SIGTERM/SIGINT end it cleanly (unregistered, device file closed).
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
-import sys
-import threading
-from collections.abc import Sequence
+from typing import NoReturn
 
 import setproctitle
 
 from gpusim import state
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="gpusim.rank")
-    parser.add_argument("--gpu", type=int, required=True)
-    parser.add_argument("--title", required=True)
-    args = parser.parse_args(argv)
-    setproctitle.setproctitle(args.title)
-    device = open(state.device_path(args.gpu), "rb")  # noqa: SIM115  held for life on purpose
-    stop = threading.Event()
-
-    def _stop(signum: int, frame: object) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
-    # The launcher waits for this line before it registers memory for this PID.
-    print("ready", flush=True)
-    while not stop.wait(3600):
-        pass
-    state.unregister(os.getpid())
-    device.close()
-    return 0
+def spawn(gpu: int, title: str) -> int:
+    """Fork a rank process; return its PID once it has its title and holds its GPU."""
+    ready_r, ready_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(ready_r)
+        _run(gpu, title, ready_w)
+    os.close(ready_w)
+    os.read(ready_r, 1)  # the child writes one byte when set up (or dies: EOF)
+    os.close(ready_r)
+    return pid
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def _run(gpu: int, title: str, ready_fd: int) -> NoReturn:
+    code = 0
+    try:
+        setproctitle.setproctitle(title)
+        stop = False
+
+        def _stop(signum: int, frame: object) -> None:
+            nonlocal stop
+            stop = True
+
+        signal.signal(signal.SIGTERM, _stop)
+        signal.signal(signal.SIGINT, _stop)
+        with open(state.device_path(gpu), "rb"):
+            os.write(ready_fd, b"1")
+            os.close(ready_fd)
+            while not stop:
+                signal.pause()
+        state.unregister(os.getpid())
+    except BaseException:  # a forked child must never return into the launcher's code
+        code = 1
+    os._exit(code)

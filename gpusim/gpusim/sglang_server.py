@@ -17,7 +17,6 @@ import logging
 import os
 import signal
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -40,6 +39,7 @@ from gpusim.memory import (
     prefill_graph_buckets,
 )
 from gpusim.model import ModelDirError, ModelShape, load_model
+from gpusim.rank import spawn as spawn_rank
 from gpusim.tokenizer import WordTokenizer
 
 log = logging.getLogger("gpusim.launcher")
@@ -107,7 +107,7 @@ class RankProc:
     tp_rank: int
     gpu: int
     title: str
-    proc: subprocess.Popen[bytes]
+    pid: int
     used_mib: int = 0
 
 
@@ -144,40 +144,37 @@ class Launcher:
             prefix += f" TP{tp_rank}"
         return f"sglang::scheduler{prefix.replace(' ', '_')}"
 
-    def spawn_ranks(self, sock: socket.socket) -> None:
+    def spawn_ranks(self) -> None:
+        """Fork one process per local rank; each inherits the already bound HTTP socket."""
         for local in range(self.local_ranks):
             tp_rank = self.first_rank + local
             gpu = self._gpu_of(local)
             title = self._title(tp_rank)
-            cmd = [sys.executable, "-m", "gpusim.rank", "--gpu", str(gpu), "--title", title]
-            # Same session and process group as the launcher, as multiprocessing children.
-            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, pass_fds=(sock.fileno(),))
-            self.ranks.append(RankProc(tp_rank, gpu, title, proc))
-        for rank in self.ranks:
-            assert rank.proc.stdout is not None
-            rank.proc.stdout.readline()  # "ready": title set, device file open
-            rank.proc.stdout.close()
-            self._register(rank, CUDA_CONTEXT_MIB)
+            proc = RankProc(tp_rank, gpu, title, spawn_rank(gpu, title))
+            self.ranks.append(proc)
+            self._register(proc, CUDA_CONTEXT_MIB)
 
-    def _register(self, rank: RankProc, used_mib: float) -> None:
-        rank.used_mib = round(used_mib)
+    def _register(self, proc: RankProc, used_mib: float) -> None:
+        proc.used_mib = round(used_mib)
         with contextlib.suppress(ProcessLookupError):
-            state.register(rank.proc.pid, rank.gpu, rank.used_mib, rank.title)
+            state.register(proc.pid, proc.gpu, proc.used_mib, proc.title)
 
     def kill_ranks(self, sig: int) -> None:
-        for rank in self.ranks:
+        for proc in self.ranks:
             with contextlib.suppress(ProcessLookupError):
-                rank.proc.send_signal(sig)
+                os.kill(proc.pid, sig)
 
     def reap_ranks(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        for rank in self.ranks:
-            try:
-                rank.proc.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                rank.proc.kill()
-                rank.proc.wait()
-            state.unregister(rank.proc.pid)
+        for proc in self.ranks:
+            while not _reaped(proc.pid):
+                if time.monotonic() > deadline:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(proc.pid, signal.SIGKILL)
+                    os.waitpid(proc.pid, 0)
+                    break
+                time.sleep(0.01)
+            state.unregister(proc.pid)
 
     def die_with_tree(self) -> None:
         """SGLang's kill_process_tree(os.getpid()): children, then SIGKILL to itself."""
@@ -209,7 +206,7 @@ class Launcher:
 
     def _free_mib_per_rank(self) -> list[int]:
         """Free memory per rank's GPU before this server allocates anything."""
-        mine = {r.proc.pid for r in self.ranks}
+        mine = {r.pid for r in self.ranks}
         procs = [p for p in state.live_procs() if p.pid not in mine]
         used = state.used_mib_by_gpu(self.hardware, procs)
         return [self.hardware.gpu_memory_mib - used[r.gpu] for r in self.ranks]
@@ -218,7 +215,7 @@ class Launcher:
         others = sum(
             p.used_mib
             for p in state.live_procs(prune=False)
-            if p.gpu_index == rank.gpu and p.pid != rank.proc.pid
+            if p.gpu_index == rank.gpu and p.pid != rank.pid
         )
         return (self.hardware.gpu_memory_mib - others - rank.used_mib) / 1024
 
@@ -235,6 +232,7 @@ class Launcher:
         await self._load_weights(model, mem_args, failure)
         self._fail_if(failure, "kv_cache")
         assert plan is not None
+        await asyncio.sleep(self.timing.kv_alloc_s)
         self._allocate_kv(plan, mem_args)
         await self._capture_graphs(plan)
         self._fail_if(plan.hicache_failure, "hicache")
@@ -396,7 +394,6 @@ class Launcher:
         loop.add_signal_handler(signal.SIGTERM, self.on_sigterm)
         loop.add_signal_handler(signal.SIGINT, self.on_sigterm)
         self.server = self._server_state(model)
-        self.spawn_ranks(sock)
         if getattr(self.args, "node_rank", 0) > 0:
             return await self._serve_follower(sock)
         app = build_app(self.server, getattr(self.args, "api_key", None))
@@ -457,6 +454,13 @@ class Launcher:
         if self.runner is not None:
             await self.runner.cleanup()
         return self.exit_code
+
+
+def _reaped(pid: int) -> bool:
+    try:
+        return os.waitpid(pid, os.WNOHANG)[0] != 0
+    except ChildProcessError:
+        return True
 
 
 async def _ok() -> web.Response:
@@ -541,6 +545,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "address already in use"
         )
         return 1
+    launcher.spawn_ranks()
     return asyncio.run(launcher.serve(model, mem_args, sock))
 
 

@@ -113,6 +113,8 @@ class WordTokenizer:
         self.unk_id = self.ids.get("<unk>", 0)
         # Generated text uses ordinary words only: never special or role tokens.
         self.first_word_id = len(SPECIAL_TOKENS) + len(ROLE_WORDS)
+        # Plain word characters need no JSON escaping: the streaming path can skip json.dumps.
+        self.json_safe = all(w.isascii() and w.isalnum() for w in vocab[self.first_word_id :])
 
     @classmethod
     def from_dir(cls, directory: str | None) -> WordTokenizer:

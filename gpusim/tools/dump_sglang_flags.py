@@ -42,7 +42,14 @@ _BUILTIN_ACTIONS: dict[type[argparse.Action], str] = {
 }
 # Extra settings SGLang's own Deprecated*Action classes carry (srt/arg_groups/argparse_actions.py).
 _CUSTOM_ACTION_ATTRS = ("new_flag", "const_value", "error_message")
-_JSON_TYPES = {"loads", "json_list_type", "parse_cuda_graph_config_arg"}
+# Converters SGLang passes as `type=`, by what their values look like. Others (human_readable_int
+# takes "1k"/"2Gi", parse_cuda_graph_backend_arg rejects a retired name) are "custom".
+_KIND_BY_CONVERTER = {
+    "loads": "json",
+    "json_list_type": "json",
+    "parse_cuda_graph_config_arg": "json",
+    "nullable_str": "str",
+}
 
 
 def json_safe(value: Any) -> Any:
@@ -87,7 +94,7 @@ def type_name(action: argparse.Action) -> str | None:
 
 
 def type_kind(action: argparse.Action) -> str:
-    """What a validator has to check for the value: int, float, str, bool (a switch), json, custom."""
+    """What a validator checks a value as: int, float, str, bool (a switch), json or custom."""
     if action.nargs == 0:
         return "bool"
     converter = action.type
@@ -95,12 +102,7 @@ def type_kind(action: argparse.Action) -> str:
         return "str"
     if converter in (int, float):
         return converter.__name__
-    name = getattr(converter, "__name__", "")
-    if name in _JSON_TYPES:
-        return "json"
-    if name == "human_readable_int":
-        return "int"
-    return "custom" if name != "nullable_str" else "str"
+    return _KIND_BY_CONVERTER.get(getattr(converter, "__name__", ""), "custom")
 
 
 def describe(action: argparse.Action, order: int) -> dict[str, Any]:
@@ -119,6 +121,8 @@ def describe(action: argparse.Action, order: int) -> dict[str, Any]:
         "choices_unordered": isinstance(action.choices, set | frozenset),
         "required": action.required,
         "help": action.help,
+        # argparse hides these from usage and help (help=SUPPRESS); they still parse.
+        "help_suppressed": action.help == argparse.SUPPRESS,
         "metavar": json_safe(action.metavar),
     }
     for attr in _CUSTOM_ACTION_ATTRS:

@@ -37,10 +37,14 @@ ZERO_TIMING = Timing(
 )
 
 
-def make_state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def init_root(root: Path) -> Path:
     """A fresh simulated host (8 x 96 GB, 400 GiB RAM) with zero timings."""
-    root = tmp_path / "gpusim"
     state.init_state(Hardware(timing=Timing(**vars(ZERO_TIMING))), root)
+    return root
+
+
+def make_state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    root = init_root(tmp_path / "gpusim")
     monkeypatch.setenv("GPUSIM_STATE_DIR", str(root))
     return root
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from gpusim.flags import build_parser, parse_server_args
+from gpusim.flags import build_parser, parse_server_args, using_generated_table
 from gpusim_helpers import LLAMA
 
 
@@ -88,3 +88,11 @@ def test_config_bad_choice_fails_like_the_cli(tmp_path: Path) -> None:
     with pytest.raises(SystemExit) as info:
         parse_server_args(["--config", str(config)])
     assert info.value.code == 2
+
+
+def test_the_generated_sglang_table_is_shipped_and_used() -> None:
+    # The package ships the real 0.5.23 parser's table; flags beyond the hand table parse.
+    assert using_generated_table()
+    args = parse_server_args(["--model-path", LLAMA, "--attention-backend", "fa3"])
+    assert args.attention_backend == "fa3"
+    assert args.cuda_graph_max_bs_decode is None

@@ -4,35 +4,49 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import os
 import signal
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import openai
 import pytest
 from gpusim.nvidia_smi import run as smi
-from gpusim_helpers import KIMI, LLAMA, Server, port_is_bound, start_server
+from gpusim_helpers import (
+    KIMI,
+    LLAMA,
+    Server,
+    init_root,
+    port_is_bound,
+    start_server,
+    stop_server,
+)
 
-from gpusim import state
+from gpusim import sglang_server, state
 
 pytestmark = pytest.mark.slow
 
 
-def post(server: Server, path: str, body: dict, headers: dict | None = None) -> bytes:
+API_KEY = "s3cret"
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+
+
+def post(server: Server, path: str, body: dict) -> bytes:
     request = urllib.request.Request(
         server.url + path,
         data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json", **(headers or {})},
+        headers={"Content-Type": "application/json", **AUTH},
     )
     with urllib.request.urlopen(request, timeout=30) as response:
         return response.read()
 
 
-def get_json(server: Server, path: str, headers: dict | None = None) -> dict:
-    request = urllib.request.Request(server.url + path, headers=headers or {})
+def get_json(server: Server, path: str) -> dict:
+    request = urllib.request.Request(server.url + path, headers=AUTH)
     with urllib.request.urlopen(request, timeout=10) as response:
         return json.loads(response.read())
 
@@ -43,28 +57,25 @@ def used_mib(root: Path) -> list[int]:
     return [int(line) for line in out]
 
 
-@pytest.fixture
-def llama(state_dir: Path, tmp_path: Path, servers: list[Server]) -> Server:
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One Llama-shaped TP2 server shared by the API tests (start-up is the slow part)."""
+    tmp = tmp_path_factory.mktemp("llama")
     server = start_server(
-        state_dir,
-        tmp_path,
-        "--model-path",
-        LLAMA,
-        "--tp-size",
-        "2",
-        "--enable-metrics",
-        "--served-model-name",
-        "llama",
-        "--decode-log-interval",
-        "4",
+        init_root(tmp / "gpusim"),
+        tmp,
+        *("--model-path", LLAMA, "--tp-size", "2", "--enable-metrics"),
+        *("--served-model-name", "llama", "--decode-log-interval", "4", "--api-key", API_KEY),
     )
-    servers.append(server)
-    server.wait_ready()
-    return server
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        stop_server(server)
 
 
 def test_openai_client_non_streaming_and_streaming(llama: Server) -> None:
-    client = openai.OpenAI(base_url=llama.url + "/v1", api_key="unused")
+    client = openai.OpenAI(base_url=llama.url + "/v1", api_key=API_KEY)
     assert [m.id for m in client.models.list().data] == ["llama"]
 
     completion = client.completions.create(model="llama", prompt="hello there", max_tokens=7)
@@ -148,18 +159,12 @@ def test_server_info_metrics_and_log_lines(llama: Server) -> None:
     assert " TP0] Decode batch, #running-req: 1, #token: " in log
 
 
-def test_api_key_guards_everything_but_health_and_metrics(
-    state_dir: Path, tmp_path: Path, servers: list[Server]
-) -> None:
-    server = start_server(
-        state_dir, tmp_path, "--model-path", LLAMA, "--api-key", "s3cret", "--enable-metrics"
-    )
-    servers.append(server)
-    server.wait_ready()
-    assert server.status("/v1/models") == 401
-    assert server.status("/v1/models", {"Authorization": "Bearer s3cret"}) == 200
-    assert server.status("/health_generate") == 200
-    assert server.status("/metrics") == 200
+def test_api_key_guards_everything_but_health_and_metrics(llama: Server) -> None:
+    assert llama.status("/v1/models") == 401
+    assert llama.status("/server_info", {"Authorization": "Bearer wrong"}) == 401
+    assert llama.status("/v1/models", AUTH) == 200
+    assert llama.status("/health_generate") == 200
+    assert llama.status("/metrics") == 200
 
 
 def test_health_is_503_while_starting(
@@ -222,20 +227,28 @@ def test_sigterm_drains_running_requests_then_frees_everything(
     server = start_server(state_dir, tmp_path, "--model-path", LLAMA, "--tp-size", "2")
     servers.append(server)
     server.wait_ready()
-    result: dict[str, object] = {}
+    started = threading.Event()
+    last_chunk: dict[str, object] = {}
 
     def long_request() -> None:
-        body = {"text": "go", "sampling_params": {"max_new_tokens": 60}}
-        result["body"] = json.loads(post(server, "/generate", body))
+        body = {"text": "go", "sampling_params": {"max_new_tokens": 100}, "stream": True}
+        request = urllib.request.Request(
+            server.url + "/generate", data=json.dumps(body).encode(), headers=AUTH
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            for line in response:
+                if line.startswith(b"data: {"):
+                    last_chunk.update(json.loads(line[6:]))
+                    started.set()
 
     worker = threading.Thread(target=long_request)
     worker.start()
-    time.sleep(0.15)  # the request is decoding (60 steps x 10 ms)
+    assert started.wait(20)  # decoding: 100 steps x 10 ms still to go
     server.proc.send_signal(signal.SIGTERM)
-    worker.join(20)
+    worker.join(30)
     assert server.proc.wait(20) == 0
-    body = result["body"]
-    assert isinstance(body, dict) and body["meta_info"]["completion_tokens"] == 60
+    meta = last_chunk["meta_info"]
+    assert isinstance(meta, dict) and meta["completion_tokens"] == 100
     assert "Gracefully exiting... Remaining number of requests 1." in server.log()
     assert used_mib(state_dir) == [0] * 8
     assert not port_is_bound(server.port)
@@ -292,18 +305,21 @@ def test_large_prefill_ooms_when_fraction_too_high(
     assert used_mib(state_dir) == [0] * 8
 
 
-def test_flag_errors_exit_before_any_gpu_work(state_dir: Path, tmp_path: Path) -> None:
-    bad_choice = start_server(state_dir, tmp_path, "--model-path", LLAMA, "--kv-cache-dtype", "x")
-    assert bad_choice.proc.wait(20) == 2
-    assert "invalid choice: 'x'" in bad_choice.log()
-    exclusive = start_server(
-        state_dir,
-        tmp_path,
-        "--model-path",
-        LLAMA,
-        "--enable-hierarchical-cache",
-        "--disable-radix-cache",
+def test_flag_errors_exit_before_any_gpu_work(
+    state_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        sglang_server.main(["--model-path", LLAMA, "--kv-cache-dtype", "x"])
+    assert info.value.code == 2
+    assert "invalid choice: 'x'" in capsys.readouterr().err
+    root_logger = logging.getLogger()
+    saved = root_logger.handlers[:], root_logger.level
+    try:
+        argv = ["--model-path", LLAMA, "--enable-hierarchical-cache", "--disable-radix-cache"]
+        assert sglang_server.main(argv) == 1
+    finally:
+        root_logger.handlers[:], root_logger.level = saved
+    assert "ValueError: The arguments enable-hierarchical-cache and disable-radix-cache are " in (
+        capsys.readouterr().err
     )
-    assert exclusive.proc.wait(20) == 1
-    assert "mutually exclusive" in exclusive.log()
     assert state.live_procs(state_dir) == []

@@ -1,0 +1,279 @@
+"""Tests for sglang_fleet/servers.py (resolution and precedence) and its Ansible filters."""
+
+from __future__ import annotations
+
+import base64 as b64
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ansible.errors import AnsibleFilterError
+
+from filter_plugins.sglang_server import sglang_not_last_known_good
+from sglang_fleet.servers import ServerConfigError, combine, config_hash, resolve_servers
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def kimi(**changes: Any) -> dict[str, Any]:
+    server = {
+        "name": "kimi",
+        "model_path": "/shared/kimi-k2.5-int4",
+        "port": 8000,
+        "gpus": [0, 1, 2, 3, 4, 5, 6, 7],
+    }
+    server.update(changes)
+    return server
+
+
+PROFILES = {
+    "throughput": {"mem_fraction_static": 0.90, "kv_cache_dtype": "fp8_e4m3"},
+    "safe": {"mem_fraction_static": 0.80},
+}
+DEFAULTS = {
+    "flags": {"log_level": "info", "mem_fraction_static": 0.85},
+    "env": {"NCCL_PROTO": "LL"},
+}
+
+
+def test_precedence_example_from_the_docstring() -> None:
+    server = kimi(profile="throughput", flags={"mem_fraction_static": 0.88})
+    overrides = {"kimi": {"flags": {"kv_cache_dtype": None}}}
+    [resolved] = resolve_servers([server], PROFILES, overrides, DEFAULTS)
+    assert resolved["flags"] == {
+        "log_level": "info",
+        "mem_fraction_static": 0.88,
+        "tp_size": 8,
+        "model_path": "/shared/kimi-k2.5-int4",
+        "host": "127.0.0.1",
+        "port": 8000,
+    }
+    assert resolved["flag_origins"]["mem_fraction_static"] == (
+        "sglang_server_instances[kimi].flags.mem_fraction_static"
+    )
+    assert resolved["flag_origins"]["log_level"] == "sglang_server_defaults.flags.log_level"
+    assert "kv_cache_dtype" not in resolved["flag_origins"]
+
+
+def test_each_layer_beats_the_one_before() -> None:
+    def value(**layers: Any) -> Any:
+        server = kimi(profile="throughput", flags=layers.get("server", {}))
+        overrides = {"kimi": {"flags": layers.get("override", {})}}
+        [resolved] = resolve_servers([server], PROFILES, overrides, DEFAULTS)
+        return resolved["flags"]["mem_fraction_static"]
+
+    assert value() == 0.90  # profile beats defaults
+    assert value(server={"mem_fraction_static": 0.88}) == 0.88
+    assert value(server={"mem_fraction_static": 0.88}, override={"mem_fraction_static": 0.7}) == 0.7
+
+
+def test_nested_flags_combine_key_by_key_and_null_removes() -> None:
+    defaults = {"flags": {"json_model_override_args": {"a": 1, "b": {"c": 2, "d": 3}}}}
+    server = kimi(flags={"json_model_override_args": {"b": {"c": 9, "d": None}, "e": 5}})
+    [resolved] = resolve_servers([server], {}, {}, defaults)
+    assert resolved["flags"]["json_model_override_args"] == {"a": 1, "b": {"c": 9}, "e": 5}
+    assert defaults["flags"]["json_model_override_args"]["b"] == {"c": 2, "d": 3}  # not mutated
+
+
+def test_dashed_and_snake_keys_override_each_other() -> None:
+    server = kimi(profile="safe", flags={"mem-fraction-static": 0.5})
+    [resolved] = resolve_servers([server], PROFILES, {}, {})
+    assert resolved["flags"]["mem_fraction_static"] == 0.5
+    assert "mem-fraction-static" not in resolved["flags"]
+
+
+def test_env_layers_and_the_gpu_set() -> None:
+    server = kimi(gpus=[4, 5, 6, 7], env={"NCCL_ALGO": "Ring", "NCCL_PROTO": "Simple"})
+    overrides = {"kimi": {"env": {"NCCL_ALGO": None, "NCCL_SOCKET_IFNAME": "eth0"}}}
+    [resolved] = resolve_servers([server], {}, overrides, DEFAULTS)
+    assert resolved["env"] == {"NCCL_PROTO": "Simple", "NCCL_SOCKET_IFNAME": "eth0"}
+    assert resolved["cuda_visible_devices"] == "4,5,6,7"
+    assert resolved["environment"] == {
+        "NCCL_PROTO": "Simple",
+        "NCCL_SOCKET_IFNAME": "eth0",
+        "CUDA_VISIBLE_DEVICES": "4,5,6,7",
+    }
+    assert resolved["unit"] == "sglang@kimi.service"
+
+
+@pytest.mark.parametrize(
+    ("gpus", "flags", "tp_size"),
+    [
+        ([0, 1, 2, 3, 4, 5, 6, 7], {}, 8),
+        ([0, 1, 2, 3, 4, 5, 6, 7], {"dp_size": 2}, 4),
+        ([0, 1, 2, 3, 4, 5, 6, 7], {"dp_size": 8, "enable_dp_attention": True}, 8),
+        ([0, 1, 2, 3], {"pp_size": 2}, 2),
+        ([0, 1, 2, 3, 4, 5, 6, 7], {"nnodes": 2, "node_rank": 0}, 16),
+        ([0, 1, 2, 3], {"tp_size": 2, "dp_size": 2}, 2),  # explicit wins
+    ],
+)
+def test_tp_size_default_uses_the_gpu_set(gpus: list[int], flags: dict, tp_size: int) -> None:
+    [resolved] = resolve_servers([kimi(gpus=gpus, flags=flags)], {}, {}, {})
+    assert resolved["flags"]["tp_size"] == tp_size
+
+
+def test_no_tp_size_default_when_the_gpus_do_not_divide() -> None:
+    [resolved] = resolve_servers([kimi(gpus=[0, 1, 2], flags={"dp_size": 2})], {}, {}, {})
+    assert "tp_size" not in resolved["flags"]  # validate.py reports the mismatch
+
+
+def test_host_defaults_to_loopback_and_served_name_is_a_flag() -> None:
+    [local, public] = resolve_servers(
+        [kimi(), kimi(name="pub", port=8001, host="0.0.0.0", served_model_name="kimi-k2.5")],
+        {},
+        {},
+        {},
+    )
+    assert local["host"] == local["flags"]["host"] == "127.0.0.1"
+    assert "served_model_name" not in local["flags"]
+    assert public["flags"]["host"] == "0.0.0.0"
+    assert public["flags"]["served_model_name"] == "kimi-k2.5"
+
+
+def test_api_key_never_enters_the_description() -> None:
+    [resolved] = resolve_servers([kimi(api_key="sk-secret-123")], {}, {}, {})
+    assert resolved["api_key_set"] is True
+    assert "sk-secret-123" not in json.dumps(resolved)
+
+
+def _error(servers: list, profiles=None, overrides=None, defaults=None) -> ServerConfigError:
+    with pytest.raises(ServerConfigError) as excinfo:
+        resolve_servers(servers, profiles or {}, overrides or {}, defaults or {})
+    return excinfo.value
+
+
+def test_unknown_profile_lists_the_profiles() -> None:
+    error = _error([kimi(profile="fast")], PROFILES)
+    assert error.variable == "sglang_server_instances[kimi].profile"
+    assert "'fast'" in error.message and "safe, throughput" in error.message
+
+
+@pytest.mark.parametrize("name", ["Kimi", "-kimi", "kimi_1", "a" * 42, "", None, "kimi.service"])
+def test_bad_names_are_refused(name: object) -> None:
+    error = _error([kimi(name=name)])
+    assert error.variable == "sglang_server_instances[0].name"
+    assert "^[a-z0-9][a-z0-9-]{0,40}$" in error.message
+
+
+@pytest.mark.parametrize(
+    ("server", "variable", "words"),
+    [
+        (kimi(flags={"port": 9000}), "sglang_server_instances[kimi].flags.port", "use port"),
+        (kimi(flags={"api-key": "x"}), "sglang_server_instances[kimi].flags.api-key", "secret"),
+        (kimi(flags={"Bad Key": 1}), "sglang_server_instances[kimi].flags.Bad Key", "letters"),
+        (kimi(env={"CUDA_VISIBLE_DEVICES": "0"}), "[kimi].env.CUDA_VISIBLE_DEVICES", "gpus"),
+        (kimi(env={"1X": "0"}), "sglang_server_instances[kimi].env.1X", "environment"),
+        (kimi(gpus=[]), "sglang_server_instances[kimi].gpus", "non-empty"),
+        (kimi(gpus=[0, 0]), "sglang_server_instances[kimi].gpus", "twice"),
+        (kimi(gpus=[0, -1]), "sglang_server_instances[kimi].gpus", "-1"),
+        (kimi(gpus="0,1"), "sglang_server_instances[kimi].gpus", "list"),
+        (kimi(port="http"), "sglang_server_instances[kimi].port", "1..65535"),
+        (kimi(model_path=None), "sglang_server_instances[kimi].model_path", "non-empty"),
+        (kimi(flags=["x"]), "sglang_server_instances[kimi].flags", "mapping"),
+        (kimi(gpu=[0]), "sglang_server_instances[kimi].gpu", "unknown key"),
+    ],
+)
+def test_bad_fields_name_the_variable(server: dict, variable: str, words: str) -> None:
+    error = _error([server])
+    assert error.variable.endswith(variable)
+    assert words in str(error)
+
+
+def test_duplicate_names_and_stray_overrides_are_refused() -> None:
+    assert "two servers" in _error([kimi(), kimi(port=8001)]).message
+    error = _error([kimi()], overrides={"kmi": {"flags": {}}})
+    assert error.variable == "sglang_server_overrides.kmi"
+    assert "kimi" in error.message
+
+
+def test_combine_does_not_alias_its_inputs() -> None:
+    base = {"a": {"b": [1]}}
+    merged = combine(base, {"c": 1})
+    merged["a"]["b"].append(2)
+    assert base == {"a": {"b": [1]}}
+
+
+# --------------------------------------------------------------------------- filter plugin
+
+
+def _plugin() -> Any:
+    spec = importlib.util.spec_from_file_location(
+        "sglang_server_filters", ROOT / "filter_plugins" / "sglang_server.py"
+    )
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_filters_wrap_the_library_and_turn_errors_into_filter_errors() -> None:
+    filters = _plugin().FilterModule().filters()
+    [server] = filters["sglang_resolve_servers"]([kimi()], {}, {}, None)
+    assert filters["sglang_launch_argv"](server, "/opt/ml-env/bin/python", "sglang.launch_server")[
+        :5
+    ] == [
+        "/opt/ml-env/bin/python",
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        server["model_path"],
+    ]
+    assert filters["sglang_server_errors"](server, {"gpu_count": "8", "ram_mib": 409600}) == []
+    with pytest.raises(AnsibleFilterError, match=r"sglang_server_instances\[kimi\].profile"):
+        filters["sglang_resolve_servers"]([kimi(profile="x")], {}, {}, {})
+    with pytest.raises(AnsibleFilterError, match="absolute"):
+        filters["sglang_exec_start"](["python3"])
+
+
+@pytest.mark.slow
+def test_filters_work_inside_ansible() -> None:
+    """The plugin loads through ansible.cfg's filter_plugins and renders a real template."""
+    expr = (
+        "{{ (['/usr/bin/python3', '-m', 'sglang.launch_server']"
+        " + ({'mem_fraction_static': 0.88, 'served_model_name': '50% $off'} | sglang_argv))"
+        " | sglang_exec_start }}|{{ 'NCCL_PROTO' | sglang_env_line('L\"L') }}"
+    )
+    proc = subprocess.run(
+        [
+            *(str(Path(sys.executable).parent / "ansible"), "localhost", "-i", "localhost,"),
+            *("-c", "local", "-m", "ansible.builtin.debug", "-a", f"msg={expr}", "-o"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(proc.stdout.split("=>", 1)[1])
+    assert result["msg"] == (
+        "/usr/bin/python3 -m sglang.launch_server --mem-fraction-static 0.88 "
+        '--served-model-name "50%% $$off"|NCCL_PROTO="L\\"L"'
+    )
+
+
+def test_config_hash_names_flags_env_and_key_presence_but_not_order():
+    base = {"flags": {"a": 1, "b": 2}, "environment": {"X": "1"}, "api_key_set": False}
+    same = {"api_key_set": False, "environment": {"X": "1"}, "flags": {"b": 2, "a": 1}}
+    assert config_hash(base) == config_hash(same)
+    assert len(config_hash(base)) == 12
+    assert config_hash(base) != config_hash({**base, "flags": {"a": 1, "b": 3}})
+    assert config_hash(base) != config_hash({**base, "environment": {"X": "2"}})
+    assert config_hash(base) != config_hash({**base, "api_key_set": True})
+
+
+def test_not_last_known_good_names_missing_and_different_records():
+    same = {"name": "a", "flags": {"x": 1}, "environment": {}, "api_key_set": False}
+    other = {"name": "b", "flags": {"x": 2}, "environment": {}, "api_key_set": False}
+    missing = {"name": "c", "flags": {}, "environment": {}, "api_key_set": False}
+
+    def slurp(server, **change):
+        meta = {"config_hash": config_hash({**server, **change})}
+        return {"content": b64.b64encode(json.dumps(meta).encode()).decode()}
+
+    slurps = [slurp(same), slurp(other, flags={"x": 1}), {"failed": True, "msg": "not found"}]
+    assert sglang_not_last_known_good([same, other, missing], slurps) == ["b", "c"]
