@@ -32,7 +32,9 @@ class ActionModule(ActionBase):
         progress_every = float(args.pop("progress_interval", 30))
         label = args.pop("name", args.get("unit", "server"))
         if self._play_context.check_mode:
-            result.update(skipped=True, msg="check mode: no server was started, nothing to wait for")
+            result.update(
+                skipped=True, msg="check mode: no server was started, nothing to wait for"
+            )
             return result
         probe_args = {k: v for k, v in args.items() if k in ARGS}
         host = (task_vars or {}).get("inventory_hostname", "?")
@@ -51,16 +53,24 @@ class ActionModule(ActionBase):
                 return result
             if probe["state"] == "failed":
                 tail = "\n".join(probe.get("log_tail", [])[-15:])
-                result.update(probe, failed=True, msg=(
-                    f"{label} failed to start after {elapsed:.0f} s: {probe.get('cause')}\n"
-                    f"last log lines:\n{tail}"
-                ))
+                result.update(
+                    probe,
+                    failed=True,
+                    msg=(
+                        f"{label} failed to start after {elapsed:.0f} s: {probe.get('cause')}\n"
+                        f"last log lines:\n{tail}"
+                    ),
+                )
                 return result
             if elapsed >= timeout:
-                result.update(probe, failed=True, msg=(
-                    f"{label} not healthy within {timeout:.0f} s "
-                    f"(unit {probe.get('active_state')}, last log: {probe.get('last_log_line')!r})"
-                ))
+                result.update(
+                    probe,
+                    failed=True,
+                    msg=(
+                        f"{label} not healthy within {timeout:.0f} s (unit "
+                        f"{probe.get('active_state')}, last log: {probe.get('last_log_line')!r})"
+                    ),
+                )
                 return result
             if time.monotonic() - last_progress >= progress_every:
                 last_progress = time.monotonic()

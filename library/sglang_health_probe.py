@@ -3,6 +3,13 @@
 
 from __future__ import annotations
 
+import re
+import subprocess
+import urllib.error
+import urllib.request
+
+from ansible.module_utils.basic import AnsibleModule
+
 DOCUMENTATION = r"""
 module: sglang_health_probe
 short_description: Probe an SGLang server once (health endpoint, unit state, fatal log lines)
@@ -80,12 +87,6 @@ log_tail:
   returned: always
 """
 
-import re
-import subprocess
-import urllib.error
-import urllib.request
-
-from ansible.module_utils.basic import AnsibleModule
 
 DEFAULT_FATAL = [
     r"CUDA out of memory",
@@ -95,7 +96,8 @@ DEFAULT_FATAL = [
     r"Traceback \(most recent call last\)",
     r"NCCL error",
     r"RuntimeError:",
-    r"Address already in use",
+    r"Loaded weights leave no GPU memory",
+    r"(?i)address already in use",
 ]
 
 

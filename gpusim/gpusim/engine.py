@@ -22,10 +22,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from gpusim.logs import METRICS_REPORTER
 from gpusim.memory import MemoryPlan, prefill_oom_message
 from gpusim.state import Timing
 
-logger = logging.getLogger("gpusim.scheduler")
+logger = METRICS_REPORTER  # SGLang logs batch lines from its metrics reporter
 PREFIX_BLOCK = 64
 
 

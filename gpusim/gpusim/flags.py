@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from collections.abc import Callable, Sequence
+from decimal import Decimal
 from importlib import resources
 from typing import Any
 
@@ -35,7 +37,7 @@ _HAND_TABLE: list[tuple[list[str], str, str, Any, list[Any] | None]] = [
     (["--model-path", "--model"], "model_path", "str", None, None),
     (["--tokenizer-path"], "tokenizer_path", "str", None, None),
     (["--trust-remote-code"], "trust_remote_code", "store_true", False, None),
-    (["--context-length"], "context_length", "int", None, None),
+    (["--context-length"], "context_length", "human_readable_int", None, None),
     (["--kv-cache-dtype"], "kv_cache_dtype", "str", "auto", KV_CACHE_DTYPES),
     (["--host"], "host", "str", "127.0.0.1", None),
     (["--port"], "port", "int", 30000, None),
@@ -49,9 +51,9 @@ _HAND_TABLE: list[tuple[list[str], str, str, Any, list[Any] | None]] = [
     (["--dist-init-addr"], "dist_init_addr", "str", None, None),
     (["--mem-fraction-static"], "mem_fraction_static", "float", None, None),
     (["--max-running-requests"], "max_running_requests", "int", None, None),
-    (["--max-total-tokens"], "max_total_tokens", "int", None, None),
+    (["--max-total-tokens"], "max_total_tokens", "human_readable_int", None, None),
     (["--chunked-prefill-size"], "chunked_prefill_size", "int", None, None),
-    (["--max-prefill-tokens"], "max_prefill_tokens", "int", 16384, None),
+    (["--max-prefill-tokens"], "max_prefill_tokens", "human_readable_int", 16384, None),
     (["--page-size"], "page_size", "int", None, None),
     (["--num-continuous-decode-steps"], "num_continuous_decode_steps", "int", 1, None),
     (["--disable-custom-all-reduce"], "disable_custom_all_reduce", "store_true", False, None),
@@ -104,14 +106,52 @@ def _str_to_bool(value: str) -> bool:
     raise argparse.ArgumentTypeError(f"invalid boolean value: {value!r}")
 
 
-def _human_readable_int(value: str) -> int:
-    """SGLang's human_readable_int: 4096, 4k, 1.5M, 2G."""
-    scale = {"k": 10**3, "m": 10**6, "g": 10**9}.get(value[-1:].lower())
-    return int(float(value[:-1]) * scale) if scale else int(value)
+_SI = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+_IEC = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+_SUFFIXED = re.compile(r"(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T)")
 
 
-def _nullable_str(value: str) -> str | None:
-    return None if value.lower() in ("", "none", "null") else value
+def human_readable_int(value: str) -> int:
+    """SGLang's `srt/utils/common.py` human_readable_int: 4096, 128k, 25.6k, 1Mi (case-sensitive).
+
+    Named like SGLang's so argparse's messages name the same type.
+    """
+    value = value.strip()
+    match = _SUFFIXED.fullmatch(value)
+    if match:
+        number, suffix = match.groups()
+        if suffix in _IEC:
+            if "." in number:
+                raise argparse.ArgumentTypeError(
+                    f"Decimals are not allowed with IEC suffixes like '{suffix}'. "
+                    f"Use an integer IEC value such as '{int(Decimal(number))}{suffix}', "
+                    f"or an SI value such as '{number}{suffix[0]}'."
+                )
+            return int(number) * _IEC[suffix]
+        return int(Decimal(number) * _SI[suffix])
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"Invalid integer value: '{value}'. "
+            "Use a plain integer, SI suffixes (1k, 1M), or IEC suffixes (1Ki, 1Mi). "
+            "Suffixes are case-sensitive."
+        ) from None
+
+
+def nullable_str(value: str) -> str | None:
+    """SGLang's nullable_str: only an empty string or "None" mean None."""
+    return None if not value or value == "None" else value
+
+
+def json_list_type(value: str) -> Any:
+    """SGLang's json_list_type, with its message for text that is not JSON."""
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError:
+        raise argparse.ArgumentTypeError(
+            f"Invalid JSON list: {value}. Please provide a valid JSON list."
+        ) from None
 
 
 # Converters by the type name the flag table records (SGLang's own helpers by last name).
@@ -124,9 +164,9 @@ _TYPES: dict[str | None, Callable[[str], Any] | None] = {
     "str_to_bool": _str_to_bool,
     "bool": _str_to_bool,
     "json.loads": json.loads,
-    "json_list_type": json.loads,
-    "human_readable_int": _human_readable_int,
-    "nullable_str": _nullable_str,
+    "json_list_type": json_list_type,
+    "human_readable_int": human_readable_int,
+    "nullable_str": nullable_str,
 }
 
 
@@ -169,7 +209,9 @@ def _add_from_json(parser: argparse.ArgumentParser, entry: dict[str, Any]) -> No
     )
     if not options or "-h" in options or action in ("help", "version"):
         return
-    kwargs: dict[str, Any] = {"dest": entry["dest"], "help": entry.get("help")}
+    # SGLang hides some flags from --help and usage (argparse.SUPPRESS, matched by identity).
+    help_text = argparse.SUPPRESS if entry.get("help_suppressed") else entry.get("help")
+    kwargs: dict[str, Any] = {"dest": entry["dest"], "help": help_text}
     if entry.get("required"):
         kwargs["required"] = True
     if action == "booleanoptional":

@@ -11,6 +11,7 @@ README.md with its constants below.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 
 from gpusim.model import ModelShape
@@ -34,6 +35,12 @@ ACTIVATION_MIB_PER_TOKEN = 0.5
 HICACHE_HOST_RESERVE_BYTES = 10 * GIB
 DEFAULT_HICACHE_RATIO = 2.0
 DEFAULT_HICACHE_HOST_MEMORY_FRACTION = 0.8
+# Multimodal models: SGLang takes SGLANG_VLM_CACHE_SIZE_MB (default 100) out of the KV budget
+# for the embedding cache, plus SGLANG_MM_FEATURE_CACHE_MB (default 1024) with a GPU feature
+# transport (kv_cache_configurator.py mm_runtime_reservation_gb).
+VLM_CACHE_SIZE_MB_DEFAULT = 100
+MM_FEATURE_CACHE_MB_DEFAULT = 1024
+GPU_FEATURE_TRANSPORTS = ("cuda_ipc", "cuda_vmm")
 # SGLang refuses to start when the least-free GPU has under 90% of this rank's free memory.
 TP_BALANCE_RATIO = 0.9
 
@@ -79,6 +86,9 @@ class MemoryArgs:
     disable_radix_cache: bool = False
     hicache_size: int = 0
     hicache_ratio: float | None = None
+    language_only: bool = False
+    language_model_only: bool = False
+    mm_feature_transport: str | None = None
 
 
 @dataclass
@@ -93,6 +103,7 @@ class MemoryPlan:
     weight_gib: float
     post_gib: float
     rest_gib: float
+    multimodal_reserve_gib: float
     cell_size: float
     max_total_num_tokens: int
     max_running_requests: int
@@ -189,7 +200,29 @@ def default_mem_fraction_static(
     reserved += sum(graph_memory_mib(model, chunk, decode_max_bs, args.disable_cuda_graph).values())
     if gpu_mem_mib > 60 * 1024:
         reserved = max(reserved, 10 * 1024)
-    return round((gpu_mem_mib - reserved) / gpu_mem_mib, 3)
+    fraction = round((gpu_mem_mib - reserved) / gpu_mem_mib, 3)
+    if model.is_multimodal and not (args.language_only or args.language_model_only):
+        fraction *= vlm_fraction_factor(model)
+    return fraction
+
+
+def vlm_fraction_factor(model: ModelShape) -> float:
+    """`adjust_mem_fraction_for_vlm` (MLA models, which never size KV after graph capture):
+    0.95 x a factor that falls 10% per doubling of the ViT's size over a ViT-L/14."""
+    complexity = model.vit_layers * model.vit_hidden_size**2 / (24 * 1024**2)
+    return 0.95 * max(0.8, min(1.05, 1.0 - 0.1 * (complexity - 1.0)))
+
+
+def multimodal_reserve_gib(model: ModelShape, args: MemoryArgs) -> float:
+    """`mm_runtime_reservation_gb`: GiB a multimodal model keeps out of the KV budget."""
+    if not model.is_multimodal or args.language_model_only:
+        return 0.0
+    reserved_mb = int(os.environ.get("SGLANG_VLM_CACHE_SIZE_MB", VLM_CACHE_SIZE_MB_DEFAULT))
+    if args.mm_feature_transport in GPU_FEATURE_TRANSPORTS:
+        reserved_mb += int(
+            os.environ.get("SGLANG_MM_FEATURE_CACHE_MB", MM_FEATURE_CACHE_MB_DEFAULT)
+        )
+    return reserved_mb / 1024
 
 
 def check_args(args: MemoryArgs) -> None:
@@ -259,8 +292,10 @@ def plan_memory(
             "load_weights",
         )
     post_gib = pre_gib - weight_gib
-    rest_gib = post_gib - pre_gib * (1 - mfs)
+    mm_reserve_gib = multimodal_reserve_gib(model, args)
+    rest_gib = post_gib - pre_gib * (1 - mfs) - mm_reserve_gib
     if rest_gib <= 0:
+        # SGLang's suggestion ignores the multimodal reserve; so does the double's.
         minimum = 1 - post_gib / pre_gib
         raise StartupFailure(
             "ValueError",
@@ -296,6 +331,7 @@ def plan_memory(
         weight_gib=weight_gib,
         post_gib=post_gib,
         rest_gib=rest_gib,
+        multimodal_reserve_gib=mm_reserve_gib,
         cell_size=cell,
         max_total_num_tokens=tokens,
         max_running_requests=max_running_requests(tokens, model.context_len, args),

@@ -21,7 +21,21 @@ MLA_ARCHITECTURES = frozenset(
         "KimiVLForConditionalGeneration",
     }
 )
+# Architectures on SGLang's multimodal list (configs/model_config.py) that this project meets;
+# any config with a `vision_config` counts too (SGLang's has_multimodal_subconfig).
+MULTIMODAL_ARCHITECTURES = frozenset(
+    {
+        "KimiK25ForConditionalGeneration",
+        "KimiVLForConditionalGeneration",
+        "Llama4ForConditionalGeneration",
+        "Qwen2_5_VLForConditionalGeneration",
+        "Qwen3VLForConditionalGeneration",
+    }
+)
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+# adjust_mem_fraction_for_vlm's getattr defaults (a ViT-L/14) for a vision_config without them.
+DEFAULT_VIT_LAYERS = 24
+DEFAULT_VIT_HIDDEN_SIZE = 1024
 
 
 class ModelDirError(ValueError):
@@ -44,6 +58,9 @@ class ModelShape:
     context_len: int
     vocab_size: int
     weight_bytes: int
+    is_multimodal: bool = False
+    vit_layers: int = DEFAULT_VIT_LAYERS
+    vit_hidden_size: int = DEFAULT_VIT_HIDDEN_SIZE
 
     @property
     def is_mla(self) -> bool:
@@ -72,6 +89,19 @@ def _weight_bytes(model_dir: Path) -> int:
     raise ModelDirError(f"no model.safetensors.index.json or *.safetensors in {model_dir}")
 
 
+def _vision(raw: dict[str, Any], architecture: str) -> tuple[bool, int, int]:
+    """Whether SGLang treats the model as multimodal, and its ViT's layers and width."""
+    vision = raw.get("vision_config")
+    if not isinstance(vision, dict):
+        vision = {}
+        multimodal = architecture in MULTIMODAL_ARCHITECTURES
+    else:
+        multimodal = True
+    layers = int(vision.get("num_hidden_layers", DEFAULT_VIT_LAYERS))
+    hidden = int(vision.get("hidden_size", DEFAULT_VIT_HIDDEN_SIZE))
+    return multimodal, layers, hidden
+
+
 def load_model(model_path: str, context_length: int | None = None) -> ModelShape:
     model_dir = Path(model_path)
     config_file = model_dir / "config.json"
@@ -87,6 +117,7 @@ def load_model(model_path: str, context_length: int | None = None) -> ModelShape
     hidden = int(cfg["hidden_size"])
     is_mla = architecture in MLA_ARCHITECTURES or "kv_lora_rank" in cfg
     head_dim = int(cfg.get("head_dim") or hidden // num_heads)
+    multimodal, vit_layers, vit_hidden = _vision(raw, architecture)
     return ModelShape(
         path=str(model_dir),
         architecture=architecture,
@@ -102,4 +133,7 @@ def load_model(model_path: str, context_length: int | None = None) -> ModelShape
         context_len=int(context_length or cfg.get("max_position_embeddings") or 4096),
         vocab_size=int(cfg.get("vocab_size", 32000)),
         weight_bytes=_weight_bytes(model_dir),
+        is_multimodal=multimodal,
+        vit_layers=vit_layers,
+        vit_hidden_size=vit_hidden,
     )

@@ -13,7 +13,6 @@ import argparse
 import asyncio
 import contextlib
 import errno
-import logging
 import os
 import signal
 import socket
@@ -24,9 +23,10 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from gpusim import flags, state
+from gpusim import flags, logs, state
 from gpusim.engine import Request, Scheduler
 from gpusim.http_api import Metrics, ServerState, build_app
+from gpusim.logs import LoggingConfigMissing
 from gpusim.memory import (
     CUDA_CONTEXT_MIB,
     GIB,
@@ -42,8 +42,6 @@ from gpusim.model import ModelDirError, ModelShape, load_model
 from gpusim.rank import spawn as spawn_rank
 from gpusim.tokenizer import WordTokenizer
 
-log = logging.getLogger("gpusim.launcher")
-rank_log = logging.getLogger("gpusim.scheduler")
 DRAIN_POLL_S = 0.05
 DRAIN_LOG_EVERY_S = 1.0
 CHILD_TERM_WAIT_S = 5.0
@@ -57,33 +55,6 @@ KV_DTYPE_NAMES = {
     "nvfp4": "torch.float4_e2m1fn_x2",
     "fp4_mx_block16": "torch.float4_e2m1fn_x2",
 }
-
-
-class PrefixFormatter(logging.Formatter):
-    """SGLang's format: `[time TP0] message`; the rank prefix rides on the record."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        if not hasattr(record, "prefix"):
-            record.prefix = ""
-        return super().format(record)
-
-
-def configure_logging(level: str, rank_prefix: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(
-        PrefixFormatter("[%(asctime)s%(prefix)s] %(message)s", "%Y-%m-%d %H:%M:%S")
-    )
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(getattr(logging, level.upper(), logging.INFO))
-
-    def add_prefix(record: logging.LogRecord) -> bool:
-        # Per-rank start-up lines pass their own prefix; the rest speak as the first rank.
-        if not hasattr(record, "prefix"):
-            record.prefix = rank_prefix
-        return True
-
-    rank_log.filters[:] = [add_prefix]
 
 
 def print_traceback(exc_type: str, message: str, where: str) -> None:
@@ -185,7 +156,7 @@ class Launcher:
 
     # -- failures --------------------------------------------------------------------------
     def scheduler_exception(self, exc_type: str, message: str, running: bool) -> None:
-        rank_log.error(
+        logs.SCHEDULER.error(
             "Scheduler hit an exception: Traceback (most recent call last):\n"
             '  File "/sgl-workspace/sglang/python/sglang/srt/managers/scheduler.py", '
             "line 6363, in run_scheduler_process\n"
@@ -193,11 +164,13 @@ class Launcher:
             f"{exc_type}: {message}\n"
         )
         if running:
-            log.error(
+            logs.TOKENIZER_MANAGER.error(
                 "SIGQUIT received. signum=None, frame=None. It usually means one child failed."
             )
         else:
-            log.error("Received sigquit from a child process. It usually means the child failed.")
+            logs.ENGINE.error(
+                "Received sigquit from a child process. It usually means the child failed."
+            )
         self.die_with_tree()
 
     # -- start-up --------------------------------------------------------------------------
@@ -237,12 +210,12 @@ class Launcher:
         await self._capture_graphs(plan)
         self._fail_if(plan.hicache_failure, "hicache")
         if plan.host_pool_tokens:
-            rank_log.info(
+            logs.HOST_POOL.info(
                 f"Allocating kv hierarchical KV host pool: {plan.host_pool_tokens} tokens, "
                 f"{plan.host_pool_bytes_per_rank / 1e9:.2f} GB host memory."
             )
         for warning in plan.warnings:
-            rank_log.warning(warning)
+            logs.HOST_POOL.warning(warning)
         return plan
 
     def _fail_if(self, failure: StartupFailure | None, phase: str) -> None:
@@ -253,7 +226,7 @@ class Launcher:
         self, model: ModelShape, mem_args: MemoryArgs, failure: StartupFailure | None
     ) -> None:
         for rank in self.ranks:
-            rank_log.info(
+            logs.MODEL_RUNNER.info(
                 f"Load weight begin. avail mem={self._avail_gib(rank):.2f} GB",
                 extra=self._rank_extra(rank),
             )
@@ -263,7 +236,7 @@ class Launcher:
         weight_gib = model.weight_bytes / mem_args.tp_size / GIB
         for rank in self.ranks:
             self._register(rank, CUDA_CONTEXT_MIB + weight_gib * 1024)
-            rank_log.info(
+            logs.MODEL_RUNNER.info(
                 f"Load weight end. elapsed={time.perf_counter() - tic:.2f} s, "
                 f"type={model.architecture}, "
                 f"avail mem={self._avail_gib(rank):.2f} GB, mem usage={weight_gib:.2f} GB.",
@@ -274,17 +247,24 @@ class Launcher:
         dtype = KV_DTYPE_NAMES.get(mem_args.kv_cache_dtype, "torch.bfloat16")
         kv_gb = plan.kv_gib
         for rank in self.ranks:
+            if plan.multimodal_reserve_gib > 0:
+                logs.KV_CACHE_CONFIGURATOR.info(
+                    "Reserving %.2f GB of the KV budget for post-sizing multimodal "
+                    "allocations (feature-transport pools + embedding cache).",
+                    plan.multimodal_reserve_gib,
+                    extra=self._rank_extra(rank),
+                )
             self._register(rank, rank.used_mib + kv_gb * 1024)
             if self.server is not None and self.server.model_info.get("is_mla"):
                 sizes = f"KV size: {kv_gb:.2f} GB"
             else:
                 sizes = f"K size: {kv_gb / 2:.2f} GB, V size: {kv_gb / 2:.2f} GB"
-            rank_log.info(
+            logs.MEMORY_POOL.info(
                 f"KV Cache is allocated. dtype: {dtype}, #tokens: {plan.max_total_num_tokens}, "
                 + sizes,
                 extra=self._rank_extra(rank),
             )
-            rank_log.info(
+            logs.KV_CACHE_CONFIGURATOR.info(
                 f"Memory pool end. avail mem={self._avail_gib(rank):.2f} GB",
                 extra=self._rank_extra(rank),
             )
@@ -300,7 +280,7 @@ class Launcher:
                     f"num_tokens={prefill_graph_buckets(plan.chunked_prefill_size)[-1:]}"
                 )
             for rank in self.ranks:
-                rank_log.info(
+                logs.CUDA_GRAPH_SETUP.info(
                     f"Capture target {phase} {detail}, avail mem={self._avail_gib(rank):.2f} GB",
                     extra=self._rank_extra(rank),
                 )
@@ -311,7 +291,7 @@ class Launcher:
             for rank in self.ranks:
                 extra = mib + (plan.runtime_mib if phase == "decode" else 0)
                 self._register(rank, rank.used_mib + extra)
-                rank_log.info(
+                logs.CUDA_GRAPH_SETUP.info(
                     f"Capture target {phase} CUDA graph end. elapsed="
                     f"{time.perf_counter() - tic:.2f} s, mem usage={mib / 1024:.2f} GB, "
                     f"avail mem={self._avail_gib(rank):.2f} GB.",
@@ -328,7 +308,7 @@ class Launcher:
 
     # -- shutdown --------------------------------------------------------------------------
     def on_sigterm(self) -> None:
-        log.info(
+        logs.TOKENIZER_MANAGER.info(
             "SIGTERM received. signum=<Signals.SIGTERM: 15> frame=None. "
             "Draining requests and shutting down..."
         )
@@ -339,14 +319,16 @@ class Launcher:
     async def drain(self) -> None:
         scheduler = self.server.scheduler if self.server else None
         if os.environ.get("SGL_FORCE_SHUTDOWN", "").lower() in ("1", "true", "yes"):
-            log.error("Signal SIGTERM received while force shutdown flag set. Force exiting.")
+            logs.TOKENIZER_MANAGER.error(
+                "Signal SIGTERM received while force shutdown flag set. Force exiting."
+            )
             return
         last_log = 0.0
         while scheduler is not None:
             remaining = [r.rid for r in (*scheduler.running, *scheduler.waiting)]
             now = time.monotonic()
             if now - last_log >= DRAIN_LOG_EVERY_S or not remaining:
-                log.info(
+                logs.TOKENIZER_MANAGER.info(
                     f"Gracefully exiting... Remaining number of requests {len(remaining)}. "
                     f"Remaining requests remaining_rids={remaining}."
                 )
@@ -423,7 +405,7 @@ class Launcher:
         )
         self._scheduler_task = asyncio.create_task(scheduler.run())
         self.server.plan = plan
-        rank_log.info(
+        logs.SCHEDULER.info(
             f"max_total_num_tokens={plan.max_total_num_tokens}, "
             f"chunked_prefill_size={plan.chunked_prefill_size}, "
             f"max_prefill_tokens={getattr(self.args, 'max_prefill_tokens', 16384)}, "
@@ -435,7 +417,7 @@ class Launcher:
         if not getattr(self.args, "skip_server_warmup", False):
             await self.warmup(scheduler)
         self.server.starting = False
-        log.info("The server is fired up and ready to roll!")
+        logs.HTTP_SERVER.info("The server is fired up and ready to roll!")
 
     async def _serve_follower(self, sock: socket.socket) -> int:
         """Ranks >= 1 of a multi-node group answer /health with 200 and nothing else."""
@@ -487,6 +469,11 @@ def _entrypoint_warning() -> None:
     )
 
 
+def _server_args_dict(args: argparse.Namespace) -> dict[str, object]:
+    """The fields `ServerArgs.resolved_dict()` logs (SGLang's own --config is merged away)."""
+    return {key: value for key, value in vars(args).items() if key != "config"}
+
+
 def _prepare(args: argparse.Namespace) -> tuple[ModelShape, MemoryArgs] | int:
     """Launcher-side checks; an int is the exit code of a failure already reported."""
     hardware = state.load_hardware()
@@ -529,8 +516,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print_traceback("ValueError", str(exc), "prepare_server_args(sys.argv[1:])")
         return 1
     launcher = Launcher(args, argv)
-    configure_logging(args.log_level, launcher.rank_prefix)
-    log.info(f"server_args=ServerArgs({', '.join(f'{k}={v!r}' for k, v in vars(args).items())})")
+    try:
+        logs.configure(args.log_level, launcher.rank_prefix)
+    except LoggingConfigMissing as exc:
+        print_traceback("Exception", str(exc), "configure_logger(server_args)")
+        return 1
+    # As 0.5.23's engine.py, secrets included: a logging config keeps them out of the journal.
+    logs.ENGINE.info(f"server_args={_server_args_dict(args)}")
     prepared = _prepare(args)
     if isinstance(prepared, int):
         return prepared
@@ -540,7 +532,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         if exc.errno != errno.EADDRINUSE:
             raise
-        log.error(
+        logs.UVICORN_ERROR.error(
             f"[Errno 98] error while attempting to bind on address ('{args.host}', {args.port}): "
             "address already in use"
         )

@@ -30,13 +30,20 @@ class PlaybookRun:
 
     @property
     def failures(self) -> list[tuple[str, str, str]]:
-        """(host, task, message) of every failed task that was not rescued or ignored."""
+        """(host, task, message) of every failed task or loop item not ignored.
+
+        A failed loop reports "One or more items failed": the items' own messages are what an
+        operator reads, so they are listed instead.
+        """
         out = []
-        for data in self._results("runner_on_failed"):
-            if data.get("ignore_errors"):
-                continue
-            res = data.get("res", {})
-            out.append((data.get("host", ""), data.get("task", ""), str(res.get("msg", res))))
+        for kind in ("runner_on_failed", "runner_item_on_failed"):
+            for data in self._results(kind):
+                if data.get("ignore_errors"):
+                    continue
+                res = data.get("res", {})
+                if kind == "runner_on_failed" and res.get("results"):
+                    continue  # its items are reported one by one
+                out.append((data.get("host", ""), data.get("task", ""), str(res.get("msg", res))))
         return out
 
     def changed_tasks(self, host: str | None = None) -> list[str]:
@@ -48,6 +55,10 @@ class PlaybookRun:
             if data.get("res", {}).get("changed") and host in (None, data.get("host")):
                 names.append(data.get("task", ""))
         return names
+
+    def failed_results(self) -> list[dict[str, Any]]:
+        """The result of every failed task, rescued or not, in order."""
+        return [d.get("res", {}) for d in self._results("runner_on_failed")]
 
     def task_results(self, task: str) -> list[dict[str, Any]]:
         return [

@@ -10,6 +10,9 @@ Two layers:
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import io
 import json
 import os
 import re
@@ -22,8 +25,11 @@ from typing import Any
 
 import pytest
 
+from gpusim import sglang_server
+
 REPO = Path(__file__).resolve().parents[2]
 GPUSIM_SRC = REPO / "gpusim"
+PROBE_CACHE = REPO / ".cache" / "gpusim-real-probe"
 FLAG_TABLE = GPUSIM_SRC / "gpusim" / "flags" / "sglang-0.5.23.json"
 DUMPER_DIR = GPUSIM_SRC / "tools"
 BUILD_HINT = (
@@ -96,6 +102,33 @@ def run_double(argv: list[str]) -> subprocess.CompletedProcess[str]:
         timeout=60,
         check=False,
     )
+
+
+class _Parsed(Exception):
+    """The double's parser accepted the command line (it would start a server next)."""
+
+
+def _refuse_launch(*_args: object) -> None:
+    raise _Parsed
+
+
+def parse_in_double(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> Outcome:
+    """`python -m gpusim.sglang_server ARGV` up to where it would start work, in this process.
+
+    The same `main` the module runs (warning, parse, ValueError handling), without a
+    subprocess per case: the launcher is replaced so an accepted command line starts nothing.
+    """
+    monkeypatch.setenv("COLUMNS", COLUMNS)
+    monkeypatch.setattr(sglang_server, "Launcher", _refuse_launch)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            code: int | str = sglang_server.main(argv)
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else str(exc.code)
+        except _Parsed:
+            code = "parsed"
+    return outcome(code, err.getvalue())
 
 
 @cache
@@ -172,7 +205,7 @@ def test_double_choices_match_table() -> None:
     assert choices_in_usage(usage_of(double_help())) == table_choices(flag_table())
 
 
-def test_double_accepts_hidden_flags() -> None:
+def test_double_accepts_hidden_flags(monkeypatch: pytest.MonkeyPatch) -> None:
     """Flags SGLang hides from --help still parse; an unknown flag would be 'unrecognized'."""
     table = flag_table()
     hidden = [
@@ -182,9 +215,10 @@ def test_double_accepts_hidden_flags() -> None:
     ]
     assert hidden, "0.5.23 has hidden valued flags (--forward-pass-metrics-*)"
     for flag in hidden:
-        result = run_double(["--model-path", "/nonexistent", flag])
-        assert result.returncode == 2
-        assert f"argument {flag}: expected one argument" in result.stderr
+        result = parse_in_double(["--model-path", "/nonexistent", flag], monkeypatch)
+        assert result.code == 2
+        assert result.error_line.endswith(f"argument {flag}: expected one argument")
+        assert parse_in_double(["--model-path", "/x", flag, "v"], monkeypatch).code == "parsed"
 
 
 # --- with the reference venv: the table and the double against the real parser ---------------
@@ -199,11 +233,14 @@ def reference_python() -> Path:
     return venv / "bin" / "python"
 
 
+CONFIG_TEXT = "model-path: /nonexistent\nport: 31000\nno-such-key: 3\n"
+
+
 @pytest.fixture(scope="module")
 def config_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A config whose last key SGLang does not know: merged into argv, then 'unrecognized'."""
     path = tmp_path_factory.mktemp("sglang-config") / "server.yaml"
-    path.write_text("model-path: /nonexistent\nport: 31000\nno-such-key: 3\n", encoding="utf-8")
+    path.write_text(CONFIG_TEXT, encoding="utf-8")
     return path
 
 
@@ -216,6 +253,9 @@ def cases(config_file: Path) -> dict[str, list[str]]:
         "bad choice": ["--model-path", "/nonexistent", "--kv-cache-dtype", "bogus"],
         "bad choice before --help": ["--kv-cache-dtype", "bogus", "--help"],
         "bad int": ["--model-path", "/nonexistent", "--tp-size", "eight"],
+        # human_readable_int: suffixes are case-sensitive, IEC suffixes take no decimals.
+        "bad size suffix": ["--model-path", "/nonexistent", "--context-length", "128K"],
+        "decimal IEC size": ["--model-path", "/nonexistent", "--max-total-tokens", "1.5Mi"],
         "removed flag, now ambiguous": ["--model-path", "/nonexistent", "--cuda-graph-max-bs", "8"],
         "unknown config key": ["--config", str(config_file), "--port", "32000"],
     }
@@ -225,25 +265,43 @@ def cases(config_file: Path) -> dict[str, list[str]]:
 def real(cases: dict[str, list[str]], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """One run of the real parser (importing SGLang costs ~10 CPU-seconds) for every case."""
     python = reference_python()
-    out = tmp_path_factory.mktemp("sglang-real") / "probe.json"
+    out = PROBE_CACHE / f"{probe_key(python, cases)}.json"
+    if not out.is_file():
+        run_real_probe(python, list(cases.values()), out)
+    probe = json.loads(out.read_text(encoding="utf-8"))
+    probe["by_name"] = dict(zip(cases, probe["cases"], strict=True))
+    return probe
+
+
+def probe_key(python: Path, cases: dict[str, list[str]]) -> str:
+    """Everything the real parser's answers depend on; the temporary config's path is not."""
+    digest = hashlib.sha256()
+    stamp = python.parent.parent / ".stamp"
+    digest.update(stamp.read_bytes() + str(stamp.stat().st_mtime_ns).encode())
+    digest.update((_REAL_PROBE + CONFIG_TEXT + COLUMNS).encode())
+    for source in sorted(DUMPER_DIR.glob("*.py")):
+        digest.update(source.read_bytes())
+    normalized = {
+        name: ["<config>" if arg.endswith(".yaml") else arg for arg in argv]
+        for name, argv in cases.items()
+    }
+    digest.update(json.dumps(normalized, sort_keys=True).encode())
+    return digest.hexdigest()
+
+
+def run_real_probe(python: Path, argvs: list[list[str]], out: Path) -> None:
+    """The real parser on every command line, in one process; written whole or not at all."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_suffix(f".{os.getpid()}.tmp")
     env = dict(os.environ, COLUMNS=COLUMNS, HF_HUB_OFFLINE="1", PYTHONWARNINGS="ignore")
     env.pop("PYTHONPATH", None)
     subprocess.run(
-        [
-            str(python),
-            "-c",
-            _REAL_PROBE,
-            str(DUMPER_DIR),
-            str(out),
-            json.dumps(list(cases.values())),
-        ],
+        [str(python), "-c", _REAL_PROBE, str(DUMPER_DIR), str(partial), json.dumps(argvs)],
         env=env,
         timeout=240,
         check=True,
     )
-    probe = json.loads(out.read_text(encoding="utf-8"))
-    probe["by_name"] = dict(zip(cases, probe["cases"], strict=True))
-    return probe
+    partial.replace(out)
 
 
 @pytest.mark.slow
@@ -290,15 +348,28 @@ def test_double_choices_match_real(real: dict[str, Any]) -> None:
         "bad choice",
         "bad choice before --help",
         "bad int",
+        "bad size suffix",
+        "decimal IEC size",
         "removed flag, now ambiguous",
         "unknown config key",
     ],
 )
 def test_double_fails_like_real(
-    real: dict[str, Any], cases: dict[str, list[str]], name: str
+    real: dict[str, Any],
+    cases: dict[str, list[str]],
+    name: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     real_case = real["by_name"][name]
     expected = outcome(real_case["code"], real_case["stderr"])
     assert expected.code == 2, real_case  # the real parser rejects every one of these
-    result = run_double(cases[name])
+    assert parse_in_double(cases[name], monkeypatch) == expected
+
+
+@pytest.mark.slow
+def test_double_cli_fails_like_real(real: dict[str, Any], cases: dict[str, list[str]]) -> None:
+    """One case end to end through `python -m gpusim.sglang_server` (exit status included)."""
+    real_case = real["by_name"]["unknown flag"]
+    result = run_double(cases["unknown flag"])
+    expected = outcome(real_case["code"], real_case["stderr"])
     assert outcome(result.returncode, result.stderr) == expected

@@ -96,3 +96,35 @@ def test_the_generated_sglang_table_is_shipped_and_used() -> None:
     args = parse_server_args(["--model-path", LLAMA, "--attention-backend", "fa3"])
     assert args.attention_backend == "fa3"
     assert args.cuda_graph_max_bs_decode is None
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "expected"),
+    [
+        ("--context-length", "128k", 128_000),
+        ("--context-length", "262144", 262_144),
+        ("--max-total-tokens", "1Mi", 1_048_576),
+        ("--max-prefill-tokens", "25.6k", 25_600),
+        ("--cuda-graph-prefill-max-context", "2Ki", 2048),
+    ],
+)
+def test_token_counts_take_sglang_size_suffixes(flag: str, value: str, expected: int) -> None:
+    """human_readable_int: SI (k, M, G, T) and IEC (Ki, Mi, Gi, Ti) suffixes."""
+    args = parse_server_args(["--model-path", LLAMA, flag, value])
+    assert getattr(args, flag[2:].replace("-", "_")) == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("128K", "Invalid integer value: '128K'. Use a plain integer"),  # case-sensitive
+        ("1.5Mi", "Decimals are not allowed with IEC suffixes like 'Mi'"),
+    ],
+)
+def test_bad_token_counts_exit_2_with_sglang_message(
+    value: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        parse_server_args(["--model-path", LLAMA, "--context-length", value])
+    assert info.value.code == 2
+    assert f"error: argument --context-length: {message}" in capsys.readouterr().err

@@ -23,6 +23,7 @@ GPU_MIB = 97887  # RTX PRO 6000 Blackwell (96 GB)
 HOST_RAM = 400 * GIB
 # pre = free GiB before weights = (97887 MiB - 768 MiB CUDA context) / 1024
 PRE_GIB = (97887 - 768) / 1024  # 94.8428...
+MM_RESERVE_GIB = 100 / 1024  # SGLANG_VLM_CACHE_SIZE_MB default, multimodal models only
 
 
 def plan(model_dir: str, tp: int, **kwargs: object):
@@ -82,21 +83,44 @@ def test_mla_bf16_worked_example() -> None:
     # Kimi-K2.5 int4 on 8 x 96 GB, TP8, bf16 KV, mem_fraction_static 0.85.
     # cell = (kv_lora_rank 512 + qk_rope_head_dim 64) * 61 layers * 2 = 70272 (not / tp)
     # weights per GPU = 594231324672 / 8 / 2**30 = 69.1776 GiB
-    # rest = (94.8428 - 69.1776) - 94.8428 * 0.15 = 25.6652 - 14.2264 = 11.4388 GiB
-    # tokens = floor(11.4388 * 2**30 / 70272) = 174781
+    # multimodal (vision_config): SGLANG_VLM_CACHE_SIZE_MB 100 MiB = 0.0977 GiB kept out
+    # rest = (94.8428 - 69.1776) - 94.8428 * 0.15 - 0.0977 = 11.3411 GiB
+    # tokens = floor(11.3411 * 2**30 / 70272) = 173289
     p = plan(KIMI, 8, mem_fraction_static=0.85)
     weights = 594231324672 / 8 / GIB
-    rest = PRE_GIB - weights - PRE_GIB * 0.15
+    rest = PRE_GIB - weights - PRE_GIB * 0.15 - MM_RESERVE_GIB
     assert p.cell_size == (512 + 64) * 61 * 2 == 70272
-    assert p.max_total_num_tokens == math.floor(rest * GIB / 70272) == 174781
+    assert p.multimodal_reserve_gib == MM_RESERVE_GIB
+    assert p.max_total_num_tokens == math.floor(rest * GIB / 70272) == 173289
 
 
 def test_mla_fp8_doubles_tokens() -> None:
-    # fp8_e4m3: cell 35136 -> floor(11.4388 * 2**30 / 35136) = 349562
+    # fp8_e4m3: cell 35136 -> floor(11.3411 * 2**30 / 35136) = 346578
     p = plan(KIMI, 8, mem_fraction_static=0.85, kv_cache_dtype="fp8_e4m3")
-    rest = PRE_GIB - 594231324672 / 8 / GIB - PRE_GIB * 0.15
+    rest = PRE_GIB - 594231324672 / 8 / GIB - PRE_GIB * 0.15 - MM_RESERVE_GIB
     assert p.cell_size == 35136
-    assert p.max_total_num_tokens == math.floor(rest * GIB / 35136) == 349562
+    assert p.max_total_num_tokens == math.floor(rest * GIB / 35136) == 346578
+
+
+def test_multimodal_reserve_follows_sglang_env_and_language_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    plain = plan(KIMI, 8, mem_fraction_static=0.85).max_total_num_tokens
+    text_only = plan(KIMI, 8, mem_fraction_static=0.85, language_model_only=True)
+    assert text_only.multimodal_reserve_gib == 0
+    assert text_only.max_total_num_tokens == math.floor(
+        (PRE_GIB - 594231324672 / 8 / GIB - PRE_GIB * 0.15) * GIB / 70272
+    )
+    monkeypatch.setenv("SGLANG_VLM_CACHE_SIZE_MB", "0")
+    assert plan(KIMI, 8, mem_fraction_static=0.85).max_total_num_tokens == (
+        text_only.max_total_num_tokens
+    )
+    monkeypatch.delenv("SGLANG_VLM_CACHE_SIZE_MB")
+    # A GPU feature transport adds SGLANG_MM_FEATURE_CACHE_MB (1024 MiB) to the reserve.
+    ipc = plan(KIMI, 8, mem_fraction_static=0.85, mm_feature_transport="cuda_ipc")
+    assert ipc.multimodal_reserve_gib == (100 + 1024) / 1024
+    assert ipc.max_total_num_tokens < plain
+    assert plan(LLAMA, 1, mem_fraction_static=0.85).multimodal_reserve_gib == 0
 
 
 def test_weights_that_leave_no_kv_room_fail_like_sglang() -> None:
@@ -111,7 +135,7 @@ def test_weights_that_leave_no_kv_room_fail_like_sglang() -> None:
 def test_rest_smaller_than_one_token_is_not_enough_memory() -> None:
     # Choose mem_fraction_static so that rest is positive but below one 70272-byte cell.
     post = PRE_GIB - 594231324672 / 8 / GIB
-    mfs = 1 - (post - 1000 / GIB) / PRE_GIB  # rest = 1000 bytes
+    mfs = 1 - (post - MM_RESERVE_GIB - 1000 / GIB) / PRE_GIB  # rest = 1000 bytes
     with pytest.raises(StartupFailure) as info:
         plan(KIMI, 8, mem_fraction_static=mfs)
     assert info.value.message.startswith(
@@ -127,10 +151,16 @@ def test_default_mem_fraction_static_mimics_sglang_0_5_23() -> None:
     assert default_mem_fraction_static(llama, MemoryArgs(tp_size=1), GPU_MIB, 8192, 256) == round(
         (97887 - 13904) / 97887, 3
     )
-    # MLA TP8: 512 + 12288 + 1024 + 512*2 + 1536 (MLA prefill graphs) = 16384 MiB -> 0.833
-    assert default_mem_fraction_static(kimi, MemoryArgs(tp_size=8), GPU_MIB, 8192, 512) == 0.833
+    # MLA TP8: 512 + 12288 + 1024 + 512*2 + 1536 (MLA prefill graphs) = 16384 MiB -> 0.833,
+    # then adjust_mem_fraction_for_vlm (Kimi-K2.5 has a 27-layer, 1152-wide ViT):
+    # complexity 27 * 1152**2 / (24 * 1024**2) = 1.4238 -> 0.95 * (1 - 0.1 * 0.4238)
+    vlm = 0.95 * (1 - 0.1 * (27 * 1152**2 / (24 * 1024**2) - 1))
+    kimi_default = default_mem_fraction_static(kimi, MemoryArgs(tp_size=8), GPU_MIB, 8192, 512)
+    assert kimi_default == pytest.approx(0.833 * vlm) == pytest.approx(0.7578, abs=1e-4)
+    text_only = MemoryArgs(tp_size=8, language_only=True)
+    assert default_mem_fraction_static(kimi, text_only, GPU_MIB, 8192, 512) == 0.833
     p = plan(KIMI, 8)
-    assert (p.mem_fraction_static, p.chunked_prefill_size) == (0.833, 8192)
+    assert (p.mem_fraction_static, p.chunked_prefill_size) == (kimi_default, 8192)
 
 
 def test_headroom_story_093_ooms_in_large_prefill_088_works() -> None:

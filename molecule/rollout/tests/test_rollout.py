@@ -1,0 +1,212 @@
+"""Rollout scenario: the smoke gate, automatic rollback, the canary batch and the host lock.
+
+Two hosts with one server each. Tests run top to bottom: the first ones change only the canary
+(rollout-gpu1, --limit); the last one brings it back to the inventory's configuration.
+Assertions read ansible-runner's events (which host failed in which task, with what message)
+and the hosts' real state (unit identity, last-known-good record), never scraped output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import testinfra
+import testinfra.utils.ansible_runner
+from fleet_runner import REPO, PlaybookRun, run_playbook
+
+INVENTORY = os.environ["MOLECULE_INVENTORY_FILE"]
+testinfra_hosts = testinfra.utils.ansible_runner.AnsibleRunner(INVENTORY).get_hosts("gpu_hosts")
+
+CANARY, SECOND = "rollout-gpu1", "rollout-gpu2"
+UNIT = "sglang@llama.service"
+LAUNCH = "/etc/systemd/system/sglang@llama.service.d/10-launch.conf"
+META = "/var/lib/sglang-fleet/llama/lkg/meta.json"
+LOCK = "/run/lock/sglang-fleet-deploy.lock"
+API_KEY = os.environ.get("MOLECULE_SGLANG_API_KEY", "molecule-test-key")
+SUMMARY_TASK = "Fleet summary"
+
+# At decode_step_s 0.005 a pool of 148 tokens (mem_fraction_static 0.1579, planner and double
+# agree) admits one 64 + 64 request at a time: under 200 tok/s against a minimum of 400.
+KV_BOUND = {"mem_fraction_static": 0.1579}
+# No room left for CUDA graphs: the double dies at start-up with CUDA out of memory.
+CRASH = {"mem_fraction_static": 0.99}
+GOOD = {"chunked_prefill_size": 4096}
+
+
+def on(name: str) -> Any:
+    return testinfra.get_host(f"ansible://{name}?ansible_inventory={INVENTORY}")
+
+
+def overrides(flags: dict[str, Any]) -> dict[str, Any]:
+    return {"sglang_server_overrides": {"llama": {"flags": flags}}}
+
+
+def unit_identity(host: Any) -> tuple[str, str]:
+    """MainPID and start timestamp: both unchanged means the server was not touched."""
+    out = host.check_output("systemctl show -p MainPID -p ActiveEnterTimestampMonotonic %s", UNIT)
+    props = dict(line.split("=", 1) for line in out.splitlines())
+    return props["MainPID"], props["ActiveEnterTimestampMonotonic"]
+
+
+def lkg(host: Any) -> dict[str, Any]:
+    return json.loads(host.check_output("cat %s", META))
+
+
+def generate(host: Any) -> dict[str, Any]:
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {API_KEY}"}
+    body = {"text": "hello", "sampling_params": {"max_new_tokens": 4}}
+    script = (
+        "import json, sys, urllib.request;"
+        f"r = urllib.request.Request('http://127.0.0.1:30000/generate',"
+        f" data=json.dumps({body!r}).encode(), headers={headers!r});"
+        "print(urllib.request.urlopen(r, timeout=30).read().decode())"
+    )
+    return json.loads(host.check_output("python3 -c %s", script))
+
+
+def summary_lines(run: PlaybookRun) -> list[str]:
+    results = run.task_results(SUMMARY_TASK)
+    assert results, "the fleet summary was not printed"
+    return list(results[-1]["msg"])
+
+
+def row(lines: list[str], host: str) -> str:
+    (line,) = [line for line in lines if line.startswith(host)]
+    return line
+
+
+def hosts_with_events(run: PlaybookRun) -> set[str]:
+    kinds = ("runner_on_ok", "runner_on_failed", "runner_on_skipped", "runner_item_on_ok")
+    return {e["event_data"].get("host") for e in run.events if e.get("event") in kinds} - {
+        None,
+        "localhost",
+    }
+
+
+def failure_text(run: PlaybookRun, host: str) -> str:
+    return " ".join(msg for h, _, msg in run.failures if h == host)
+
+
+def test_first_deploy_passed_the_gate_on_both_hosts(host):
+    record = json.loads(host.check_output("cat %s", META))
+    smoke = record["smoke_result"]
+    assert smoke["metrics"]["completed"] == 16
+    assert smoke["metrics"]["failed"] == 0  # the API key reached the client
+    assert smoke["metrics"]["output_throughput"] > 400
+    assert smoke["workload"]["max_concurrency"] == 8
+    assert smoke["verdict"] in {"healthy", "client_bound", "compute_bound", "unknown"}
+    assert API_KEY not in host.check_output("cat %s", META)
+
+
+def test_good_change_passes_and_becomes_last_known_good():
+    canary = on(CANARY)
+    before = lkg(canary)
+    run = run_playbook("deploy.yml", extravars=overrides(GOOD), limit=CANARY)
+    assert run.rc == 0, run.failures
+    after = lkg(canary)
+    assert after["flags"]["chunked_prefill_size"] == 4096
+    assert after["config_hash"] != before["config_hash"]
+    smoke = after["smoke_result"]
+    assert smoke["metrics"]["output_throughput"] > 400
+    report = Path(smoke["report"])
+    assert report.is_file() and report.is_relative_to(REPO / "reports" / CANARY / "llama")
+    assert json.loads(report.read_text())["completed"] == 16
+    assert report.with_suffix(".png").stat().st_size > 10_000
+    assert json.loads(report.with_suffix(".diagnosis.json").read_text())["verdict"]
+    line = row(summary_lines(run), CANARY)
+    assert after["config_hash"] in line and line.endswith("passed")
+    print("good change:", line)
+
+
+def test_crash_at_start_is_rolled_back_to_the_old_flags():
+    canary = on(CANARY)
+    before = lkg(canary)
+    run = run_playbook("deploy.yml", extravars=overrides(CRASH), limit=CANARY)
+    assert run.rc != 0
+    text = failure_text(run, CANARY)
+    assert "out of memory" in text.lower(), text
+    assert f"Rolled back to the last-known-good configuration {before['config_hash']}" in text
+    assert "rolled back" in row(summary_lines(run), CANARY)
+    launch = canary.file(LAUNCH).content_string
+    assert "0.99" not in launch and "--chunked-prefill-size 4096" in launch
+    assert generate(canary)["meta_info"]["completion_tokens"] == 4
+    assert lkg(canary) == before
+
+
+def test_kv_bound_change_misses_the_throughput_gate_and_is_rolled_back():
+    canary = on(CANARY)
+    before = lkg(canary)
+    run = run_playbook("deploy.yml", extravars=overrides(KV_BOUND), limit=CANARY)
+    assert run.rc != 0
+    text = failure_text(run, CANARY)
+    # Which threshold, by how much, with the measured figures, and what bounded the server.
+    assert "output_throughput" in text and "is below the minimum 400 (-" in text, text
+    assert "(measured: output " in text and "p99 TTFT" in text, text
+    assert "diagnosis: kv_cache_bound" in text, text
+    assert "Rolled back to the last-known-good configuration" in text
+    line = row(summary_lines(run), CANARY)
+    assert line.endswith("rolled back")
+    print("kv-bound change:", line)
+    assert "0.1579" not in canary.file(LAUNCH).content_string
+    assert generate(canary)["meta_info"]["completion_tokens"] == 4
+    assert lkg(canary) == before
+
+
+def test_a_bad_change_stops_at_the_canary():
+    canary, second = on(CANARY), on(SECOND)
+    second_before = unit_identity(second)
+    second_lkg = lkg(second)
+    run = run_playbook("deploy.yml", extravars=overrides(CRASH))
+    assert run.rc != 0
+    assert {h for h, _, _ in run.failures} == {CANARY}
+    assert SECOND not in hosts_with_events(run)
+    assert unit_identity(second) == second_before
+    assert lkg(second) == second_lkg
+    lines = summary_lines(run)
+    assert row(lines, CANARY).endswith("rolled back")
+    assert row(lines, SECOND).endswith("not reached")
+    assert generate(canary)["meta_info"]["completion_tokens"] == 4
+
+
+def test_a_held_lock_fails_fast_naming_its_holder():
+    canary = on(CANARY)
+    before = unit_identity(canary)
+    # A live holder on this controller: this test process.
+    started = int(canary.check_output("date +%s"))
+    holder = {
+        "controller": os.uname().nodename,
+        "pid": os.getpid(),
+        "user": "alice",
+        "started": started,
+    }
+    canary.run("printf '%%s\\n' %s > %s", json.dumps(holder), LOCK)
+    try:
+        run = run_playbook("deploy.yml", limit=CANARY)
+        assert run.rc != 0
+        text = failure_text(run, CANARY)
+        assert f"being deployed by alice@{holder['controller']} (pid {os.getpid()})" in text, text
+        assert run.changed_tasks(CANARY) == []
+        assert unit_identity(canary) == before
+        assert json.loads(canary.check_output("cat %s", LOCK))["user"] == "alice"
+    finally:
+        canary.run("rm -f %s", LOCK)
+
+
+def test_a_stale_lock_is_taken_over_and_the_run_converges():
+    canary = on(CANARY)
+    # An interrupted run on this controller: its pid is gone (pid_max is never reached).
+    holder = {"controller": os.uname().nodename, "pid": 4194304 + 1, "user": "bob", "started": 1}
+    canary.run("printf '%%s\\n' %s > %s", json.dumps(holder), LOCK)
+    run = run_playbook("deploy.yml")
+    assert run.rc == 0, run.failures
+    assert not canary.file(LOCK).exists
+    took_over = run.task_results("Say whose lock was taken over")
+    assert any("bob@" in str(r.get("msg")) for r in took_over), took_over
+    # Back on the inventory's flags: the good change of the earlier test is gone again.
+    assert "--chunked-prefill-size" not in canary.file(LAUNCH).content_string
+    lines = summary_lines(run)
+    assert row(lines, SECOND).endswith("unchanged")
+    assert row(lines, CANARY).endswith("passed")

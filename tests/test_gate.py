@@ -1,0 +1,210 @@
+"""The smoke gate's verdict (sglang_fleet.gate) and its Ansible filter wrapper.
+
+Results follow docs/CONTRACTS.md (smoke result JSON); each test changes one figure of a
+passing result and checks the failure names the threshold, the measured value and the gap.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ansible.errors import AnsibleFilterError
+
+from sglang_fleet.gate import GateInputError, compact, evaluate, failure_rate, same_workload
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def smoke_result(**overrides: Any) -> dict[str, Any]:
+    result: dict[str, Any] = {
+        "backend": "sglang",
+        "num_prompts": 16,
+        "max_concurrency": 8,
+        "request_rate": None,
+        "random_input_len": 128,
+        "random_output_len": 64,
+        "seed": 42,
+        "completed": 16,
+        "failed": 0,
+        "duration": 1.2,
+        "output_throughput": 1200.0,
+        "request_throughput": 13.3,
+        "p99_ttft_ms": 40.0,
+        "median_ttft_ms": 20.0,
+        "p99_tpot_ms": 6.0,
+        "median_tpot_ms": 5.5,
+        "p99_itl_ms": 7.0,
+        "concurrency": 7.8,
+        "goodput": 1.0,
+    }
+    return result | overrides
+
+
+ALL_LIMITS = {
+    "min_output_tok_s": 800,
+    "max_p99_ttft_ms": 100,
+    "max_p99_tpot_ms": 10,
+    "max_failure_rate": 0.0,
+    "min_goodput": 0.9,
+}
+
+
+def test_a_result_within_every_limit_passes() -> None:
+    verdict = evaluate(smoke_result(), ALL_LIMITS, None)
+    assert verdict["passed"] is True
+    assert verdict["failures"] == []
+    assert verdict["summary"].startswith("PASS")
+    assert "output 1200.0 tok/s" in verdict["summary"]
+
+
+def test_low_throughput_says_which_threshold_and_by_how_much() -> None:
+    verdict = evaluate(smoke_result(output_throughput=412.3), ALL_LIMITS, None)
+    assert verdict["passed"] is False
+    (failure,) = verdict["failures"]
+    assert failure["code"] == "min_output_tok_s"
+    assert (failure["metric"], failure["value"], failure["limit"]) == (
+        "output_throughput",
+        412.3,
+        800,
+    )
+    assert failure["message"] == (
+        "output_throughput 412.3 tok/s is below the minimum 800 (-48.5 %)"
+    )
+    assert failure["message"] in verdict["summary"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "code", "message"),
+    [
+        (
+            {"p99_ttft_ms": 150.0},
+            "max_p99_ttft_ms",
+            "p99_ttft_ms 150.0 ms is above the maximum 100 (+50.0 %)",
+        ),
+        (
+            {"p99_tpot_ms": 12.5},
+            "max_p99_tpot_ms",
+            "p99_tpot_ms 12.50 ms is above the maximum 10 (+25.0 %)",
+        ),
+        ({"goodput": 0.45}, "min_goodput", "goodput 0.450 is below the minimum 0.9 (-50.0 %)"),
+        # A limit of 0 has no relative gap to show.
+        (
+            {"completed": 12, "failed": 4},
+            "max_failure_rate",
+            "failure_rate 0.250 is above the maximum 0",
+        ),
+    ],
+    ids=["ttft", "tpot", "goodput", "failures"],
+)
+def test_each_limit_fails_on_its_own(overrides: dict, code: str, message: str) -> None:
+    verdict = evaluate(smoke_result(**overrides), ALL_LIMITS, None)
+    assert [f["code"] for f in verdict["failures"]] == [code]
+    assert verdict["failures"][0]["message"] == message
+
+
+def test_several_failures_are_all_reported() -> None:
+    result = smoke_result(output_throughput=100.0, p99_ttft_ms=900.0)
+    verdict = evaluate(result, ALL_LIMITS, None)
+    assert [f["code"] for f in verdict["failures"]] == ["min_output_tok_s", "max_p99_ttft_ms"]
+    assert verdict["summary"].startswith("FAIL: output_throughput 100.0 tok/s")
+
+
+def test_unset_limits_are_not_checked() -> None:
+    result = smoke_result(output_throughput=1.0, p99_ttft_ms=1e6, goodput=None)
+    verdict = evaluate(result, {"min_output_tok_s": None, "max_p99_ttft_ms": ""}, None)
+    assert verdict["passed"] is True
+
+
+def test_goodput_limit_without_slos_fails_with_a_hint() -> None:
+    verdict = evaluate(smoke_result(goodput=None), {"min_goodput": 0.9}, None)
+    (failure,) = verdict["failures"]
+    assert failure["code"] == "metric_missing"
+    assert "slo_ttft_ms" in failure["message"]
+
+
+def test_a_run_that_sent_nothing_never_passes() -> None:
+    verdict = evaluate(smoke_result(completed=0, failed=0), {}, None)
+    assert verdict["passed"] is False
+    assert verdict["failures"][0]["code"] == "no_requests"
+
+
+def test_all_requests_failed_reads_as_failure_rate_one() -> None:
+    result = smoke_result(completed=0, failed=16, output_throughput=0.0, p99_ttft_ms=None)
+    assert failure_rate(result) == 1.0
+    verdict = evaluate(result, {"max_failure_rate": 0.01, "max_p99_ttft_ms": 100}, None)
+    codes = [f["code"] for f in verdict["failures"]]
+    assert codes == ["max_failure_rate", "metric_missing"]
+    assert "p99 TTFT n/a ms" in verdict["summary"]
+
+
+def test_regression_against_last_known_good_of_the_same_workload() -> None:
+    baseline = compact(smoke_result(output_throughput=1000.0))
+    verdict = evaluate(smoke_result(output_throughput=700.0), {"max_regression_pct": 20}, baseline)
+    (failure,) = verdict["failures"]
+    assert failure["code"] == "regression"
+    assert failure["message"] == (
+        "output_throughput 700.0 tok/s is 30.0 % below the last-known-good 1000.0 tok/s of the "
+        "same workload (allowed: 20 %)"
+    )
+
+
+def test_small_regression_passes_and_is_noted() -> None:
+    baseline = compact(smoke_result(output_throughput=1000.0))
+    verdict = evaluate(smoke_result(output_throughput=900.0), {"max_regression_pct": 20}, baseline)
+    assert verdict["passed"] is True
+    assert "-10.0 % vs last-known-good 1000.0 tok/s" in verdict["summary"]
+
+
+def test_regression_is_not_judged_across_different_workloads() -> None:
+    baseline = compact(smoke_result(output_throughput=5000.0, max_concurrency=64))
+    verdict = evaluate(smoke_result(output_throughput=700.0), {"max_regression_pct": 5}, baseline)
+    assert verdict["passed"] is True
+    assert "another workload" in verdict["summary"]
+    assert evaluate(smoke_result(), {"max_regression_pct": 5}, None)["passed"] is True
+
+
+def test_same_workload_reads_full_and_compact_results() -> None:
+    assert same_workload(smoke_result(), smoke_result(output_throughput=1.0))
+    assert same_workload(smoke_result(), compact(smoke_result()))
+    assert not same_workload(smoke_result(), compact(smoke_result(seed=7)))
+
+
+def test_bad_thresholds_raise_naming_them() -> None:
+    with pytest.raises(GateInputError, match="min_tok_s"):
+        evaluate(smoke_result(), {"min_tok_s": 1}, None)
+    with pytest.raises(GateInputError, match="max_p99_ttft_ms"):
+        evaluate(smoke_result(), {"max_p99_ttft_ms": "fast"}, None)
+
+
+def test_compact_keeps_metrics_workload_verdict_and_report() -> None:
+    kept = compact(smoke_result(), {"verdict": "healthy", "levers": []}, "reports/h/s/t.json")
+    assert kept["metrics"]["output_throughput"] == 1200.0
+    assert kept["workload"]["max_concurrency"] == 8
+    assert (kept["verdict"], kept["report"]) == ("healthy", "reports/h/s/t.json")
+    assert "ttft_ms_all" not in kept["metrics"]
+
+
+def _filter_module() -> Any:
+    spec = importlib.util.spec_from_file_location(
+        "sglang_gate_filters", ROOT / "filter_plugins" / "sglang_gate.py"
+    )
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_filter_accepts_json_text_and_reports_bad_thresholds() -> None:
+    filters = _filter_module().FilterModule().filters()
+    verdict = filters["sglang_gate"](
+        json.dumps(smoke_result(output_throughput=10.0)), ALL_LIMITS, ""
+    )
+    assert verdict["failures"][0]["code"] == "min_output_tok_s"
+    with pytest.raises(AnsibleFilterError, match="sglang_gate: unknown threshold"):
+        filters["sglang_gate"](smoke_result(), {"bogus": 1}, None)
+    kept = filters["sglang_smoke_compact"](smoke_result(), None, "")
+    assert kept["verdict"] is None and kept["report"] is None
