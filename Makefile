@@ -14,7 +14,7 @@ export PYTHONDONTWRITEBYTECODE := 1
 help:
 	@echo "make test   - set up, then yamllint, ansible-lint, ruff, pytest and every Molecule scenario"
 	@echo "make demo   - set up, then deploy SGLang (GPU-less double) onto a local simulated GPU host"
-	@echo "make lint | pytest | molecule [SCENARIOS='deploy'] | bench | clean"
+	@echo "make lint | pytest | molecule [SCENARIOS='deploy'] [MOLECULE_JOBS=2] | bench | clean"
 
 $(BIN)/.stamp: requirements.txt scripts/find-python.sh
 	@echo "==> creating $(VENV) (Python >= 3.12) and installing requirements.txt"
@@ -36,14 +36,11 @@ lint: $(BIN)/.stamp
 	@echo "==> ansible-lint (production profile)"; $(BIN)/ansible-lint --profile production
 	@echo "==> ruff"; $(BIN)/ruff check . && $(BIN)/ruff format --check .
 
-pytest: $(BIN)/.stamp
+pytest: $(BIN)/.stamp image
 	@echo "==> pytest"; $(BIN)/pytest
 
 molecule: $(BIN)/.stamp image wheelhouse
-	@for s in $(SCENARIOS); do \
-	  echo "==> molecule test -s $$s"; \
-	  $(BIN)/molecule test -s $$s || exit 1; \
-	done
+	@scripts/molecule-all.sh $(SCENARIOS)
 
 test: lint pytest molecule
 	@echo "==> all tests passed"

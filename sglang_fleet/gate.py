@@ -266,7 +266,10 @@ def rollout_rows(hosts: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 rows.append({"host": entry["host"], **done[name]})
             else:
                 rows.append(_row(entry["host"], name, server.get("config_hash"), "unchanged"))
-        if entry.get("error") and not any(r.get("outcome") == "failed" for r in done.values()):
+        # A failure the restart recorded already has its row; others (a held lock, a failed
+        # pre-flight) get one of their own.
+        restart_failed = any(r.get("outcome") in ("failed", "rolled back") for r in done.values())
+        if entry.get("error") and not restart_failed:
             rows.append(_row(entry["host"], "-", None, "failed", message=entry["error"]))
     return rows
 

@@ -14,7 +14,15 @@ from typing import Any
 import pytest
 from ansible.errors import AnsibleFilterError
 
-from sglang_fleet.gate import GateInputError, compact, evaluate, failure_rate, same_workload
+from sglang_fleet.gate import (
+    GateInputError,
+    compact,
+    evaluate,
+    failure_rate,
+    format_rollout_table,
+    rollout_rows,
+    same_workload,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -208,3 +216,53 @@ def test_filter_accepts_json_text_and_reports_bad_thresholds() -> None:
         filters["sglang_gate"](smoke_result(), {"bogus": 1}, None)
     kept = filters["sglang_smoke_compact"](smoke_result(), None, "")
     assert kept["verdict"] is None and kept["report"] is None
+
+
+def _outcome(server: str, outcome: str, tok_s: float | None = None) -> dict[str, Any]:
+    return {
+        "server": server,
+        "config_hash": "abc123def456",
+        "outcome": outcome,
+        "output_throughput": tok_s,
+        "p99_ttft_ms": 12.0 if tok_s else None,
+        "message": "m",
+    }
+
+
+def test_rollout_rows_cover_every_server_and_host() -> None:
+    hosts = [
+        {
+            "host": "gpu1",
+            "servers": [{"name": "a", "config_hash": "h-a"}, {"name": "b", "config_hash": "h-b"}],
+            "results": [_outcome("a", "rolled back", 180.0)],
+            "error": "a: the new configuration failed",
+        },
+        {"host": "gpu2", "servers": None, "results": [], "error": None},
+        {"host": "gpu3", "servers": None, "results": [], "error": "gpu3 is being deployed by x"},
+    ]
+    rows = rollout_rows(hosts)
+    assert [(r["host"], r["server"], r["outcome"]) for r in rows] == [
+        ("gpu1", "a", "rolled back"),
+        ("gpu1", "b", "unchanged"),
+        ("gpu2", "-", "not reached"),
+        ("gpu3", "-", "failed"),
+    ]
+    assert rows[1]["config_hash"] == "h-b"
+    assert rows[3]["message"] == "gpu3 is being deployed by x"
+
+
+def test_rollout_table_aligns_columns_and_counts_outcomes() -> None:
+    rows = rollout_rows(
+        [
+            {
+                "host": "gpu1",
+                "servers": [{"name": "a", "config_hash": "x"}],
+                "results": [_outcome("a", "passed", 1207.14)],
+            }
+        ]
+    )
+    lines = format_rollout_table(rows)
+    assert lines[0].split() == ["HOST", "SERVER", "CONFIG", "TOK/S", "P99", "TTFT", "ms", "OUTCOME"]
+    assert lines[1].split() == ["gpu1", "a", "abc123def456", "1207.1", "12.0", "passed"]
+    assert lines[0].index("OUTCOME") == lines[1].index("passed")
+    assert lines[-1] == "1 passed"

@@ -68,9 +68,9 @@ def generate(host: Any) -> dict[str, Any]:
 
 
 def summary_lines(run: PlaybookRun) -> list[str]:
-    results = run.task_results(SUMMARY_TASK)
-    assert results, "the fleet summary was not printed"
-    return list(results[-1]["msg"])
+    printed = [r["msg"] for r in run.task_results(SUMMARY_TASK) if isinstance(r.get("msg"), list)]
+    assert len(printed) == 1, "the fleet summary was not printed exactly once"
+    return printed[0]
 
 
 def row(lines: list[str], host: str) -> str:
@@ -200,13 +200,11 @@ def test_a_stale_lock_is_taken_over_and_the_run_converges():
     # An interrupted run on this controller: its pid is gone (pid_max is never reached).
     holder = {"controller": os.uname().nodename, "pid": 4194304 + 1, "user": "bob", "started": 1}
     canary.run("printf '%%s\\n' %s > %s", json.dumps(holder), LOCK)
-    run = run_playbook("deploy.yml")
+    run = run_playbook("deploy.yml", limit=CANARY)
     assert run.rc == 0, run.failures
     assert not canary.file(LOCK).exists
     took_over = run.task_results("Say whose lock was taken over")
     assert any("bob@" in str(r.get("msg")) for r in took_over), took_over
     # Back on the inventory's flags: the good change of the earlier test is gone again.
     assert "--chunked-prefill-size" not in canary.file(LAUNCH).content_string
-    lines = summary_lines(run)
-    assert row(lines, SECOND).endswith("unchanged")
-    assert row(lines, CANARY).endswith("passed")
+    assert row(summary_lines(run), CANARY).endswith("passed")
