@@ -8,13 +8,16 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 logs="$repo/.cache/molecule-logs"
 mkdir -p "$logs"
 jobs=${MOLECULE_JOBS:-2}
-declare -A pids started
+declare -A pids=() started=()
 failed=()
+passed=()
+[ "$#" -gt 0 ] || { echo "usage: $0 SCENARIO..." >&2; exit 2; }
 
 finish() {  # $1 scenario, $2 exit status
   local took=$(( $(date +%s) - started[$1] ))
   if [ "$2" -eq 0 ]; then
     printf '==> molecule %-12s passed in %dm%02ds\n' "$1" $((took / 60)) $((took % 60))
+    passed+=("$1")
   else
     printf '==> molecule %-12s FAILED after %dm%02ds; last lines of %s:\n' \
       "$1" $((took / 60)) $((took % 60)) "$logs/$1.log"
@@ -45,8 +48,8 @@ for s in "$@"; do
 done
 while [ "${#pids[@]}" -gt 0 ]; do wait_one; done
 
-if [ "${#failed[@]}" -gt 0 ]; then
-  echo "==> Molecule scenarios failed: ${failed[*]}"
+if [ "${#failed[@]}" -gt 0 ] || [ "${#passed[@]}" -ne "$#" ]; then
+  echo "==> Molecule scenarios failed: ${failed[*]:-} (passed ${#passed[@]} of $#)"
   exit 1
 fi
 echo "==> every Molecule scenario passed"
