@@ -26,6 +26,11 @@ if [ "$(cat /proc/1/comm 2>/dev/null)" = systemd ]; then
   as_root systemctl start docker
 else
   log=/var/log/sglang-fleet-dockerd.log
+  # A dockerd killed earlier (its session ended) leaves its pid file behind.
+  pidfile=/var/run/docker.pid
+  if [ -f "$pidfile" ] && ! kill -0 "$(cat "$pidfile")" 2>/dev/null; then
+    as_root rm -f "$pidfile"
+  fi
   say "no service manager runs dockerd here: starting it in the background (log: $log)"
   as_root bash -c "nohup dockerd >>'$log' 2>&1 </dev/null &"
 fi
