@@ -6,6 +6,7 @@ and with what message), never on scraped text.
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -109,3 +110,21 @@ def run_playbook(
         )
         events = list(result.events)
     return PlaybookRun(rc=result.rc, status=result.status, events=events)
+
+
+def generate(host: Any, port: int, key: str | None = None) -> dict[str, Any]:
+    """Ask the server on the test host for 4 tokens, as a client there would (testinfra host).
+
+    Raises AssertionError (testinfra's check_output) when the request fails, e.g. 401.
+    """
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    body = {"text": "hello", "sampling_params": {"max_new_tokens": 4}}
+    script = (
+        "import json, sys, urllib.request;"
+        f"r = urllib.request.Request('http://127.0.0.1:{port}/generate',"
+        f" data=json.dumps({body!r}).encode(), headers={headers!r});"
+        "print(urllib.request.urlopen(r, timeout=30).read().decode())"
+    )
+    return json.loads(host.check_output("python3 -c %s", script))

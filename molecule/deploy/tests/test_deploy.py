@@ -6,12 +6,11 @@ serving on the inventory's configuration.
 
 from __future__ import annotations
 
-import json
 import os
 
 import pytest
 import testinfra.utils.ansible_runner
-from fleet_runner import run_playbook
+from fleet_runner import generate, run_playbook
 
 testinfra_hosts = testinfra.utils.ansible_runner.AnsibleRunner(
     os.environ["MOLECULE_INVENTORY_FILE"]
@@ -30,20 +29,6 @@ def unit_identity(host, name: str) -> tuple[str, str]:
     )
     props = dict(line.split("=", 1) for line in out.splitlines())
     return props["MainPID"], props["ActiveEnterTimestampMonotonic"]
-
-
-def generate(host, port: int, key: str | None = None) -> dict:
-    headers = {"Content-Type": "application/json"}
-    if key:
-        headers["Authorization"] = f"Bearer {key}"
-    body = {"text": "hello", "sampling_params": {"max_new_tokens": 4}}
-    script = (
-        "import json, sys, urllib.request;"
-        f"r = urllib.request.Request('http://127.0.0.1:{port}/generate',"
-        f" data=json.dumps({body!r}).encode(), headers={headers!r});"
-        "print(urllib.request.urlopen(r, timeout=30).read().decode())"
-    )
-    return json.loads(host.check_output("python3 -c %s", script))
 
 
 def test_both_servers_run_as_units(host):

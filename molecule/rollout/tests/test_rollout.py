@@ -15,7 +15,7 @@ from typing import Any
 
 import testinfra
 import testinfra.utils.ansible_runner
-from fleet_runner import REPO, PlaybookRun, run_playbook
+from fleet_runner import REPO, PlaybookRun, generate, run_playbook
 
 INVENTORY = os.environ["MOLECULE_INVENTORY_FILE"]
 testinfra_hosts = testinfra.utils.ansible_runner.AnsibleRunner(INVENTORY).get_hosts("gpu_hosts")
@@ -53,18 +53,6 @@ def unit_identity(host: Any) -> tuple[str, str]:
 
 def lkg(host: Any) -> dict[str, Any]:
     return json.loads(host.check_output("cat %s", META))
-
-
-def generate(host: Any) -> dict[str, Any]:
-    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {API_KEY}"}
-    body = {"text": "hello", "sampling_params": {"max_new_tokens": 4}}
-    script = (
-        "import json, sys, urllib.request;"
-        f"r = urllib.request.Request('http://127.0.0.1:30000/generate',"
-        f" data=json.dumps({body!r}).encode(), headers={headers!r});"
-        "print(urllib.request.urlopen(r, timeout=30).read().decode())"
-    )
-    return json.loads(host.check_output("python3 -c %s", script))
 
 
 def summary_lines(run: PlaybookRun) -> list[str]:
@@ -132,7 +120,7 @@ def test_crash_at_start_is_rolled_back_to_the_old_flags():
     assert "rolled back" in row(summary_lines(run), CANARY)
     launch = canary.file(LAUNCH).content_string
     assert "0.99" not in launch and "--chunked-prefill-size 4096" in launch
-    assert generate(canary)["meta_info"]["completion_tokens"] == 4
+    assert generate(canary, 30000, API_KEY)["meta_info"]["completion_tokens"] == 4
     assert lkg(canary) == before
 
 
@@ -151,7 +139,7 @@ def test_kv_bound_change_misses_the_throughput_gate_and_is_rolled_back():
     assert line.endswith("rolled back")
     print("kv-bound change:", line)
     assert "0.1579" not in canary.file(LAUNCH).content_string
-    assert generate(canary)["meta_info"]["completion_tokens"] == 4
+    assert generate(canary, 30000, API_KEY)["meta_info"]["completion_tokens"] == 4
     assert lkg(canary) == before
 
 
@@ -168,7 +156,7 @@ def test_a_bad_change_stops_at_the_canary():
     lines = summary_lines(run)
     assert row(lines, CANARY).endswith("rolled back")
     assert row(lines, SECOND).endswith("not reached")
-    assert generate(canary)["meta_info"]["completion_tokens"] == 4
+    assert generate(canary, 30000, API_KEY)["meta_info"]["completion_tokens"] == 4
 
 
 def test_a_held_lock_fails_fast_naming_its_holder():
