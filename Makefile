@@ -16,7 +16,7 @@ help:
 	@echo "make demo   - set up, then deploy SGLang (GPU-less double) onto a local simulated GPU host"
 	@echo "make lint | pytest | molecule [SCENARIOS='deploy'] [MOLECULE_JOBS=2] | bench | clean"
 
-$(BIN)/.stamp: requirements.txt scripts/find-python.sh
+$(BIN)/.stamp: requirements.txt pyproject.toml gpusim/pyproject.toml scripts/find-python.sh
 	@echo "==> creating $(VENV) (Python >= 3.12) and installing requirements.txt"
 	@py=$$(scripts/find-python.sh); rm -rf $(VENV); "$$py" -m venv $(VENV)
 	@$(BIN)/pip install --quiet --disable-pip-version-check -r requirements.txt 2> >(grep -v 'is ignored: it is neither' >&2)

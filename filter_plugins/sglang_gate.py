@@ -1,37 +1,32 @@
 """Ansible filters for the smoke gate: the verdict on a benchmark result, and what to keep of it.
 
     {{ smoke_result | sglang_gate(thresholds, lkg_smoke_result) }}   {passed, failures, summary}
+    {{ smoke_result | sglang_diagnose(log_text, concurrency, plan_context) }}  what bounds it
     {{ smoke_result | sglang_smoke_compact(diagnosis, report_path) }}  metrics, workload, verdict
     {{ ansible_play_hosts_all | sglang_rollout_table(hostvars) }}    the fleet summary, as lines
+    {{ 'smoke' | sglang_fleet_module_file }}   the installed sglang_fleet/smoke.py (copied to hosts)
 
-Thin wrappers: the logic lives in sglang_fleet/gate.py (tested there). The result may be what
-`slurp` + `b64decode` give (JSON text) or already parsed.
+Thin wrappers over the installed sglang_fleet package (gate.py, diagnose.py; tested there). The
+result may be what `slurp` + `b64decode` give (JSON text) or already parsed.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
-import sys
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
 
-# Ansible loads this file by path, not as part of a package: make the repository root (its
-# parent's parent) importable so the filters use the same sglang_fleet the tests cover.
-_REPO_ROOT = str(Path(__file__).resolve().parent.parent)
-if _REPO_ROOT not in sys.path:
-    sys.path.insert(0, _REPO_ROOT)
-
-from sglang_fleet.gate import (  # noqa: E402  (needs the sys.path entry above)
+from sglang_fleet.diagnose import diagnose
+from sglang_fleet.gate import (
     GateInputError,
     compact,
     evaluate,
     format_rollout_table,
     rollout_rows,
 )
-from sglang_fleet.servers import config_hash  # noqa: E402
 
 
 def _plain(value: Any, what: str, optional: bool = False) -> dict[str, Any] | None:
@@ -60,6 +55,18 @@ def sglang_gate(result: Any, thresholds: Any = None, baseline: Any = None) -> di
         raise AnsibleFilterError(f"sglang_gate: {exc}") from exc
 
 
+def sglang_diagnose(
+    smoke_result: Any,
+    log_text: str | None = None,
+    concurrency: int | None = None,
+    plan_context: dict | None = None,
+) -> dict:
+    """sglang_fleet.diagnose.diagnose() for the smoke gate's summary."""
+    smoke = _plain(smoke_result, "smoke result", optional=True)
+    context = _plain(plan_context, "plan context", optional=True)
+    return diagnose(smoke, log_text or None, int(concurrency) if concurrency else None, context)
+
+
 def sglang_smoke_compact(result: Any, diagnosis: Any = None, report: str | None = None) -> dict:
     """sglang_fleet.gate.compact(): the part of a passing result that last-known-good keeps."""
     return compact(
@@ -70,20 +77,19 @@ def sglang_smoke_compact(result: Any, diagnosis: Any = None, report: str | None 
 
 
 def _host_entry(host: str, hostvars: Mapping[str, Any]) -> dict[str, Any]:
-    """What the restart recorded on one host (facts it set; absent when it never got there)."""
+    """What the rollout recorded on one host: the sglang_server role's documented output facts
+    (sglang_server_servers, sglang_server_rollout_results); absent when it never got there."""
     facts = hostvars.get(host) or {}
-    servers = facts.get("_sglang_server_servers") if "_sglang_server_servers" in facts else None
+    servers = facts.get("sglang_server_servers") if "sglang_server_servers" in facts else None
     return {
         "host": host,
         "servers": None
         if servers is None
-        else [
-            {"name": s["name"], "config_hash": config_hash(_plain(s, "server"))} for s in servers
-        ],
+        else [{"name": s["name"], "config_hash": s["config_hash"]} for s in servers],
         "results": [
             _plain(r, "rollout result") for r in (facts.get("sglang_server_rollout_results") or [])
         ],
-        "error": facts.get("deploy_failure") if "deploy_failure" in facts else None,
+        "error": facts.get("sglang_server_failure") if "sglang_server_failure" in facts else None,
     }
 
 
@@ -92,12 +98,22 @@ def sglang_rollout_table(hosts: list, hostvars: Mapping[str, Any]) -> list[str]:
     return format_rollout_table(rollout_rows([_host_entry(str(h), hostvars) for h in hosts]))
 
 
+def sglang_fleet_module_file(name: str) -> str:
+    """Path of a module of the installed sglang_fleet package (the smoke client goes to hosts)."""
+    spec = importlib.util.find_spec(f"sglang_fleet.{name}")
+    if spec is None or not spec.origin:
+        raise AnsibleFilterError(f"sglang_fleet.{name} is not installed on the control node")
+    return spec.origin
+
+
 class FilterModule:
     """Ansible's entry point for filter plugins."""
 
     def filters(self) -> dict[str, Any]:
         return {
             "sglang_gate": sglang_gate,
+            "sglang_diagnose": sglang_diagnose,
             "sglang_smoke_compact": sglang_smoke_compact,
             "sglang_rollout_table": sglang_rollout_table,
+            "sglang_fleet_module_file": sglang_fleet_module_file,
         }

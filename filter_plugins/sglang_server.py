@@ -1,38 +1,28 @@
-"""Ansible filters for the sglang_server role: server resolution, validation and rendering.
+"""Ansible filters of the sglang_server role: the inventory's servers, resolved once, and checks.
 
-    {{ sglang_server_instances | sglang_resolve_servers(profiles, overrides, defaults) }}
-    {{ server | sglang_server_errors(host) }}        host: {gpu_count, ram_mib}
-    {{ servers | sglang_host_errors(host) }}
-    {{ server.flags | sglang_argv }}                 ["--model-path", "/m", "--tp-size", "8"]
-    {{ server | sglang_launch_argv(python, module) }}  [python, "-m", module, *flags]
-    {{ argv | sglang_exec_start }}                   the value of an ExecStart= line
-    {{ 'NCCL_PROTO' | sglang_env_line('LL') }}       NCCL_PROTO="LL"
-    {{ server | sglang_config_hash }}                12 hex digits naming the configuration
+    {{ sglang_server_instances | sglang_server_describe(profiles, overrides, defaults,
+                                                         nccl_env, runtime) }}
+    {{ servers | sglang_host_errors(host) }}         host: {gpu_count, ram_mib}
+    {{ servers | map('sglang_server_errors', host) }}
+    {{ servers | sglang_not_last_known_good(lkg_slurps) }}
+    {{ servers | sglang_servers_on_gpus([0, 1]) }}          the servers using any of those GPUs
+    {{ sglang_server_instances | sglang_server_api_keys }}   {name: key}: only for no_log tasks
 
-Thin wrappers: the logic lives in sglang_fleet/ (tested there). Bad input fails the task with
-the variable to fix.
+Thin wrappers over the installed sglang_fleet package (docs/ARCHITECTURE.md): bad input fails
+the task with the variable to fix.
 """
 
 from __future__ import annotations
 
 import base64
 import json
-import sys
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
 
-# Ansible loads this file by path, not as part of a package: make the repository root (its
-# parent's parent) importable so the filters use the same sglang_fleet the tests cover.
-_REPO_ROOT = str(Path(__file__).resolve().parent.parent)
-if _REPO_ROOT not in sys.path:
-    sys.path.insert(0, _REPO_ROOT)
-
-from sglang_fleet import flags as _flags  # noqa: E402  (needs the sys.path entry above)
-from sglang_fleet import validate as _validate  # noqa: E402
-from sglang_fleet.servers import ServerConfigError, config_hash, resolve_servers  # noqa: E402
+from sglang_fleet import servers as _servers
+from sglang_fleet import validate as _validate
 
 
 def _plain(value: Any) -> Any:
@@ -47,14 +37,30 @@ def _plain(value: Any) -> Any:
 def _wrap(func: Callable[..., Any], *args: Any) -> Any:
     try:
         return func(*(_plain(arg) for arg in args))
-    except (ServerConfigError, ValueError) as exc:
+    except (_servers.ServerConfigError, ValueError) as exc:
         raise AnsibleFilterError(str(exc)) from exc
 
 
-def sglang_resolve_servers(
-    servers: list, profiles: dict | None = None, overrides: dict | None = None, defaults=None
+def sglang_server_describe(  # noqa: PLR0917 (Jinja passes filter arguments by position)
+    servers: list,
+    profiles: dict | None = None,
+    overrides: dict | None = None,
+    defaults: dict | None = None,
+    nccl_env: dict | None = None,
+    runtime: dict | None = None,
 ) -> list[dict]:
-    return _wrap(resolve_servers, servers, profiles or {}, overrides or {}, defaults or {})
+    """sglang_fleet.servers.describe_servers(): every server with what the role writes."""
+    try:
+        return _servers.describe_servers(
+            _plain(servers),
+            _plain(profiles or {}),
+            _plain(overrides or {}),
+            _plain(defaults or {}),
+            nccl_env=_plain(nccl_env or {}),
+            runtime=_plain(runtime or {}),
+        )
+    except (_servers.ServerConfigError, ValueError) as exc:
+        raise AnsibleFilterError(str(exc)) from exc
 
 
 def sglang_server_errors(server: dict, host: dict) -> list[dict]:
@@ -63,19 +69,6 @@ def sglang_server_errors(server: dict, host: dict) -> list[dict]:
 
 def sglang_host_errors(servers: list, host: dict) -> list[dict]:
     return _wrap(_validate.host_errors, servers, host)
-
-
-def sglang_argv(flags: dict) -> list[str]:
-    return _wrap(_flags.to_argv, flags)
-
-
-def sglang_launch_argv(server: dict, python: str, launch_module: str) -> list[str]:
-    """The full command: the ml-env python running the launch module with the server's flags."""
-    return [str(python), "-m", str(launch_module), *sglang_argv(server["flags"])]
-
-
-def sglang_config_hash(server: dict) -> str:
-    return _wrap(config_hash, server)
 
 
 def sglang_not_last_known_good(servers: list, lkg_slurps: list) -> list[str]:
@@ -89,17 +82,24 @@ def sglang_not_last_known_good(servers: list, lkg_slurps: list) -> list[str]:
             recorded = json.loads(base64.b64decode(slurp["content"]))["config_hash"]
         except (KeyError, TypeError, ValueError):
             recorded = None
-        if recorded != config_hash(server):
+        if recorded != server["config_hash"]:
             names.append(server["name"])
     return names
 
 
-def sglang_exec_start(argv: list) -> str:
-    return _wrap(_flags.exec_start, argv)
+def sglang_servers_on_gpus(servers: list, gpus: list) -> list[dict]:
+    """The described servers that use any of gpus (all of them when gpus is empty)."""
+    wanted = {int(gpu) for gpu in _plain(gpus) or []}
+    return [
+        server
+        for server in _plain(servers)
+        if not wanted or wanted.intersection(int(gpu) for gpu in server["gpus"])
+    ]
 
 
-def sglang_env_line(key: str, value: Any) -> str:
-    return _wrap(_flags.env_file_line, key, value)
+def sglang_server_api_keys(servers: Any) -> dict[str, str]:
+    """{name: API key}: read only by no_log tasks (the secrets file, the smoke client's stdin)."""
+    return _servers.api_keys(_plain(servers))
 
 
 class FilterModule:
@@ -107,13 +107,10 @@ class FilterModule:
 
     def filters(self) -> dict[str, Callable[..., Any]]:
         return {
-            "sglang_resolve_servers": sglang_resolve_servers,
+            "sglang_server_describe": sglang_server_describe,
             "sglang_server_errors": sglang_server_errors,
             "sglang_host_errors": sglang_host_errors,
-            "sglang_argv": sglang_argv,
-            "sglang_launch_argv": sglang_launch_argv,
-            "sglang_exec_start": sglang_exec_start,
-            "sglang_config_hash": sglang_config_hash,
             "sglang_not_last_known_good": sglang_not_last_known_good,
-            "sglang_env_line": sglang_env_line,
+            "sglang_servers_on_gpus": sglang_servers_on_gpus,
+            "sglang_server_api_keys": sglang_server_api_keys,
         }

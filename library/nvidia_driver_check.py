@@ -122,13 +122,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.nvidia_smi import NvidiaSmiError, failure_kind, parse_csv
 
+# The GPU name may contain commas: the shared parser takes it from the outside in.
 QUERY_FIELDS = ["index", "name", "driver_version"]
-
-# Substrings of nvidia-smi's own failure output (see tests/fixtures/nvidia_smi/).
-NOT_LOADED_TEXT = "couldn't communicate with the nvidia driver"
-MISMATCH_TEXT = "driver/library version mismatch"
-NO_DEVICES_TEXT = "no devices were found"
 
 
 @dataclass
@@ -165,19 +162,22 @@ def branch_of(version: str | None) -> str | None:
 
 
 def parse_query(text: str) -> list[dict[str, str]]:
-    """Rows of ``--query-gpu=index,name,driver_version --format=csv,noheader``.
-
-    The GPU name may contain commas, so index is the first cell and the version the last.
-    """
+    """Rows of ``--query-gpu=index,name,driver_version --format=csv,noheader`` (module_utils)."""
+    try:
+        parsed = parse_csv(text, QUERY_FIELDS)
+    except NvidiaSmiError as exc:
+        raise ValueError(str(exc)) from None
     rows = []
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        cells = [c.strip() for c in line.split(",")]
-        if len(cells) < len(QUERY_FIELDS) or not cells[0].isdigit():
-            raise ValueError(f"unexpected nvidia-smi line: {line!r}")
+    for row in parsed:
+        if not isinstance(row["index"], int) or row["driver_version"] is None:
+            raise ValueError(f"unexpected nvidia-smi row: {row}")
+        # 580.95.05 is not a number; a one-part version such as 580 would parse as one.
         rows.append(
-            {"index": cells[0], "name": ", ".join(cells[1:-1]), "driver_version": cells[-1]}
+            {
+                "index": str(row["index"]),
+                "name": str(row["name"]),
+                "driver_version": str(row["driver_version"]),
+            }
         )
     return rows
 
@@ -190,9 +190,9 @@ def _module_versions(obs: Observation) -> str:
 
 def _failed_smi(obs: Observation, base: dict[str, Any]) -> Verdict:
     """nvidia-smi exited non-zero: name the cause from its own words."""
-    text = obs.smi_output.lower()
+    kind = failure_kind(obs.smi_output)
     output = obs.smi_output.strip()[:300]
-    if MISMATCH_TEXT in text:
+    if kind == "version_mismatch":
         return Verdict(
             state="version_mismatch",
             message=(
@@ -202,7 +202,7 @@ def _failed_smi(obs: Observation, base: dict[str, Any]) -> Verdict:
             ),
             **{**base, "reboot_needed": True},
         )
-    if NOT_LOADED_TEXT in text:
+    if kind == "not_loaded":
         if obs.installed_module_version:
             hint = (
                 f"a module ({obs.installed_module_version}) is installed for this kernel, so a "
@@ -221,7 +221,7 @@ def _failed_smi(obs: Observation, base: dict[str, Any]) -> Verdict:
             ),
             **{**base, "reboot_needed": True},
         )
-    if NO_DEVICES_TEXT in text:
+    if kind == "no_gpus":
         return Verdict(
             state="no_gpus",
             message=f"nvidia-smi found no NVIDIA GPU on this host: {output}",

@@ -33,21 +33,23 @@ _HEADER_UNIT = re.compile(r"\s*\[[^\]]*\]$")
 # Columns whose values are free text: a comma inside one must not shift the columns after it.
 TEXT_FIELDS = ("process_name", "name")
 
-# Substrings of nvidia-smi's failure output, with what the operator should read instead.
+# Substrings of nvidia-smi's failure output: (needle, kind, what the operator should read instead).
 _FAILURES = (
     (
         "couldn't communicate with the NVIDIA driver",
+        "not_loaded",
         "nvidia-smi cannot communicate with the NVIDIA driver: the kernel module is not loaded "
         "(driver missing, not built for the running kernel, or the host needs a reboot after a "
         "driver install)",
     ),
     (
         "Driver/library version mismatch",
+        "version_mismatch",
         "the NVIDIA kernel module and the user-space driver library differ in version (driver "
         "upgraded without a reboot or module reload)",
     ),
-    ("No devices were found", "nvidia-smi found no NVIDIA GPU on this host"),
-    ("Failed to initialize NVML", "nvidia-smi could not initialise NVML"),
+    ("No devices were found", "no_gpus", "nvidia-smi found no NVIDIA GPU on this host"),
+    ("Failed to initialize NVML", "nvml", "nvidia-smi could not initialise NVML"),
 )
 
 
@@ -55,9 +57,17 @@ class NvidiaSmiError(Exception):
     """nvidia-smi is missing, failed, or printed something that is not the CSV we asked for."""
 
 
+def failure_kind(output: str) -> str | None:
+    """not_loaded, version_mismatch, no_gpus or nvml for a known failure message, else None."""
+    for needle, kind, _reason in _FAILURES:
+        if needle.lower() in output.lower():
+            return kind
+    return None
+
+
 def explain_failure(output: str) -> str | None:
     """Return a plain-words reason for a known nvidia-smi failure message, else None."""
-    for needle, reason in _FAILURES:
+    for needle, _kind, reason in _FAILURES:
         if needle.lower() in output.lower():
             return reason
     return None

@@ -41,7 +41,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from sglang_fleet.flags import normalize_key
+from sglang_fleet.flags import env_file_line, exec_start, normalize_key, to_argv
 
 SERVERS_VAR = "sglang_server_instances"
 PROFILES_VAR = "sglang_server_profiles"
@@ -355,3 +355,144 @@ def config_hash(server: Mapping[str, Any]) -> str:
     }
     text = json.dumps(identity, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+# --------------------------------------------------------------------------- what the role writes
+
+SYSTEMD_DIR = "/etc/systemd/system"
+# Where the unit finds the secrets file systemd hands it (LoadCredential=): %d is the unit's
+# credentials directory, a specifier systemd expands, so it is appended unquoted.
+SECRETS_CREDENTIAL = "sglang-secrets.yaml"
+LOGGING_CONFIG_ENV = "SGLANG_LOGGING_CONFIG_PATH"
+# SGLang logs its resolved server arguments, API key included, at info level through this logger
+# (docs/SGLANG.md, "Logs"): raised to WARNING on servers that have a key.
+KEY_LOGGING_LOGGER = "sglang.srt.entrypoints.engine"
+# Flags the capacity planner (sglang_fleet.plan) reads; the rest do not change its arithmetic.
+PLANNER_FLAGS = (
+    "tp_size",
+    "dp_size",
+    "mem_fraction_static",
+    "kv_cache_dtype",
+    "enable_hierarchical_cache",
+    "hicache_size",
+    "hicache_ratio",
+    "chunked_prefill_size",
+    "max_running_requests",
+    "context_length",
+    "page_size",
+)
+RUNTIME_KEYS = ("python", "launch_module", "config_dir", "state_dir")
+
+
+def _runtime(runtime: Mapping[str, Any]) -> dict[str, str]:
+    """Where SGLang is installed and where the role keeps files, checked once."""
+    runtime = _mapping(runtime, "runtime")
+    values = {}
+    for key in RUNTIME_KEYS:
+        value = runtime.get(key)
+        if not isinstance(value, str) or not value:
+            raise ServerConfigError(f"sglang_server_{key}", f"{value!r} must be a non-empty string")
+        if key != "launch_module" and not value.startswith("/"):
+            raise ServerConfigError(f"sglang_server_{key}", f"{value!r} must be an absolute path")
+        values[key] = value
+    return values
+
+
+def _logging_config(flags: Mapping[str, Any]) -> dict[str, Any]:
+    """SGLang's own log format through SGLANG_LOGGING_CONFIG_PATH, minus the key-bearing line."""
+    level = str(flags.get("log_level") or "info").upper()
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {
+            "sglang": {"format": "[%(asctime)s] %(message)s", "datefmt": "%Y-%m-%d %H:%M:%S"}
+        },
+        "handlers": {
+            "console": {
+                "class": "logging.StreamHandler",
+                "formatter": "sglang",
+                "stream": "ext://sys.stdout",
+            }
+        },
+        "root": {"level": level, "handlers": ["console"]},
+        "loggers": {KEY_LOGGING_LOGGER: {"level": "WARNING"}},
+    }
+
+
+def _rendered(server: dict[str, Any], runtime: Mapping[str, str]) -> dict[str, Any]:
+    """Everything the role writes and runs for one resolved server, computed in one place."""
+    name = server["name"]
+    config_dir, state_dir = runtime["config_dir"], runtime["state_dir"]
+    paths = {
+        "dropin_dir": f"{SYSTEMD_DIR}/{server['unit']}.d",
+        "dropin": f"{SYSTEMD_DIR}/{server['unit']}.d/10-launch.conf",
+        "env_file": f"{config_dir}/{name}.env",
+        "secrets_file": f"{config_dir}/{name}.secrets.yaml",
+        "logging_file": f"{config_dir}/{name}.logging.json",
+        "state_dir": f"{state_dir}/{name}",
+        "lkg_dir": f"{state_dir}/{name}/lkg",
+    }
+    try:
+        flag_argv = to_argv(server["flags"])
+        argv = [runtime["python"], "-m", runtime["launch_module"], *flag_argv]
+        exec_line = exec_start(argv)
+        environment = dict(server["environment"])
+        if server["api_key_set"]:
+            environment[LOGGING_CONFIG_ENV] = paths["logging_file"]
+        env_lines = [env_file_line(key, environment[key]) for key in sorted(environment)]
+    except ValueError as exc:
+        raise ServerConfigError(f"{SERVERS_VAR}[{name}]", str(exc)) from None
+    if server["api_key_set"]:
+        argv += ["--config", f"%d/{SECRETS_CREDENTIAL}"]
+        exec_line += f" --config %d/{SECRETS_CREDENTIAL}"
+    return {
+        "flag_argv": flag_argv,
+        "argv": argv,
+        "exec_start": exec_line,
+        "env_lines": env_lines,
+        "logging_config": _logging_config(server["flags"]) if server["api_key_set"] else None,
+        "load_credential": f"{SECRETS_CREDENTIAL}:{paths['secrets_file']}"
+        if server["api_key_set"]
+        else None,
+        "paths": paths,
+        "plan_args": {key: server["flags"][key] for key in PLANNER_FLAGS if key in server["flags"]},
+        "config_hash": config_hash(server),
+    }
+
+
+def describe_servers(
+    servers: list[dict],
+    profiles: dict,
+    overrides: dict,
+    defaults: dict,
+    *,
+    nccl_env: dict | None = None,
+    runtime: dict | None = None,
+) -> list[dict]:
+    """The one call the role makes: inventory -> resolved servers with everything it writes.
+
+    nccl_env (the host family's NCCL settings) is the lowest environment layer, under
+    defaults.env. runtime: {python, launch_module, config_dir, state_dir}. Each server is
+    resolve_server()'s description plus flag_argv (the flags as SGLang's parser reads them),
+    argv (the whole command), exec_start (the ExecStart= value), env_lines (the EnvironmentFile),
+    logging_config and load_credential (servers with an API key), paths, plan_args (the
+    planner's flags) and config_hash. No API key is in the result.
+    """
+    defaults = dict(_mapping(defaults, DEFAULTS_VAR))
+    base_env = _env_layer(nccl_env, "sglang_server_nccl_env")
+    defaults["env"] = combine(base_env, _env_layer(defaults.get("env"), f"{DEFAULTS_VAR}.env"))
+    checked_runtime = _runtime(runtime or {})
+    resolved = resolve_servers(servers, profiles, overrides, defaults)
+    return [{**server, **_rendered(server, checked_runtime)} for server in resolved]
+
+
+def api_keys(servers: Any) -> dict[str, str]:
+    """{server name: API key} of the servers that have one: what the secrets file and the smoke
+    client need. Kept out of describe_servers() so the key never lands in a printed fact."""
+    if not isinstance(servers, list):
+        return {}
+    return {
+        str(server["name"]): str(server["api_key"])
+        for server in servers
+        if isinstance(server, Mapping) and server.get("api_key") not in (None, "")
+    }

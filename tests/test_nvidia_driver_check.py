@@ -19,18 +19,18 @@ FIXTURES = ROOT / "tests" / "fixtures" / "nvidia_smi"
 VENV_BIN = ROOT / ".venv" / "bin"
 
 
-def _load() -> Any:
-    spec = importlib.util.spec_from_file_location(
-        "nvidia_driver_check", ROOT / "library" / "nvidia_driver_check.py"
-    )
+def _load(name: str, path: Path) -> Any:
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
-    sys.modules["nvidia_driver_check"] = module
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
 
 
-ndc = _load()
+# The module imports its parser as Ansible packages it (ansible.module_utils.nvidia_smi).
+_load("ansible.module_utils.nvidia_smi", ROOT / "module_utils" / "nvidia_smi.py")
+ndc = _load("nvidia_driver_check", ROOT / "library" / "nvidia_driver_check.py")
 
 NAME = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
 
