@@ -1,15 +1,22 @@
-"""Bottleneck diagnosis of a run: what bounded its throughput, and what to change next.
+"""Bottleneck diagnosis of a run, or of a running server: what bounds it, what to change next.
 
     python3 -m sglang_fleet.diagnose [--log SERVER_LOG] [--smoke-result RESULT.json] \
         [--concurrency N] [--model-path DIR --gpu-memory-mib MIB ...] --json
+    python3 -m sglang_fleet.diagnose --url http://HOST:PORT [--api-key-file F] [--window 30] \
+        [--json | --table] [--log SERVER_LOG] [--model-path DIR --gpu-memory-mib MIB ...]
+    python3 -m sglang_fleet.diagnose --sample LIVE_SAMPLE.json [--json | --table] ...
 
-Reads what the smoke benchmark sampled from /metrics (`server_metrics.samples`, see
-docs/CONTRACTS.md) and/or the server log's "Decode batch" lines, and prints one JSON
-object: `verdict` (kv_cache_bound, compute_bound, client_bound, healthy; `unknown` when
-there is nothing to judge), `evidence` (the numbers), `levers` (next steps, objects with
-code and message) and `notes`. With a model (planner flags, or `plan_context` in the pure
-function) the levers carry the planner's expected capacity. Exit status: 0 with a
-diagnosis, 2 on bad usage; the verdict itself never changes the exit status.
+After a run it reads what the smoke benchmark sampled from /metrics (`server_metrics.samples`,
+see docs/CONTRACTS.md) and/or the server log's "Decode batch" lines. With --url it samples a
+running server's /metrics for --window seconds without touching it (sglang_fleet.live; with
+--sample it reads such a sample taken on the GPU host) and judges that window the same way
+(docs/DIAGNOSIS.md). It prints one JSON object: `verdict` (kv_cache_bound, compute_bound,
+client_bound, healthy, idle; `unknown` when there is nothing to judge), `evidence` (the
+numbers), `levers` (next steps, objects with code and message) and `notes`; a live diagnosis
+adds `summary`, `row` and `server`. With a model (planner flags, or `plan_context` in the pure
+functions) the levers carry the planner's expected capacity. Exit status: 0 with a diagnosis;
+1 when a live server could not be sampled (unreachable, no --enable-metrics, API key refused);
+2 on bad usage. The verdict itself never changes the exit status.
 """
 
 from __future__ import annotations
@@ -21,8 +28,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
-from sglang_fleet import kvmath
+from sglang_fleet import kvmath, live
 from sglang_fleet.calibrate import parse_decode_lines, parse_log
 from sglang_fleet.modelcfg import ModelConfigError, model_shape, read_model_dir
 from sglang_fleet.plan import PlanInputError, add_plan_arguments, plan, split_namespace
@@ -128,13 +136,20 @@ def _evidence(
     return ev
 
 
+def _classify_without_load(ev: dict[str, Any], asked: float | None, client_short: bool) -> str:
+    if client_short:
+        return "client_bound"
+    # Samples of a server that had nothing to do, and no client that says it sent any.
+    return "idle" if ev["samples"] and asked is None else "unknown"
+
+
 def _classify(ev: dict[str, Any]) -> str:
     asked, achieved = ev["client_concurrency_asked"], ev["client_concurrency_achieved"]
     client_short = (
         asked is not None and achieved is not None and achieved < CLIENT_SHORTFALL * asked
     )
     if not ev["busy_samples"]:
-        return "client_bound" if client_short else "unknown"
+        return _classify_without_load(ev, asked, client_short)
     queued = ev["queued_share"] >= QUEUED_SHARE
     # Without the client's figure, the demand the server saw (running + queued) stands in.
     reference = asked / ev["schedulers"] if asked is not None else ev["peak_demand"]
@@ -164,7 +179,13 @@ def _plan_with(ctx: dict[str, Any], **overrides: Any) -> dict[str, Any] | None:
         return None
 
 
-def _fp8_lever(ctx: dict[str, Any] | None, current: dict[str, Any] | None) -> dict[str, str] | None:
+def _dtype_words(dtype: str) -> str:
+    return "auto: the model's dtype, bf16 for most models" if dtype == "auto" else dtype
+
+
+def _fp8_lever(
+    ctx: dict[str, Any] | None, current: dict[str, Any] | None, ev: dict[str, Any]
+) -> dict[str, str] | None:
     dtype = ((ctx or {}).get("args") or {}).get("kv_cache_dtype", "auto")
     if dtype in kvmath.FP8_DTYPES or dtype in kvmath.FP4_DTYPES:
         return None
@@ -179,20 +200,26 @@ def _fp8_lever(ctx: dict[str, Any] | None, current: dict[str, Any] | None) -> di
             f"requests (now {current['max_concurrent_requests']}), ~{fp8['kv_bound_output_tok_s']} "
             "output tok/s while KV-bound. A quality trade-off: check outputs on your task.",
         )
+    tokens = ev.get("max_total_num_tokens")
+    pool = f" (max_total_num_tokens now {int(tokens)})" if tokens else ""
     return _lever(
         "kv_cache_dtype_fp8",
-        "Use --kv-cache-dtype fp8_e4m3: about twice the KV tokens of bf16, so about twice the "
-        "concurrent decodes. A quality trade-off: check outputs on your task.",
+        f"Use --kv-cache-dtype fp8_e4m3 (now {_dtype_words(dtype)}): the same pool holds "
+        f"about twice the KV tokens of bf16{pool}, so about twice the concurrent decodes. "
+        "A quality trade-off: check outputs on your task.",
     )
 
 
 def _fraction_lever(ctx: dict[str, Any] | None, current: dict[str, Any] | None) -> dict[str, str]:
     if not (ctx and current):
+        now = ((ctx or {}).get("args") or {}).get("mem_fraction_static")
+        now_words = f" (now {now})" if now is not None else ""
         return _lever(
             "mem_fraction_static",
-            "Raise --mem-fraction-static in small steps while the memory left after CUDA graph "
-            "capture stays above the planner's margin (run sglang_fleet.plan with --calibrate-from "
-            "this run's log): too high a value runs out of memory during a large prefill.",
+            f"Raise --mem-fraction-static{now_words} in small steps while the memory left after "
+            "CUDA graph capture stays above the planner's margin (run sglang_fleet.plan with "
+            "--calibrate-from this run's log): too high a value runs out of memory during a "
+            "large prefill.",
         )
     d = current["details"]
     now, limit = d["mem_fraction_static"], d["max_safe_mem_fraction_static"]
@@ -236,15 +263,15 @@ def _gpu_lever(ctx: dict[str, Any] | None) -> dict[str, str]:
     )
 
 
-def _kv_levers(ctx: dict[str, Any] | None) -> list[dict[str, str]]:
+def _kv_levers(ctx: dict[str, Any] | None, ev: dict[str, Any]) -> list[dict[str, str]]:
     current = _plan_with(ctx) if ctx else None
-    levers = [_fp8_lever(ctx, current), _fraction_lever(ctx, current), _gpu_lever(ctx)]
+    levers = [_fp8_lever(ctx, current, ev), _fraction_lever(ctx, current), _gpu_lever(ctx)]
     return [lever for lever in levers if lever is not None]
 
 
 def _levers(verdict: str, ev: dict[str, Any], ctx: dict[str, Any] | None) -> list[dict[str, str]]:
     if verdict == "kv_cache_bound":
-        return _kv_levers(ctx)
+        return _kv_levers(ctx, ev)
     if verdict == "compute_bound":
         return [
             _lever(
@@ -278,6 +305,14 @@ def _levers(verdict: str, ev: dict[str, Any], ctx: dict[str, Any] | None) -> lis
                 "raise_load",
                 "The server kept up with the load: raise the client concurrency until token usage "
                 "nears 0.9 or a queue forms, to find the capacity.",
+            )
+        ]
+    if verdict == "idle":
+        return [
+            _lever(
+                "sample_under_load",
+                "Nothing to diagnose: no request ran or waited during the window. Sample again "
+                "while the server carries its usual load (or a longer --window).",
             )
         ]
     return [
@@ -335,6 +370,252 @@ def _with_log_calibration(ctx: dict | None, log_text: str | None) -> dict | None
     return dict(ctx) | {"args": args}
 
 
+# --- a running server (live sample, docs/DIAGNOSIS.md) -----------------------------------
+# The running server's own flags (/server_info) that the planner takes. SGLang reports every
+# argument resolved, so ones whose unset state means something to the planner stay out:
+# chunked_prefill_size, max_running_requests (SGLang's default fraction depends on whether
+# they were given) and hicache_ratio (always 2.0 when unset).
+LIVE_PLAN_ARGS = (
+    "tp_size",
+    "dp_size",
+    "mem_fraction_static",
+    "kv_cache_dtype",
+    "enable_hierarchical_cache",
+    "hicache_size",
+    "context_length",
+    "page_size",
+)
+
+_NOT_SAMPLED_LEVERS = {
+    "no_metrics": (
+        "enable_metrics",
+        "Add --enable-metrics to the server's flags (inventory flags: enable_metrics: true) "
+        "and roll it out: the live diagnosis reads /metrics and nothing else about the load.",
+    ),
+    "unauthorized": (
+        "api_key",
+        "Give the server's API key (--api-key-file, or SGLANG_API_KEY in the environment): "
+        "/server_info needs it, /metrics does not.",
+    ),
+}
+_CHECK_SERVER = (
+    "check_server",
+    "Check that the server runs and listens at that address (systemctl status "
+    "sglang@<name>; journalctl -u sglang@<name>).",
+)
+
+
+def _as_sample(sample: dict | str) -> dict[str, Any]:
+    if isinstance(sample, str):
+        sample = json.loads(sample)
+    if not isinstance(sample, dict):
+        raise ValueError(f"a live sample must be a JSON object, got {type(sample).__name__}")
+    return sample
+
+
+def _server_args(info: dict[str, Any]) -> dict[str, Any]:
+    args = {k: info[k] for k in LIVE_PLAN_ARGS if info.get(k) is not None}
+    if not args.get("hicache_size"):
+        args.pop("hicache_size", None)
+    return args
+
+
+def _observed_load(
+    samples: list[Sample], max_tokens: float | None, gen_tok_s: float | None
+) -> dict[str, Any]:
+    """KV tokens each running request holds and tokens/s each one decodes, as measured."""
+    running = [s for s in samples if s.running > 0]
+    if not running:
+        return {}
+    observed: dict[str, Any] = {}
+    if max_tokens:
+        per_request = statistics.median(s.token_usage * max_tokens / s.running for s in running)
+        if per_request >= 1:
+            observed["kv_tokens_per_running_req"] = round(per_request)
+    if gen_tok_s:
+        observed["per_request_tok_s"] = round(
+            gen_tok_s / statistics.median(s.running for s in running), 2
+        )
+    return observed
+
+
+def _live_context(
+    plan_context: dict | None, server_args: dict[str, Any], observed: dict[str, Any]
+) -> dict[str, Any] | None:
+    """The planner context for the levers: the running server's flags win over the caller's
+    (they are what runs), and the measured load stands in for a workload nobody gave."""
+    if not plan_context and not server_args:
+        return None
+    ctx = dict(plan_context or {})
+    args = dict(ctx.get("args") or {}) | server_args
+    per_request = observed.get("kv_tokens_per_running_req")
+    if per_request and "avg_input_len" not in args and "avg_output_len" not in args:
+        args |= {"avg_input_len": per_request, "avg_output_len": 0}
+    if observed.get("per_request_tok_s") and "per_request_tok_s" not in args:
+        args["per_request_tok_s"] = observed["per_request_tok_s"]
+    return ctx | {"args": args}
+
+
+def _rate(delta: float | None, window: float | None) -> float | None:
+    return round(delta / window, 1) if delta is not None and window else None
+
+
+def _token_rates(metrics: dict[str, Any]) -> dict[str, Any]:
+    """Tokens per second over the window. SGLang's realtime_tokens_total counts every forward
+    pass; generation/prompt_tokens_total count a request when it finishes, so they stand in
+    only where the realtime counter is missing (docs/DIAGNOSIS.md)."""
+    window = metrics.get("window_s")
+    if metrics.get("decode_tokens_delta") is not None:
+        return {
+            "generation_tok_s": _rate(metrics["decode_tokens_delta"], window),
+            "prompt_tok_s": _rate(metrics.get("prefill_tokens_delta"), window),
+            "tok_s_source": "realtime_tokens_total",
+        }
+    return {
+        "generation_tok_s": _rate(metrics.get("generation_tokens_delta"), window),
+        "prompt_tok_s": _rate(metrics.get("prompt_tokens_delta"), window),
+        "tok_s_source": "finished requests (generation_tokens_total)",
+    }
+
+
+def _row(result: dict[str, Any]) -> dict[str, Any]:
+    """The columns of the fleet table: the busy medians, or zeros for a server with no load."""
+    ev = result["evidence"]
+    busy = bool(ev.get("busy_samples"))
+    gen = ev.get("generation_tok_s")
+    first = result["levers"][0] if result["levers"] else {"code": None, "message": None}
+    return {
+        "running": ev.get("median_running_reqs", 0) if busy else 0,
+        "queued": ev.get("median_queue_reqs", 0) if busy else 0,
+        "token_usage": ev.get("median_token_usage", 0.0) if busy else ev.get("token_usage"),
+        "gen_tok_s": gen if gen is not None else ev.get("mean_gen_throughput"),
+        "verdict": result["verdict"],
+        "first_lever": first["code"],
+        "first_lever_message": first["message"],
+    }
+
+
+def _one_line(result: dict[str, Any]) -> str:
+    if result.get("error"):
+        return f"not sampled ({result['error']['code']}): {result['error']['message']}"
+    row, ev = result["row"], result["evidence"]
+    gen = row["gen_tok_s"]
+    usage = row["token_usage"]
+    return (
+        f"{row['verdict']}: running {row['running']:g}, queued {row['queued']:g}, "
+        f"token usage {'n/a' if usage is None else f'{usage:.2f}'}, "
+        f"{'n/a' if gen is None else f'{gen:.1f}'} gen tok/s over {ev.get('window_s') or 0:.0f} s"
+        + (f"; first lever: {row['first_lever']}" if row["first_lever"] else "")
+    )
+
+
+def _not_sampled(sample: dict[str, Any]) -> dict[str, Any]:
+    error = dict(sample["error"])
+    code, message = _NOT_SAMPLED_LEVERS.get(error.get("code"), _CHECK_SERVER)
+    result: dict[str, Any] = {
+        "verdict": "unknown",
+        "evidence": {"source": "none", "samples": 0, "busy_samples": 0},
+        "levers": [_lever(code, message)],
+        "notes": [],
+        "error": error,
+        "server": {"url": sample.get("url")},
+    }
+    result["row"] = _row(result) | {"running": None, "queued": None}
+    result["summary"] = _one_line(result)
+    return result
+
+
+def diagnose_live(
+    sample: dict | str, plan_context: dict | None = None, log_text: str | None = None
+) -> dict:
+    """Classify a running server from a live sample (sglang_fleet.live; JSON text is fine).
+
+    Pure. The verdict, evidence, levers and notes are diagnose()'s for the window's /metrics
+    samples; the server's /server_info flags size the levers (with plan_context's model
+    {model_config, weight_bytes, args, host}, to the planner's numbers) and log_text, the
+    server's log, only calibrates them. Adds `summary` (one line), `row` (the fleet table's
+    columns) and `server` (the flags read); a sample that failed gives verdict unknown, its
+    `error` and the lever that fixes it.
+    """
+    sample = _as_sample(sample)
+    if sample.get("error"):
+        return _not_sampled(sample)
+    metrics = sample.get("server_metrics") or {}
+    info = sample.get("server_info") or {}
+    rates = _token_rates(metrics)
+    gen_tok_s = rates["generation_tok_s"]
+    max_tokens = metrics.get("max_total_num_tokens") or info.get("max_total_num_tokens")
+    observed = _observed_load(samples_from_metrics(metrics), max_tokens, gen_tok_s)
+    ctx = _live_context(plan_context, _server_args(info), observed)
+    as_run = {
+        "server_metrics": metrics | {"max_total_num_tokens": max_tokens},
+        "output_throughput": gen_tok_s,
+    }
+    result = diagnose(as_run, log_text, None, ctx)
+    ev = result["evidence"]
+    ev |= observed | rates
+    ev |= {
+        "window_s": metrics.get("window_s"),
+        "retracted_requests": metrics.get("retracted_requests_delta"),
+        "schedulers": metrics.get("schedulers") or 1,
+    }
+    if not ev["busy_samples"]:
+        ev["token_usage"] = max(
+            (r.get("token_usage") or 0.0 for r in metrics.get("samples") or []), default=0.0
+        )
+    if ev["busy_samples"] and metrics.get("decode_tokens_delta") == 0:
+        result["notes"].append(
+            "Requests ran or waited but no token was decoded in the window: the server may "
+            "be stuck (check its log), or only prefilled."
+        )
+    result["notes"] += list(sample.get("warnings") or [])
+    result["server"] = {"url": sample.get("url")} | info
+    result["row"] = _row(result)
+    result["summary"] = _one_line(result)
+    return result
+
+
+_TABLE_HEADER = (
+    "HOST", "SERVER", "RUNNING", "QUEUED", "TOKEN USAGE", "GEN TOK/S", "VERDICT", "FIRST LEVER"
+)  # fmt: skip
+
+
+def _cell(value: Any, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def table_lines(entries: list[dict[str, Any]]) -> list[str]:
+    """The fleet table of live diagnoses, as lines (a debug task prints one line per item).
+
+    entries: [{host, server, diagnosis}] with diagnosis a diagnose_live() result. Servers that
+    could not be sampled get a line below the table saying why."""
+    cells = [_TABLE_HEADER]
+    for entry in entries:
+        row = entry["diagnosis"]["row"]
+        cells.append(
+            (
+                str(entry["host"]),
+                str(entry["server"]),
+                _cell(row["running"], "g"),
+                _cell(row["queued"], "g"),
+                _cell(row["token_usage"], ".2f"),
+                _cell(row["gen_tok_s"], ".1f"),
+                str(row["verdict"]),
+                str(row["first_lever"] or "-"),
+            )
+        )
+    widths = [max(len(row[i]) for row in cells) for i in range(len(_TABLE_HEADER))]
+    lines = [
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
+    ]
+    lines += [
+        f"{e['host']} {e['server']}: {e['diagnosis']['summary']}"
+        for e in entries
+        if e["diagnosis"].get("error")
+    ]
+    return lines
+
+
 # --- command line ----------------------------------------------------------------------
 def _plan_context(ns: argparse.Namespace) -> dict[str, Any] | None:
     if not ns.model_path:
@@ -355,20 +636,73 @@ def _summary(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python3 -m sglang_fleet.diagnose", description=__doc__.splitlines()[0]
+        prog="python3 -m sglang_fleet.diagnose",
+        description=__doc__.splitlines()[0],
+        # An abbreviation would let "--api-key SECRET" pass as --api-key-file and print it.
+        allow_abbrev=False,
     )
     parser.add_argument("--log", help="SGLang server log (Decode batch lines, start-up lines)")
     parser.add_argument(
         "--smoke-result", help="smoke benchmark result JSON (sglang_fleet.smoke --json)"
     )
+    live.add_sampling_arguments(parser)
+    parser.add_argument(
+        "--sample", help="live sample JSON, as sglang_fleet/live.py writes it on a GPU host"
+    )
     parser.add_argument("--concurrency", type=int, help="concurrency the client asked for")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    out = parser.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="print one JSON object")
+    out.add_argument("--table", action="store_true", help="print the fleet table's row (live)")
     add_plan_arguments(parser, model_required=False)
+    return parser
+
+
+def _check_sources(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
+    if ns.url and ns.sample:
+        parser.error("give --url or --sample, not both")
+    is_live = bool(ns.url or ns.sample)
+    if is_live and ns.smoke_result:
+        parser.error("--smoke-result is a finished run: not with --url or --sample")
+    if is_live and ns.concurrency is not None:
+        parser.error("--concurrency is the benchmark client's: a live server has none")
+    if not is_live and not ns.log and not ns.smoke_result:
+        parser.error("give --url, --sample, or --log and/or --smoke-result")
+    if not is_live and ns.table:
+        parser.error("--table needs --url or --sample")
+
+
+def _live_sample(ns: argparse.Namespace) -> dict[str, Any]:
+    if ns.sample:
+        return _as_sample(Path(ns.sample).read_text(encoding="utf-8"))
+    live.check_url(ns.url)
+    live.check_window(ns.window, ns.interval)
+    api_key = live.read_api_key(ns.api_key_file)
+    try:
+        return live.sample_server(ns.url, ns.window, ns.interval, api_key)
+    except live.SampleError as exc:
+        return live.error_sample(ns.url, exc.code, str(exc))
+
+
+def _print_live(result: dict[str, Any], ns: argparse.Namespace) -> None:
+    if ns.json:
+        print(json.dumps(result, indent=2))
+    elif ns.table:
+        url = urlsplit(result["server"].get("url") or "")
+        name = result["server"].get("served_model_name") or "-"
+        entry = {"host": url.netloc or "-", "server": name, "diagnosis": result}
+        print("\n".join(table_lines([entry])))
+    else:
+        print(result["summary"])
+        if not result.get("error"):
+            print(_summary(result))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _build_parser()
     ns = parser.parse_args(argv)
-    if not ns.log and not ns.smoke_result:
-        parser.error("give --log and/or --smoke-result")
+    _check_sources(parser, ns)
     try:
         log_text = Path(ns.log).read_text(encoding="utf-8", errors="replace") if ns.log else None
         smoke = (
@@ -377,12 +711,26 @@ def main(argv: list[str] | None = None) -> int:
             else None
         )
         ctx = _plan_context(ns)
-    except (OSError, json.JSONDecodeError, ModelConfigError, PlanInputError) as exc:
+        sample = _live_sample(ns) if ns.url or ns.sample else None
+    except (
+        OSError,
+        ValueError,  # JSON that does not parse, or is not an object
+        ModelConfigError,
+        PlanInputError,
+        live.UsageError,
+    ) as exc:
         parser.print_usage(sys.stderr)
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         return 2
-    result = diagnose(smoke, log_text, ns.concurrency, ctx)
-    print(json.dumps(result, indent=2) if ns.json else _summary(result))
+    if sample is None:
+        result = diagnose(smoke, log_text, ns.concurrency, ctx)
+        print(json.dumps(result, indent=2) if ns.json else _summary(result))
+        return 0
+    result = diagnose_live(sample, ctx, log_text)
+    _print_live(result, ns)
+    if result.get("error"):
+        print(f"{parser.prog}: {result['error']['message']}", file=sys.stderr)
+        return 1
     return 0
 
 

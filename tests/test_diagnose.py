@@ -235,6 +235,21 @@ def test_idle_samples_are_ignored():
     assert result["evidence"]["busy_samples"] == 5
 
 
+def test_samples_of_a_server_with_nothing_to_do_are_idle():
+    rows = [
+        {"t": float(i), "num_running_reqs": 0, "num_queue_reqs": 0, "token_usage": 0.3}
+        for i in range(5)
+    ]
+    quiet = {"server_metrics": {"samples": rows}}
+    result = diagnose(quiet)
+    assert result["verdict"] == "idle"
+    assert lever_codes(result) == ["sample_under_load"]
+    # A benchmark that says it kept 60 requests in flight while the server showed none is a
+    # measurement gone wrong, not an idle server.
+    sent = quiet | {"max_concurrency": 64, "concurrency": 60.0}
+    assert diagnose(sent)["verdict"] == "unknown"
+
+
 # --- command line and filter ------------------------------------------------------------
 def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     try:

@@ -1,0 +1,496 @@
+#!/usr/bin/env python3
+"""Sample a running SGLang server without touching it: /metrics over a window, /server_info once.
+
+Standard library only, Python >= 3.9: a playbook copies this single file to a GPU
+host (servers listen on loopback there) and runs it with the host's python3. From the repo:
+
+    python3 -m sglang_fleet.live --url http://127.0.0.1:30000 [--window 30] [--interval 1] \\
+        [--api-key-file FILE] [--json OUT]
+
+It only reads: GET /metrics every --interval seconds for --window seconds, and GET /server_info
+once. /metrics is exempt from SGLang's API key, /server_info is not: the key comes from
+--api-key-file (``/dev/stdin`` works) or the SGLANG_API_KEY environment variable, never from
+the command line (visible to every user of the host in ``ps``).
+
+Prints (and with --json also writes) one JSON object, the "live sample" of docs/DIAGNOSIS.md:
+``server_metrics`` in the shape the smoke result has (docs/CONTRACTS.md), ``server_info`` (the
+resolved flags the levers need, never the key), ``warnings`` and ``error``. Exit status: 0
+sampled; 1 the server could not be sampled (``error.code``: unreachable, no_metrics,
+unauthorized, http_error, bad_response); 2 bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import math
+import os
+import re
+import sys
+import time
+import urllib.error
+import urllib.request
+from typing import Any, Callable
+from urllib.parse import urlsplit
+
+DEFAULT_WINDOW_S = 30.0
+DEFAULT_INTERVAL_S = 1.0
+HTTP_TIMEOUT_S = 10.0
+
+# Scheduler gauges (docs/DIAGNOSIS.md, "What /metrics holds"): one series per scheduler that
+# reports, labelled tp_rank, pp_rank, moe_ep_rank and, with data parallelism, dp_rank.
+M_RUNNING = "sglang:num_running_reqs"
+M_QUEUE = "sglang:num_queue_reqs"
+M_TOKEN_USAGE = "sglang:token_usage"
+M_GEN_THROUGHPUT = "sglang:gen_throughput"
+M_MAX_TOTAL_TOKENS = "sglang:max_total_num_tokens"
+# Counters of the tokenizer process, one series per label set (is_streaming): summed. SGLang
+# adds a request's tokens when it finishes, so over a window shorter than a request they lag.
+M_GEN_TOKENS = "sglang:generation_tokens_total"
+M_PROMPT_TOKENS = "sglang:prompt_tokens_total"
+M_RETRACTED = "sglang:num_retracted_requests_total"
+# A scheduler counter, labelled mode=decode|prefill_compute|prefill_cache, that grows with
+# every forward pass: the measure of tokens made during the window, where a server has it.
+M_REALTIME = "sglang:realtime_tokens_total"
+DECODE_TOKENS = "decode_tokens"
+PREFILL_TOKENS = "prefill_tokens"
+_REALTIME_MODES = {
+    "decode": DECODE_TOKENS,
+    "prefill_compute": PREFILL_TOKENS,
+    "prefill_cache": PREFILL_TOKENS,
+}
+
+# How the data-parallel groups combine: requests and throughput add up; usage and pool size
+# are per replica, and the fullest replica is the one that bounds.
+_SUMMED_OVER_GROUPS = (M_RUNNING, M_QUEUE, M_GEN_THROUGHPUT)
+_MAX_OVER_GROUPS = (M_TOKEN_USAGE, M_MAX_TOTAL_TOKENS)
+_COUNTERS = (M_GEN_TOKENS, M_PROMPT_TOKENS, M_RETRACTED)
+
+# /server_info fields the diagnosis uses. A whitelist: /server_info carries every server
+# argument, the API key among them, and none of that may reach a report.
+SERVER_INFO_FIELDS = (
+    "version",
+    "model_path",
+    "served_model_name",
+    "tp_size",
+    "dp_size",
+    "pp_size",
+    "enable_dp_attention",
+    "mem_fraction_static",
+    "kv_cache_dtype",
+    "enable_hierarchical_cache",
+    "hicache_size",
+    "hicache_ratio",
+    "max_total_num_tokens",
+    "max_running_requests",
+    "chunked_prefill_size",
+    "context_length",
+    "page_size",
+    "cuda_graph_max_bs_decode",
+    "speculative_algorithm",
+    "disable_radix_cache",
+)
+_MEMORY_USAGE_FIELDS = ("weight", "kvcache", "token_capacity")
+
+_SERIES = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
+_LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+Fetch = Callable[[str], tuple[int, bytes]]
+
+
+class UsageError(Exception):
+    """Bad command-line input (exit status 2)."""
+
+
+class SampleError(Exception):
+    """The server could not be sampled (exit status 1); ``code`` says why."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# --------------------------------------------------------------------------------------------
+# Prometheus text
+# --------------------------------------------------------------------------------------------
+
+
+def parse_series(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """Every sample line as (name, labels, value); comments and NaN values are skipped."""
+    series = []
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        match = _SERIES.match(line)
+        if match is None:
+            continue
+        try:
+            value = float(match.group(3))
+        except ValueError:
+            continue
+        if math.isnan(value):
+            continue
+        labels = dict(_LABEL.findall(match.group(2) or ""))
+        series.append((match.group(1), labels, value))
+    return series
+
+
+def aggregate(series: list[tuple[str, dict[str, str], float]]) -> dict[str, float]:
+    """One value per metric the diagnosis reads, plus ``schedulers`` (data-parallel groups).
+
+    Scheduler gauges come once per reporting scheduler: by default the first tensor-parallel
+    rank of each data-parallel group; with --enable-metrics-for-all-schedulers every rank, all
+    with the same values, so they are de-duplicated by taking the largest within a group.
+    With priority scheduling the total is the series labelled priority="" and the others are
+    a breakdown of it.
+    """
+    groups: dict[str, dict[str, float]] = {}
+    counters: dict[str, float] = {}
+    for name, labels, value in series:
+        if name in _COUNTERS:
+            counters[name] = counters.get(name, 0.0) + value
+            continue
+        if name == M_REALTIME and labels.get("mode") in _REALTIME_MODES:
+            name = f"{M_REALTIME}:{labels['mode']}"  # noqa: PLW2901 (one series per mode)
+        elif name not in _SUMMED_OVER_GROUPS + _MAX_OVER_GROUPS or labels.get("priority", ""):
+            continue
+        group = groups.setdefault(labels.get("dp_rank", ""), {})
+        group[name] = max(group.get(name, value), value)
+    values: dict[str, float] = dict(counters)
+
+    def per_group(name: str) -> list[float]:
+        return [g[name] for g in groups.values() if name in g]
+
+    for name in _SUMMED_OVER_GROUPS:
+        if per_group(name):
+            values[name] = sum(per_group(name))
+    for name in _MAX_OVER_GROUPS:
+        if per_group(name):
+            values[name] = max(per_group(name))
+    for mode, key in _REALTIME_MODES.items():
+        if per_group(f"{M_REALTIME}:{mode}"):
+            values[key] = values.get(key, 0.0) + sum(per_group(f"{M_REALTIME}:{mode}"))
+    values["schedulers"] = float(sum(1 for g in groups.values() if M_RUNNING in g))
+    return values
+
+
+# --------------------------------------------------------------------------------------------
+# HTTP
+# --------------------------------------------------------------------------------------------
+
+
+def check_url(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UsageError(f"--url must look like http://HOST:PORT, got {url!r}")
+    try:
+        parts.port  # noqa: B018  (urlsplit checks the port only when asked for it)
+    except ValueError as exc:
+        raise UsageError(f"--url has a bad port: {url!r}") from exc
+    return url.rstrip("/")
+
+
+def http_fetcher(base_url: str, api_key: str | None, timeout: float = HTTP_TIMEOUT_S) -> Fetch:
+    """GET base_url + path -> (status, body). Proxies from the environment are ignored: the
+    server is reached directly, as the smoke client does."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    headers = {"User-Agent": "sglang-fleet-live"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+
+    def fetch(path: str) -> tuple[int, bytes]:
+        request = urllib.request.Request(base_url + path, headers=headers)
+        try:
+            with opener.open(request, timeout=timeout) as response:
+                return response.status, response.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read()
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise SampleError("unreachable", f"cannot reach {base_url}: {reason}") from exc
+
+    return fetch
+
+
+def read_metrics(fetch: Fetch, base_url: str) -> dict[str, float]:
+    status, body = fetch("/metrics")
+    if status == 404:
+        raise SampleError(
+            "no_metrics",
+            f"{base_url}/metrics answered 404: the server runs without --enable-metrics "
+            "(add it to the server's flags and restart it to diagnose it live)",
+        )
+    if status != 200:
+        raise SampleError("http_error", f"{base_url}/metrics answered HTTP {status}")
+    values = aggregate(parse_series(body.decode("utf-8", "replace")))
+    if M_RUNNING not in values:
+        raise SampleError(
+            "bad_response",
+            f"{base_url}/metrics has no {M_RUNNING}: not an SGLang server, or not ready yet",
+        )
+    return values
+
+
+def read_server_info(
+    fetch: Fetch, base_url: str, has_key: bool
+) -> tuple[dict[str, Any] | None, list[str]]:
+    """The whitelisted /server_info fields, and warnings. /get_server_info is the older name."""
+    for path in ("/server_info", "/get_server_info"):
+        status, body = fetch(path)
+        if status in (401, 403):
+            hint = (
+                "the API key given was refused"
+                if has_key
+                else "the server has an API key: give it with --api-key-file or SGLANG_API_KEY"
+            )
+            raise SampleError("unauthorized", f"{base_url}{path} answered {status}: {hint}")
+        if status == 404:
+            continue
+        if status != 200:
+            return None, [f"{path} answered HTTP {status}: levers without the server's flags"]
+        try:
+            info = json.loads(body)
+        except ValueError:
+            return None, [f"{path} is not JSON: levers without the server's flags"]
+        return pick_server_info(info), []
+    return None, ["the server has no /server_info: levers without the server's flags"]
+
+
+def pick_server_info(info: Any) -> dict[str, Any]:
+    if not isinstance(info, dict):
+        return {}
+    picked = {k: info.get(k) for k in SERVER_INFO_FIELDS if k in info}
+    states = info.get("internal_states")
+    if isinstance(states, list) and states and isinstance(states[0], dict):
+        memory = states[0].get("memory_usage")
+        if isinstance(memory, dict):
+            picked["memory_usage"] = {k: memory.get(k) for k in _MEMORY_USAGE_FIELDS}
+    return picked
+
+
+# --------------------------------------------------------------------------------------------
+# Sampling
+# --------------------------------------------------------------------------------------------
+
+
+def _sample_row(t: float, values: dict[str, float]) -> dict[str, float]:
+    return {
+        "t": round(t, 3),
+        "num_running_reqs": values.get(M_RUNNING, 0.0),
+        "num_queue_reqs": values.get(M_QUEUE, 0.0),
+        "token_usage": values.get(M_TOKEN_USAGE, 0.0),
+        "gen_throughput": values.get(M_GEN_THROUGHPUT, 0.0),
+    }
+
+
+def _whole(value: float | None) -> float | int | None:
+    """Prometheus writes every value as a float; a token count reads better whole."""
+    return int(value) if value is not None and value.is_integer() else value
+
+
+def summarize(
+    readings: list[tuple[float, dict[str, float]]], warnings: list[str]
+) -> dict[str, Any]:
+    """``server_metrics`` in the smoke result's shape, from (time, values) readings."""
+    (t_first, first), (t_last, last) = readings[0], readings[-1]
+    samples = [_sample_row(t - t_first, v) for t, v in readings]
+
+    def delta(name: str) -> float | None:
+        if name not in first or name not in last:
+            return None
+        if last[name] < first[name]:
+            warnings.append(f"{name} went backwards: the server restarted during the window")
+            return None
+        return last[name] - first[name]
+
+    def peak(key: str) -> float | None:
+        return max((s[key] for s in samples), default=None)
+
+    return {
+        "generation_tokens_delta": delta(M_GEN_TOKENS),
+        "prompt_tokens_delta": delta(M_PROMPT_TOKENS),
+        "decode_tokens_delta": delta(DECODE_TOKENS),
+        "prefill_tokens_delta": delta(PREFILL_TOKENS),
+        "retracted_requests_delta": delta(M_RETRACTED),
+        "peak_num_running_reqs": peak("num_running_reqs"),
+        "peak_num_queue_reqs": peak("num_queue_reqs"),
+        "peak_token_usage": peak("token_usage"),
+        "max_total_num_tokens": _whole(last.get(M_MAX_TOTAL_TOKENS)),
+        "schedulers": int(last.get("schedulers") or 1),
+        "window_s": round(t_last - t_first, 3),
+        "samples": samples,
+    }
+
+
+def sample_server(
+    url: str,
+    window: float = DEFAULT_WINDOW_S,
+    interval: float = DEFAULT_INTERVAL_S,
+    api_key: str | None = None,
+    *,
+    fetch: Fetch | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> dict[str, Any]:
+    """The live sample (docs/DIAGNOSIS.md). Raises SampleError when the first reading fails;
+    later readings that fail are counted and skipped (a busy server may answer late)."""
+    base = check_url(url)
+    fetch = fetch or http_fetcher(base, api_key)
+    start = clock()
+    readings = [(start, read_metrics(fetch, base))]
+    info, warnings = read_server_info(fetch, base, bool(api_key))
+    missed, last_error = 0, ""
+    step = 1
+    while True:
+        due = start + step * interval
+        if due > start + window + 1e-9:
+            break
+        sleep(max(0.0, due - clock()))
+        step += 1
+        try:
+            readings.append((clock(), read_metrics(fetch, base)))
+        except SampleError as exc:
+            missed += 1
+            last_error = str(exc)
+    if missed:
+        warnings.append(f"{missed} of {step} readings failed (last: {last_error})")
+    if len(readings) < 2:
+        raise SampleError("bad_response", f"only one reading of {base}/metrics succeeded")
+    return {
+        "url": base,
+        "interval_s": interval,
+        "server_info": info,
+        "server_metrics": summarize(readings, warnings),
+        "warnings": warnings,
+        "error": None,
+    }
+
+
+def error_sample(url: str, code: str, message: str) -> dict[str, Any]:
+    return {
+        "url": url,
+        "server_info": None,
+        "server_metrics": None,
+        "warnings": [],
+        "error": {"code": code, "message": message},
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Command line
+# --------------------------------------------------------------------------------------------
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value > 0 or math.isinf(value):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
+
+
+class _RefuseKeyInArgv(argparse.Action):
+    """--api-key fails without echoing its value (argparse would print it as unrecognized)."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        parser.error(
+            "--api-key is not accepted: a command line is visible to every user of the host; "
+            "use --api-key-file FILE (or /dev/stdin) or the SGLANG_API_KEY environment variable"
+        )
+
+
+def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
+    """--url, --api-key-file, --window, --interval (shared with sglang_fleet.diagnose)."""
+    parser.add_argument("--url", help="server base URL, e.g. http://127.0.0.1:30000")
+    parser.add_argument("--api-key", nargs="?", action=_RefuseKeyInArgv, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--api-key-file",
+        metavar="FILE",
+        help="file holding the server's API key (/dev/stdin works; default: $SGLANG_API_KEY)",
+    )
+    parser.add_argument(
+        "--window",
+        type=_positive,
+        default=DEFAULT_WINDOW_S,
+        help=f"seconds to sample /metrics (default {DEFAULT_WINDOW_S:g})",
+    )
+    parser.add_argument(
+        "--interval",
+        type=_positive,
+        default=DEFAULT_INTERVAL_S,
+        help=f"seconds between readings (default {DEFAULT_INTERVAL_S:g})",
+    )
+
+
+def read_api_key(path: str | None) -> str | None:
+    """The key from the file, else from SGLANG_API_KEY; None when neither gives one."""
+    if path is None:
+        return os.environ.get("SGLANG_API_KEY") or None
+    try:
+        with open(path, encoding="utf-8") as handle:
+            key = handle.readline().rstrip("\r\n")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"--api-key-file {path}: cannot read it ({exc})") from exc
+    if not key:
+        raise UsageError(f"--api-key-file {path}: the first line is empty")
+    return key
+
+
+def check_window(window: float, interval: float) -> None:
+    if interval > window:
+        raise UsageError(f"--interval {interval:g} must not exceed --window {window:g}")
+
+
+def _write_json(path: str, payload: dict[str, Any]) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump(payload, handle, indent=1)
+        handle.write("\n")
+    os.replace(tmp, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="live.py",
+        description=(__doc__ or "").splitlines()[0],
+        # An abbreviation would let "--api-key SECRET" pass as --api-key-file and print it.
+        allow_abbrev=False,
+    )
+    add_sampling_arguments(parser)
+    parser.add_argument("--json", dest="json_out", help="also write the sample JSON here")
+    ns = parser.parse_args(argv)
+    if not ns.url:
+        parser.error("--url is required")
+    try:
+        check_url(ns.url)
+        check_window(ns.window, ns.interval)
+        api_key = read_api_key(ns.api_key_file)
+    except UsageError as exc:
+        parser.error(str(exc))
+    try:
+        result = sample_server(ns.url, ns.window, ns.interval, api_key)
+        status = 0
+    except SampleError as exc:
+        result, status = error_sample(ns.url, exc.code, str(exc)), 1
+        print(f"live.py: {exc}", file=sys.stderr)
+    if ns.json_out:
+        try:
+            _write_json(ns.json_out, result)
+        except OSError as exc:
+            print(f"live.py: --json {ns.json_out}: {exc}", file=sys.stderr)
+            return 2
+    print(json.dumps(result))
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
