@@ -1,12 +1,11 @@
 """Ansible filters for the smoke gate: the verdict on a benchmark result, and what to keep of it.
 
     {{ smoke_result | sglang_gate(thresholds, lkg_smoke_result) }}   {passed, failures, summary}
-    {{ smoke_result | sglang_diagnose(log_text, concurrency, plan_context) }}  what bounds it
     {{ smoke_result | sglang_smoke_compact(diagnosis, report_path) }}  metrics, workload, verdict
     {{ ansible_play_hosts_all | sglang_rollout_table(hostvars) }}    the fleet summary, as lines
     {{ 'smoke' | sglang_fleet_module_file }}   the installed sglang_fleet/smoke.py (copied to hosts)
 
-Thin wrappers over the installed sglang_fleet package (gate.py, diagnose.py; tested there). The
+Thin wrappers over the installed sglang_fleet package (gate.py; tested there). The
 result may be what `slurp` + `b64decode` give (JSON text) or already parsed.
 """
 
@@ -19,7 +18,6 @@ from typing import Any
 
 from ansible.errors import AnsibleFilterError
 
-from sglang_fleet.diagnose import diagnose
 from sglang_fleet.gate import (
     GateInputError,
     compact,
@@ -53,18 +51,6 @@ def sglang_gate(result: Any, thresholds: Any = None, baseline: Any = None) -> di
         )
     except GateInputError as exc:
         raise AnsibleFilterError(f"sglang_gate: {exc}") from exc
-
-
-def sglang_diagnose(
-    smoke_result: Any,
-    log_text: str | None = None,
-    concurrency: int | None = None,
-    plan_context: dict | None = None,
-) -> dict:
-    """sglang_fleet.diagnose.diagnose() for the smoke gate's summary."""
-    smoke = _plain(smoke_result, "smoke result", optional=True)
-    context = _plain(plan_context, "plan context", optional=True)
-    return diagnose(smoke, log_text or None, int(concurrency) if concurrency else None, context)
 
 
 def sglang_smoke_compact(result: Any, diagnosis: Any = None, report: str | None = None) -> dict:
@@ -112,7 +98,6 @@ class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
             "sglang_gate": sglang_gate,
-            "sglang_diagnose": sglang_diagnose,
             "sglang_smoke_compact": sglang_smoke_compact,
             "sglang_rollout_table": sglang_rollout_table,
             "sglang_fleet_module_file": sglang_fleet_module_file,

@@ -1,0 +1,88 @@
+"""Ansible filters over sglang_fleet.diagnose: what bounds a server's throughput.
+
+    {{ smoke_result | sglang_diagnose(log_text, concurrency, plan_context) }}  after a smoke run
+    {{ sample_json | sglang_diagnose_live(plan_context, log_text) }}   a running server, sampled
+                                                                       by sglang_fleet/live.py
+    {{ [{host, server, diagnosis}, ...] | sglang_diagnosis_table }}    the table, as lines
+
+Thin wrappers over the installed sglang_fleet package (docs/DIAGNOSIS.md). Results may be JSON
+text (as `slurp` + `b64decode` or a command's stdout give them) or already parsed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from ansible.errors import AnsibleFilterError
+
+from sglang_fleet.diagnose import diagnose, diagnose_live, table_lines
+
+
+def _plain(value: Any, what: str) -> dict[str, Any] | None:
+    """Ansible's lazy containers (or JSON text) as a plain dict; None for nothing."""
+    if not value:
+        return None
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise AnsibleFilterError(f"{what} is not valid JSON: {exc}") from exc
+    if not isinstance(value, Mapping):
+        raise AnsibleFilterError(f"{what} must be a mapping, got {type(value).__name__}")
+    return json.loads(json.dumps(dict(value)))
+
+
+def sglang_diagnose(
+    smoke_result: Any,
+    log_text: str | None = None,
+    concurrency: int | None = None,
+    plan_context: dict | None = None,
+) -> dict:
+    """diagnose() for the smoke gate's summary."""
+    return diagnose(
+        _plain(smoke_result, "smoke result"),
+        log_text or None,
+        int(concurrency) if concurrency else None,
+        _plain(plan_context, "plan context"),
+    )
+
+
+def sglang_diagnose_live(
+    sample: Any, plan_context: dict | None = None, log_text: str | None = None
+) -> dict:
+    """diagnose_live() on what sglang_fleet/live.py printed for a running server."""
+    try:
+        return diagnose_live(
+            sample if isinstance(sample, str) else _plain(sample, "sample"),
+            _plain(plan_context, "plan context"),
+            log_text or None,
+        )
+    except ValueError as exc:
+        raise AnsibleFilterError(f"sglang_diagnose_live: {exc}") from exc
+
+
+def sglang_diagnosis_table(entries: list) -> list[str]:
+    """One header line, then HOST SERVER RUNNING QUEUED TOKEN-USAGE GEN-TOK/S VERDICT LEVER."""
+    rows = []
+    for entry in entries or []:
+        rows.append(
+            {
+                "host": str(entry["host"]),
+                "server": str(entry["server"]),
+                "diagnosis": _plain(entry["diagnosis"], "diagnosis") or {},
+            }
+        )
+    return table_lines(rows)
+
+
+class FilterModule:
+    """Ansible's entry point for filter plugins."""
+
+    def filters(self) -> dict[str, Any]:
+        return {
+            "sglang_diagnose": sglang_diagnose,
+            "sglang_diagnose_live": sglang_diagnose_live,
+            "sglang_diagnosis_table": sglang_diagnosis_table,
+        }
