@@ -22,6 +22,8 @@ description:
     is reported and dropped and the parser runs again, so all type errors are listed.
   - Never starts a server and changes nothing (safe in check mode). Fails with every problem
     listed, each message naming I(variable_prefix).<flag> so the operator knows what to edit.
+  - A word no command line can carry (a NUL character, text that cannot be encoded, more than
+    the kernel's 128 KiB per word) is reported for its flag and left out of the runs.
 version_added: "0.1.0"
 author: sglang-fleet
 options:
@@ -45,7 +47,8 @@ options:
     type: str
     default: flags
   timeout:
-    description: Seconds each run of the launch module may take (importing SGLang is slow).
+    description: >-
+      Seconds each run of the launch module may take (importing SGLang is slow); at least 1.
     type: int
     default: 300
 """
@@ -84,7 +87,9 @@ problems:
   elements: dict
   contains:
     code:
-      description: unknown_flag, bad_choice, value_count, stray_value, bad_value or parser_error.
+      description: >-
+        unknown_flag, bad_choice, value_count, stray_value, bad_value, not_argv (a word no
+        command line can carry), bad_parameter (a module option out of range) or parser_error.
       type: str
     flag:
       description: The flag as written in argv (null for a problem of the whole list).
@@ -105,6 +110,7 @@ problems:
 """
 
 import difflib
+import os
 import re
 import subprocess
 from dataclasses import dataclass, field
@@ -126,10 +132,12 @@ VERSION_CODE = (
 )
 # argparse: "prog: error: argument --tp-size/--tensor-parallel-size: invalid int value: 'x'"
 _ARG_ERROR_RE = re.compile(r"error: argument ([^:\s]+): (.+)$", re.MULTILINE)
-_OPTION_RE = re.compile(r"^--?[A-Za-z0-9][\w.-]*$")
+_OPTION_RE = re.compile(r"--?[A-Za-z0-9][\w.-]*")  # a whole word: used with fullmatch
 _CHOICES_RE = re.compile(r"^\[?\{([^{}]*)\}")
 MANY = -1  # value count of nargs '+' / '*' flags
 MAX_HIDDEN_PROBES = 3
+# Linux MAX_ARG_STRLEN: execve() refuses a longer word (bytes, its terminating NUL included).
+MAX_WORD_BYTES = 32 * 4096 - 1
 
 
 @dataclass
@@ -187,7 +195,7 @@ def _parse_invocation(invocation: str) -> FlagSpec | None:
     words: list[str] = []
     for part in _split_top(invocation, ", "):
         tokens = _split_top(part.strip(), " ")
-        if not tokens or not _OPTION_RE.match(tokens[0]):
+        if not tokens or not _OPTION_RE.fullmatch(tokens[0]):
             return None
         options.append(tokens[0])
         words = words or [token for token in tokens[1:] if token]
@@ -318,6 +326,45 @@ def _choice_problem(group: ArgGroup, spec: FlagSpec, prefix: str) -> dict[str, A
     )
 
 
+def _word_problem(word: str) -> str | None:
+    """Why a word cannot be one argument of a command line, or None."""
+    if "\0" in word:
+        return "holds a NUL character, which no command line can carry"
+    try:
+        size = len(os.fsencode(word))
+    except UnicodeEncodeError:
+        return "holds text that cannot be encoded for a command line"
+    if size > MAX_WORD_BYTES:
+        return f"is {size} bytes long; one command-line word may hold at most {MAX_WORD_BYTES}"
+    return None
+
+
+def unpassable_words(argv: list[str], prefix: str) -> tuple[list[dict[str, Any]], list[str]]:
+    """(one not_argv problem per flag holding a word no command line carries, argv without them)."""
+    stray, groups = group_argv(argv)
+    problems: list[dict[str, Any]] = []
+    stray_reason = next(filter(None, map(_word_problem, stray)), None)
+    if stray_reason:
+        problems.append(
+            _problem("not_argv", None, prefix, f"a value before any flag {stray_reason}")
+        )
+        stray = [word for word in stray if not _word_problem(word)]
+    kept: list[ArgGroup] = []
+    for group in groups:
+        flag_problem = _word_problem(group.flag)
+        reason = flag_problem or next(filter(None, map(_word_problem, group.values)), None)
+        if reason is None:
+            kept.append(group)
+            continue
+        # A flag that cannot be passed cannot name a variable either: report the mapping.
+        variable = prefix if flag_problem else variable_of(prefix, group.flag)
+        what = "a flag name" if flag_problem else f"a value of {group.flag}"
+        problems.append(
+            _problem("not_argv", None if flag_problem else group.flag, variable, f"{what} {reason}")
+        )
+    return problems, stray + _flatten(kept)
+
+
 def static_problems(
     argv: list[str], known: dict[str, FlagSpec], prefix: str
 ) -> tuple[list[dict[str, Any]], list[ArgGroup], list[ArgGroup]]:
@@ -356,6 +403,7 @@ def parser_error(stderr: str) -> tuple[list[str], str] | None:
 
 
 def run(argv: list[str], timeout: int) -> tuple[int, str, str]:
+    """(exit status, stdout, stderr); 126/127/124 when the command could not run or finish."""
     try:
         proc = subprocess.run(
             argv,
@@ -368,9 +416,16 @@ def run(argv: list[str], timeout: int) -> tuple[int, str, str]:
         )
     except FileNotFoundError as exc:
         return 127, "", str(exc)
+    except (OSError, ValueError) as exc:  # E2BIG, EACCES, a NUL in the interpreter's path
+        return 126, "", f"cannot run {argv[0]!r}: {exc}"
     except subprocess.TimeoutExpired:
         return 124, "", f"timed out after {timeout} s: {' '.join(argv[:3])}"
     return proc.returncode, proc.stdout, proc.stderr
+
+
+def _short(text: str, limit: int = 80) -> str:
+    """A value as a message shows it: a 5000-digit number need not be repeated in full."""
+    return text if len(text) <= limit else f"{text[: limit - 20]}... ({len(text)} characters)"
 
 
 def _tail(text: str, lines: int = 8) -> str:
@@ -430,7 +485,8 @@ def parser_problems(
                 "bad_value",
                 culprit.flag,
                 variable_of(prefix, culprit.flag),
-                f"SGLang rejects {culprit.flag} {' '.join(culprit.values)}: {found[1]}",
+                f"SGLang rejects {culprit.flag} {' '.join(map(_short, culprit.values))}: "
+                f"{_short(found[1], 200)}",
             )
         )
         remaining.remove(culprit)
@@ -456,17 +512,25 @@ def check(params: dict[str, Any]) -> dict[str, Any]:
     prefix = params["variable_prefix"]
     result: dict[str, Any] = {
         "changed": False,
-        "sglang_version": sglang_version(python, timeout),
+        "sglang_version": None,
         "known_flags": None,
         "problems": [],
     }
+    if timeout < 1:
+        result["problems"] = [
+            _problem("bad_parameter", None, "timeout", f"must be at least 1 second, got {timeout}")
+        ]
+        return result
+    result["sglang_version"] = sglang_version(python, timeout)
     try:
         known = read_flags(python, module, timeout)
     except RuntimeError as exc:
         result["problems"] = [_problem("parser_error", None, prefix, str(exc))]
         return result
     result["known_flags"] = len(known)
-    problems, passed, unlisted = static_problems(list(params["argv"]), known, prefix)
+    problems, argv = unpassable_words(list(params["argv"]), prefix)
+    static, passed, unlisted = static_problems(argv, known, prefix)
+    problems += static
     for index, group in enumerate(unlisted):
         # Each probe imports SGLang again (seconds): only a few, then unknown is unknown.
         if index < MAX_HIDDEN_PROBES and is_hidden_flag(python, module, group, timeout):

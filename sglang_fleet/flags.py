@@ -40,11 +40,12 @@ import unicodedata
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-_KEY_RE = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
-_ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Whole-string patterns, used with fullmatch: `$` alone would also accept a trailing newline.
+_KEY_RE = re.compile(r"[a-z0-9][a-z0-9_-]*")
+_ENV_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Characters that mean nothing to systemd's ExecStart= parser: a word made only of these is
 # written bare, which keeps the common case (paths, numbers, dtype names) easy to read.
-_BARE_WORD_RE = re.compile(r"^[A-Za-z0-9_+=:,./@-]+$")
+_BARE_WORD_RE = re.compile(r"[A-Za-z0-9_+=:,./@-]+")
 _C_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\t": "\\t", "\r": "\\r"}
 _ENV_ESCAPED = set('"\\`$')
 _FIRST = "model_path"
@@ -53,7 +54,7 @@ _EXACT_INT_FLOAT = 2.0**53  # beyond this not every integer is a float
 
 def flag_name(key: str) -> str:
     """`mem_fraction_static` (or `mem-fraction-static`) -> `--mem-fraction-static`."""
-    if not isinstance(key, str) or not _KEY_RE.match(key):
+    if not isinstance(key, str) or not _KEY_RE.fullmatch(key):
         raise ValueError(
             f"flag key {key!r} is not a SGLang flag name: use lower-case letters, digits, "
             "'_' or '-' (like mem_fraction_static)"
@@ -148,7 +149,7 @@ def systemd_quote(arg: str) -> str:
     if not isinstance(arg, str):
         raise ValueError(f"argv word {arg!r} is not a string")
     _check_utf8(arg)
-    if _BARE_WORD_RE.match(arg):
+    if _BARE_WORD_RE.fullmatch(arg):
         return arg
     body = "".join(_escape_char(char) for char in arg)
     return '"' + body.replace("%", "%%").replace("$", "$$") + '"'
@@ -168,7 +169,7 @@ def exec_start(argv: Iterable[str]) -> str:
 
 def env_file_line(key: str, value: Any) -> str:
     """`KEY="value"` for a systemd EnvironmentFile=, read back by systemd unchanged."""
-    if not isinstance(key, str) or not _ENV_KEY_RE.match(key):
+    if not isinstance(key, str) or not _ENV_KEY_RE.fullmatch(key):
         raise ValueError(
             f"environment variable name {key!r} is invalid: use letters, digits and '_', "
             "not starting with a digit"

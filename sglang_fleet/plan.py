@@ -5,7 +5,11 @@
         [--calibrate-from server.log] [--json]
 
 `plan()` is the pure function behind it; the deploy's pre-flight (filter `sglang_plan`)
-calls it with facts slurped from the host. Exit status: 0 no errors, 1 errors, 2 bad usage.
+calls it with facts slurped from the host. Exit status: 0 no errors, 1 errors (the plan
+does not fit), 2 bad usage: an input outside its range (NaN, infinite, negative, zero where
+zero means nothing, see _INT_RANGES/_FLOAT_RANGES) or a model directory that cannot be read,
+with one message on stderr naming the argument. plan() raises PlanInputError for the same
+inputs, so the Ansible filter reports them as such.
 
 Memory model (SGLang 0.5.23, see kvmath.py): pre = free GiB before weights load, post =
 free GiB after; rest = post - pre * (1 - mem_fraction_static); max_total_num_tokens =
@@ -28,7 +32,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -73,48 +80,130 @@ HOST_KEYS = ("gpu_memory_mib", "host_ram_gib", "gpu_count")
 
 
 class PlanInputError(ValueError):
-    """The inputs cannot describe a deployment (bad usage, exit status 2)."""
+    """The inputs cannot describe a deployment (bad usage, exit status 2).
+
+    argument: the planner argument or host fact at fault (its ARG_DEFAULTS/HOST_KEYS name,
+    "model_config" or "weight_bytes"), or None when the problem is not one argument's.
+    """
+
+    def __init__(self, message: str, argument: str | None = None) -> None:
+        super().__init__(f"{argument}: {message}" if argument else message)
+        self.argument = argument
+        self.message = message
 
 
 def _issue(code: str, message: str) -> dict[str, str]:
     return {"code": code, "message": message}
 
 
-# Types of the inputs: Ansible extra-vars arrive as strings ("8", "true"), so convert.
-_INT_KEYS = frozenset(
-    {
-        "tp_size",
-        "dp_size",
-        "page_size",
-        "chunked_prefill_size",
-        "max_running_requests",
-        "context_length",
-        "avg_input_len",
-        "avg_output_len",
-        "gpu_count",
-    }
-)
-_FLOAT_KEYS = frozenset(
-    {
-        "mem_fraction_static",
-        "hicache_size",
-        "hicache_ratio",
-        "per_request_tok_s",
-        "min_free_after_graph_gib",
-        "gpu_memory_mib",
-        "host_ram_gib",
-    }
-)
+# Ranges of the numeric inputs. Ansible extra-vars arrive as strings ("8"), so numbers are
+# converted first; booleans, NaN, infinities and fractional counts are refused, never coerced.
+# The upper bounds lie beyond any real machine or setting and keep the arithmetic finite.
+_MAX_COUNT = 2**31 - 1
+_MAX_AMOUNT = 1e12
+_INT_RANGES: dict[str, tuple[int, int]] = {
+    "tp_size": (1, _MAX_COUNT),
+    "dp_size": (1, _MAX_COUNT),
+    "page_size": (1, _MAX_COUNT),
+    "chunked_prefill_size": (-1, _MAX_COUNT),  # -1 (and 0) disable chunked prefill
+    "max_running_requests": (1, _MAX_COUNT),
+    "context_length": (1, _MAX_COUNT),
+    "avg_input_len": (0, _MAX_COUNT),
+    "avg_output_len": (0, _MAX_COUNT),
+    "gpu_count": (0, _MAX_COUNT),  # 0 is a host without GPUs: a plan error, not bad usage
+}
 
 
-def _as_bool(value: Any) -> bool:
-    if isinstance(value, str):
-        if value.strip().lower() in {"1", "true", "yes", "on"}:
-            return True
-        if value.strip().lower() in {"0", "false", "no", "off", ""}:
-            return False
-        raise ValueError(f"not a boolean: {value!r}")
-    return bool(value)
+@dataclass(frozen=True)
+class _FloatRange:
+    low: float
+    high: float
+    low_open: bool = False  # the lowest value itself is refused
+    high_open: bool = False
+
+    def __contains__(self, value: float) -> bool:
+        above = value > self.low if self.low_open else value >= self.low
+        below = value < self.high if self.high_open else value <= self.high
+        return above and below
+
+    def __str__(self) -> str:
+        if self.low_open and self.high_open:
+            return f"a number between {self.low:g} and {self.high:g} (both excluded)"
+        low = ">" if self.low_open else ">="
+        high = "<" if self.high_open else "<="
+        return f"a number {low} {self.low:g} and {high} {self.high:g}"
+
+
+_FLOAT_RANGES: dict[str, _FloatRange] = {
+    "mem_fraction_static": _FloatRange(0.0, 1.0, low_open=True, high_open=True),
+    "hicache_size": _FloatRange(0.0, _MAX_AMOUNT),
+    "hicache_ratio": _FloatRange(0.0, _MAX_AMOUNT, low_open=True),
+    "per_request_tok_s": _FloatRange(0.0, _MAX_AMOUNT, low_open=True),
+    "min_free_after_graph_gib": _FloatRange(0.0, _MAX_AMOUNT),
+    # Less than the CUDA context leaves nothing to plan with.
+    "gpu_memory_mib": _FloatRange(kvmath.CUDA_CONTEXT_GIB * 1024, _MAX_AMOUNT, low_open=True),
+    "host_ram_gib": _FloatRange(0.0, _MAX_AMOUNT),
+}
+_INTEGER_TEXT = re.compile(r"\s*[+-]?[0-9]+\s*")
+_TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
+_FALSE_WORDS = frozenset({"0", "false", "no", "off", ""})
+
+
+def _shown(value: Any) -> str:
+    """A value for a message: short, and never the conversion of a huge integer."""
+    if isinstance(value, int) and value.bit_length() > 64:
+        return f"a {value.bit_length()}-bit integer"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _integral(value: Any) -> bool:
+    """A float without a fraction, or the text of an integer (as Ansible hands it over)."""
+    if isinstance(value, float):
+        return value.is_integer()
+    return isinstance(value, str) and bool(_INTEGER_TEXT.fullmatch(value))
+
+
+def _as_int(key: str, value: Any) -> int:
+    low, high = _INT_RANGES[key]
+    number: int | None = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif _integral(value):
+        number = int(value)
+    if number is None or not low <= number <= high:
+        raise PlanInputError(f"must be an integer from {low} to {high}, got {_shown(value)}", key)
+    return number
+
+
+def _as_float(key: str, value: Any) -> float:
+    allowed = _FLOAT_RANGES[key]
+    number: float | None = None
+    try:
+        if isinstance(value, int | float | str) and not isinstance(value, bool):
+            number = float(value)
+    except (ValueError, OverflowError):
+        number = None
+    if number is None or not math.isfinite(number) or number not in allowed:
+        raise PlanInputError(f"must be {allowed}, got {_shown(value)}", key)
+    return number
+
+
+def _as_bool(key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    word = value.strip().lower() if isinstance(value, str) else None
+    if word in _TRUE_WORDS or word in _FALSE_WORDS:
+        return word in _TRUE_WORDS
+    raise PlanInputError(f"must be true or false, got {_shown(value)}", key)
+
+
+def _as_text(key: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise PlanInputError(f"must be a string, got {_shown(value)}", key)
+    return value
 
 
 def _typed(values: dict[str, Any]) -> dict[str, Any]:
@@ -122,53 +211,60 @@ def _typed(values: dict[str, Any]) -> dict[str, Any]:
     for key, value in values.items():
         if value is None:
             continue
-        try:
-            if key in _INT_KEYS:
-                out[key] = int(value)
-            elif key in _FLOAT_KEYS:
-                out[key] = float(value)
-            elif key == "enable_hierarchical_cache":
-                out[key] = _as_bool(value)
-            else:
-                out[key] = value
-        except (TypeError, ValueError) as exc:
-            raise PlanInputError(f"{key}: {exc}") from exc
+        if key in _INT_RANGES:
+            out[key] = _as_int(key, value)
+        elif key in _FLOAT_RANGES:
+            out[key] = _as_float(key, value)
+        elif key == "enable_hierarchical_cache":
+            out[key] = _as_bool(key, value)
+        else:
+            out[key] = _as_text(key, value)
     return out
 
 
 def _merge_args(args: dict[str, Any]) -> dict[str, Any]:
-    unknown = sorted(set(args) - set(ARG_DEFAULTS))
+    if not isinstance(args, dict):
+        raise PlanInputError(f"planner arguments must be a mapping, got {_shown(args)}")
+    unknown = sorted(map(str, set(args) - set(ARG_DEFAULTS)))
     if unknown:
         raise PlanInputError(f"unknown planner argument(s): {', '.join(unknown)}")
     return dict(ARG_DEFAULTS) | _typed(args)
 
 
-def _check_inputs(a: dict[str, Any], host: dict[str, Any]) -> None:
-    unknown = sorted(set(host) - set(HOST_KEYS))
+def _typed_host(host: dict[str, Any]) -> dict[str, Any]:
+    if not isinstance(host, dict):
+        raise PlanInputError(f"host facts must be a mapping, got {_shown(host)}")
+    unknown = sorted(map(str, set(host) - set(HOST_KEYS)))
     if unknown:
         raise PlanInputError(f"unknown host fact(s): {', '.join(unknown)}")
-    if not host.get("gpu_memory_mib") or host["gpu_memory_mib"] <= 0:
+    if host.get("gpu_memory_mib") is None:
         raise PlanInputError(
-            "host fact gpu_memory_mib (per GPU, as nvidia-smi reports) is required"
+            "is required: the host's memory per GPU in MiB, as nvidia-smi reports it",
+            "gpu_memory_mib",
         )
-    for key in ("tp_size", "dp_size", "page_size"):
-        if int(a[key]) < 1:
-            raise PlanInputError(f"{key} must be >= 1")
-    fraction = a["mem_fraction_static"]
-    if fraction is not None and not 0 < float(fraction) < 1:
-        raise PlanInputError("mem_fraction_static must be between 0 and 1")
+    return _typed(host)
+
+
+def _check_weight_bytes(weight_bytes: Any) -> int:
     if (
-        a["avg_input_len"] < 0
-        or a["avg_output_len"] < 0
-        or a["avg_input_len"] + a["avg_output_len"] <= 0
+        not isinstance(weight_bytes, int)
+        or isinstance(weight_bytes, bool)
+        or not 0 < weight_bytes < 2**63
     ):
-        raise PlanInputError("avg_input_len + avg_output_len must be positive")
-    if a["hicache_size"] < 0 or (a["hicache_ratio"] is not None and a["hicache_ratio"] <= 0):
-        raise PlanInputError("hicache_size must be >= 0 and hicache_ratio > 0")
+        raise PlanInputError(
+            f"must be a positive byte count (metadata.total_size), got {_shown(weight_bytes)}",
+            "weight_bytes",
+        )
+    return weight_bytes
+
+
+def _check_inputs(a: dict[str, Any]) -> None:
+    if a["avg_input_len"] + a["avg_output_len"] <= 0:
+        raise PlanInputError("avg_input_len + avg_output_len must be positive", "avg_input_len")
     try:
         kvmath.elem_bytes(a["kv_cache_dtype"])
     except ValueError as exc:
-        raise PlanInputError(str(exc)) from exc
+        raise PlanInputError(str(exc), "kv_cache_dtype") from exc
 
 
 def _usable_calibration(a: dict[str, Any], warnings: list[dict[str, str]]) -> Calibration | None:
@@ -214,13 +310,13 @@ class _Planner:
         self, config: dict[str, Any], weight_bytes: int, args: dict[str, Any], host: dict[str, Any]
     ):
         self.a = _merge_args(args)
-        self.host = _typed(host)
-        _check_inputs(self.a, self.host)
+        self.host = _typed_host(host)
+        _check_inputs(self.a)
         try:
             self.shape = model_shape(config)
         except ModelConfigError as exc:
-            raise PlanInputError(str(exc)) from exc
-        self.weight_bytes = weight_bytes
+            raise PlanInputError(str(exc), "model_config") from exc
+        self.weight_bytes = _check_weight_bytes(weight_bytes)
         self.tp = int(self.a["tp_size"])
         self.dp = int(self.a["dp_size"])
         self.dtype = str(self.a["kv_cache_dtype"])
@@ -540,9 +636,11 @@ def split_namespace(ns: argparse.Namespace) -> tuple[dict[str, Any], dict[str, A
     values = vars(ns)
     args = {k: values[k] for k in ARG_DEFAULTS if k in values and values[k] is not None}
     if values.get("calibrate_from"):
-        args["calibration_log"] = Path(values["calibrate_from"]).read_text(
-            encoding="utf-8", errors="replace"
-        )
+        path = Path(values["calibrate_from"])
+        try:
+            args["calibration_log"] = path.read_text(encoding="utf-8", errors="replace")
+        except OSError as exc:
+            raise PlanInputError(f"cannot read {path}: {exc.strerror}", "calibration_log") from exc
     host = {k: values[k] for k in HOST_KEYS if values.get(k) is not None}
     return args, host
 
@@ -566,20 +664,44 @@ def _summary(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# The command-line option behind each PlanInputError.argument that is not `--<name>`.
+_CLI_OPTIONS = {
+    "calibration_log": "--calibrate-from",
+    "model_config": "--model-path",
+    "weight_bytes": "--model-path",
+}
+
+
+def cli_message(exc: PlanInputError) -> str:
+    """The error as argparse words it: `argument --tp-size: must be ...`."""
+    if exc.argument is None:
+        return exc.message
+    option = _CLI_OPTIONS.get(exc.argument, "--" + exc.argument.replace("_", "-"))
+    return f"argument {option}: {exc.message}"
+
+
+def _plan_from_namespace(ns: argparse.Namespace) -> dict[str, Any]:
+    try:
+        config, weight_bytes = read_model_dir(ns.model_path)
+    except ModelConfigError as exc:
+        raise PlanInputError(str(exc), "model_path") from exc
+    args, host = split_namespace(ns)
+    return plan(config, weight_bytes, args, host)
+
+
 def main(argv: list[str] | None = None) -> int:
+    # No abbreviations: `--tp 8` meaning --tp-size today could mean another flag tomorrow.
     parser = argparse.ArgumentParser(
-        prog="python3 -m sglang_fleet.plan", description=__doc__.splitlines()[0]
+        prog="python3 -m sglang_fleet.plan", description=__doc__.splitlines()[0], allow_abbrev=False
     )
     add_plan_arguments(parser, model_required=True)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     ns = parser.parse_args(argv)
     try:
-        config, weight_bytes = read_model_dir(ns.model_path)
-        args, host = split_namespace(ns)
-        result = plan(config, weight_bytes, args, host)
-    except (ModelConfigError, PlanInputError, OSError) as exc:
+        result = _plan_from_namespace(ns)
+    except PlanInputError as exc:
         parser.print_usage(sys.stderr)
-        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        print(f"{parser.prog}: error: {cli_message(exc)}", file=sys.stderr)
         return 2
     print(json.dumps(result, indent=2) if ns.json else _summary(result))
     return 1 if result["errors"] else 0

@@ -12,6 +12,7 @@ A server in `sglang_server_instances`::
       env: {NCCL_PROTO: LL}
       host: 127.0.0.1                 # optional: loopback unless the inventory opens it
       api_key: "{{ vault_kimi_api_key }}"   # optional secret: never in flags, argv or the result
+                                      # (leave it out to serve without a key; '' is an error)
 
 Precedence (later wins; nested mappings such as json_model_override_args combine key by key; a
 value of null removes the key set by an earlier layer):
@@ -30,6 +31,20 @@ GPU count x nnodes / pp_size, divided by dp_size unless DP attention shares the 
 Flag keys may use dashes (mem-fraction-static); they are stored in ServerArgs spelling (underscores)
 so layers that spell a key differently still override each other. The description stays
 independent of the host that runs it: nnodes/node_rank/dist_init_addr are ordinary flags.
+
+What resolution refuses (ServerConfigError naming the variable), so that nothing is written
+for an input the renderers or systemd would mangle:
+
+- names, flag keys and environment names match their pattern as a whole string (a trailing
+  newline is not "the end");
+- model_path, served_model_name and host hold no control characters;
+- flag values are strings, numbers, booleans, lists of those or JSON-like mappings; strings
+  hold no NUL (no command line can carry one) and are valid UTF-8; numbers are finite and
+  integers fit in 64 bits;
+- environment values are strings or numbers without control characters other than TAB
+  (an EnvironmentFile line cannot hold a newline, and systemd drops other control bytes);
+- api_key, when present, is a non-empty string of printable ASCII without surrounding spaces
+  or a leading dash, at most MAX_API_KEY_CHARS long; messages about it never quote it.
 """
 
 from __future__ import annotations
@@ -37,7 +52,9 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import math
 import re
+import unicodedata
 from collections.abc import Mapping
 from typing import Any
 
@@ -48,8 +65,17 @@ PROFILES_VAR = "sglang_server_profiles"
 OVERRIDES_VAR = "sglang_server_overrides"
 DEFAULTS_VAR = "sglang_server_defaults"
 
-NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,40}$")
-ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Whole-string patterns, used with fullmatch: with match() and `$` a trailing newline passes.
+NAME_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,40}")
+NAME_RULE = "1 to 41 lower-case letters, digits or '-', not starting with '-'"
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# A visible ASCII character, or a space between two of them: what an HTTP header value carries
+# unchanged (RFC 9110 field-value, minus tabs and non-ASCII, which clients encode differently).
+API_KEY_RE = re.compile(r"[!-~]([ -~]*[!-~])?")
+# HTTP servers cap a header line at 8 KiB or so; a longer key could not be sent at all.
+MAX_API_KEY_CHARS = 4096
+# Integers beyond this are no SGLang setting; C extensions would overflow on them.
+MAX_FLAG_INT = 2**63 - 1
 DEFAULT_HOST = "127.0.0.1"
 SERVER_KEYS = (
     "name",
@@ -74,6 +100,8 @@ MANAGED_FLAGS = {
     "config": "nothing (the role passes --config for the secrets file itself)",
 }
 MANAGED_ENV = {"CUDA_VISIBLE_DEVICES": "gpus"}
+OVERRIDE_KEYS = ("flags", "env")
+DEFAULTS_KEYS = ("flags", "env", "host")
 
 
 class ServerConfigError(ValueError):
@@ -106,36 +134,127 @@ def _mapping(value: Any, variable: str) -> Mapping[str, Any]:
     return value
 
 
+def _shown(key: Any) -> str:
+    """A key as it may appear in a variable path: itself when printable, else its repr."""
+    text = str(key)
+    return text if text.isprintable() and text.isascii() else repr(key)
+
+
+def _control_char(text: str, allowed: str = "") -> str | None:
+    """The first control character of text (a Unicode Cc other than `allowed`), if any."""
+    return next((c for c in text if c not in allowed and unicodedata.category(c) == "Cc"), None)
+
+
+def _text_problem(text: str) -> str | None:
+    """Why a string cannot be one argv word of a unit file, or None."""
+    if "\0" in text:
+        return "holds a NUL character, which no command line can carry"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "is not valid UTF-8 text (a unit file must be UTF-8)"
+    return None
+
+
+def _scalar_problem(value: Any) -> str | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        if abs(value) > MAX_FLAG_INT:
+            return f"a {value.bit_length()}-bit integer is out of range (at most 64 bits)"
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"{value!r} is not a finite number"
+    if isinstance(value, str):
+        return _text_problem(value)
+    return f"a {type(value).__name__} is not a flag value (use a string, number or boolean)"
+
+
+def _json_problem(value: Any) -> str | None:
+    """Why a nested mapping value cannot be written as the JSON SGLang reads, or None."""
+    if value is None:
+        return None
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                return f"mapping key {key!r} is not a string (JSON keys are strings)"
+            problem = _text_problem(key) or _json_problem(item)
+            if problem:
+                return problem
+        return None
+    if isinstance(value, list | tuple):
+        return next((p for p in map(_json_problem, value) if p), None)
+    return _scalar_problem(value)
+
+
+def _flag_value_problem(value: Any) -> str | None:
+    """Why a flag value cannot be rendered as argv words, or None."""
+    if value is None:
+        return None
+    if isinstance(value, Mapping):
+        return _json_problem(value)
+    if isinstance(value, list | tuple):
+        for item in value:
+            if item is None or isinstance(item, Mapping | list | tuple):
+                return "a list flag takes strings, numbers or booleans, not nested values"
+            problem = _scalar_problem(item)
+            if problem:
+                return problem
+        return None
+    return _scalar_problem(value)
+
+
 def _flag_layer(value: Any, variable: str) -> dict[str, Any]:
-    """A flag mapping with keys in ServerArgs spelling; managed keys refused."""
+    """A flag mapping with keys in ServerArgs spelling; managed keys and bad values refused."""
     layer: dict[str, Any] = {}
     for key, item in _mapping(value, variable).items():
         try:
             norm = normalize_key(key)
         except ValueError as exc:
-            raise ServerConfigError(f"{variable}.{key}", str(exc)) from None
+            raise ServerConfigError(f"{variable}.{_shown(key)}", str(exc)) from None
         if norm in MANAGED_FLAGS:
             raise ServerConfigError(
                 f"{variable}.{key}", f"is set by the server's own field: use {MANAGED_FLAGS[norm]}"
             )
         if norm in layer:
             raise ServerConfigError(f"{variable}.{key}", f"repeats flag {norm} (same flag)")
+        problem = _flag_value_problem(item)
+        if problem:
+            raise ServerConfigError(f"{variable}.{key}", problem)
         layer[norm] = item
     return layer
 
 
+def _env_value_problem(value: Any) -> str | None:
+    """Why a value cannot be one EnvironmentFile= line (see the module docstring), or None."""
+    if value is None:
+        return None  # null removes the variable set by an earlier layer
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        return (
+            f"a {type(value).__name__} is not an environment value: use a quoted string "
+            "(for example '1', 'true' or '') or a number"
+        )
+    char = _control_char(value, allowed="\t") if isinstance(value, str) else None
+    if char is not None:
+        return f"holds the control character {char!r}; an EnvironmentFile line allows none but TAB"
+    return _scalar_problem(value)
+
+
 def _env_layer(value: Any, variable: str) -> dict[str, Any]:
     layer = dict(_mapping(value, variable))
-    for key in layer:
-        if not isinstance(key, str) or not ENV_NAME_RE.match(key):
+    for key, item in layer.items():
+        if not isinstance(key, str) or not ENV_NAME_RE.fullmatch(key):
             raise ServerConfigError(
-                f"{variable}.{key}",
+                f"{variable}.{_shown(key)}",
                 "is not an environment variable name (letters, digits, '_', no leading digit)",
             )
         if key in MANAGED_ENV:
             raise ServerConfigError(
                 f"{variable}.{key}", f"is set from the server's {MANAGED_ENV[key]}"
             )
+        problem = _env_value_problem(item)
+        if problem:
+            raise ServerConfigError(f"{variable}.{key}", problem)
     return layer
 
 
@@ -153,21 +272,48 @@ def _origins(layers: list[tuple[str, dict[str, Any]]]) -> dict[str, str]:
 
 def _check_name(server: Mapping[str, Any], index: int) -> str:
     name = server.get("name")
-    if not isinstance(name, str) or not NAME_RE.match(name):
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
         raise ServerConfigError(
             f"{SERVERS_VAR}[{index}].name",
-            f"{name!r} must match {NAME_RE.pattern} (it names the unit sglang@<name>.service)",
+            f"{name!r} must be {NAME_RULE} (it names the unit sglang@<name>.service)",
         )
     return name
 
 
-def _check_keys(server: Mapping[str, Any], where: str) -> None:
-    unknown = sorted(str(key) for key in server if key not in SERVER_KEYS)
+def _check_keys(
+    mapping: Mapping[str, Any], where: str, allowed: tuple[str, ...], hint: str = ""
+) -> None:
+    unknown = sorted(_shown(key) for key in mapping if key not in allowed)
     if unknown:
         raise ServerConfigError(
-            f"{where}.{unknown[0]}",
-            f"unknown key; a server takes {', '.join(SERVER_KEYS)} (SGLang flags go in flags:)",
+            f"{where}.{unknown[0]}", f"unknown key; allowed: {', '.join(allowed)}{hint}"
         )
+
+
+def _check_api_key(server: Mapping[str, Any], where: str) -> bool:
+    """Whether the server has an API key; a present key must be usable (never quoted back)."""
+    if "api_key" not in server:
+        return False
+    variable = f"{where}.api_key"
+    key = server["api_key"]
+    if key is None or key == "":
+        raise ServerConfigError(
+            variable,
+            "is empty (an unset vault variable or environment lookup?); set a key, or leave "
+            "api_key out to serve without authentication",
+        )
+    if not isinstance(key, str):
+        raise ServerConfigError(variable, f"must be a string, got a {type(key).__name__}")
+    if len(key) > MAX_API_KEY_CHARS:
+        raise ServerConfigError(variable, f"is longer than {MAX_API_KEY_CHARS} characters")
+    if key.startswith("-") or not API_KEY_RE.fullmatch(key):
+        raise ServerConfigError(
+            variable,
+            "must be printable ASCII (letters, digits, punctuation, inner spaces) without "
+            "leading or trailing whitespace, control characters or a leading '-': it travels "
+            "in an HTTP header and a YAML file (the key itself is not shown here)",
+        )
+    return True
 
 
 def _check_gpus(value: Any, where: str) -> list[int]:
@@ -183,7 +329,7 @@ def _check_gpus(value: Any, where: str) -> list[int]:
 
 
 def _check_port(value: Any, where: str) -> int:
-    if isinstance(value, str) and value.isdigit():
+    if isinstance(value, str) and value.isascii() and value.isdigit():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise ServerConfigError(f"{where}.port", f"{value!r} is not a port number (1..65535)")
@@ -195,6 +341,12 @@ def _check_text(value: Any, variable: str, required: bool) -> str | None:
         return None
     if not isinstance(value, str) or not value:
         raise ServerConfigError(variable, f"{value!r} must be a non-empty string")
+    char = _control_char(value)
+    if char is not None:
+        raise ServerConfigError(variable, f"{value!r} holds the control character {char!r}")
+    problem = _text_problem(value)
+    if problem:
+        raise ServerConfigError(variable, problem)
     return value
 
 
@@ -215,7 +367,7 @@ def _profile_layer(
 def _positive_int(flags: Mapping[str, Any], key: str) -> int | None:
     """An int flag value for the tp_size default, or None when it is not one (validate says)."""
     value = flags.get(key, 1)
-    if isinstance(value, str) and value.isdigit():
+    if isinstance(value, str) and value.isascii() and value.isdigit():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         return None
@@ -248,7 +400,8 @@ def resolve_server(
         raise ServerConfigError(f"{SERVERS_VAR}[{index}]", "must be a mapping")
     name = _check_name(server, index)
     where = f"{SERVERS_VAR}[{name}]"
-    _check_keys(server, where)
+    _check_keys(server, where, SERVER_KEYS, " (SGLang flags go in flags:)")
+    api_key_set = _check_api_key(server, where)
     model_path = _check_text(server.get("model_path"), f"{where}.model_path", required=True)
     served_name = _check_text(
         server.get("served_model_name"), f"{where}.served_model_name", required=False
@@ -260,6 +413,7 @@ def resolve_server(
     port = _check_port(server.get("port"), where)
     profile, profile_flags = _profile_layer(server, profiles, where)
     override = _mapping(overrides.get(name), f"{OVERRIDES_VAR}.{name}")
+    _check_keys(override, f"{OVERRIDES_VAR}.{name}", OVERRIDE_KEYS)
 
     flag_layers = [
         (f"{DEFAULTS_VAR}.flags", _flag_layer(defaults.get("flags"), f"{DEFAULTS_VAR}.flags")),
@@ -311,7 +465,7 @@ def resolve_server(
         # What the unit's EnvironmentFile holds: the merged env plus the server's GPU set.
         "environment": {**env, "CUDA_VISIBLE_DEVICES": cuda_visible_devices},
         # The key itself stays out of the description, which Ansible prints and diffs.
-        "api_key_set": bool(server.get("api_key")),
+        "api_key_set": api_key_set,
     }
 
 
@@ -326,6 +480,7 @@ def resolve_servers(
     profiles = _mapping(profiles, PROFILES_VAR)
     overrides = _mapping(overrides, OVERRIDES_VAR)
     defaults = _mapping(defaults, DEFAULTS_VAR)
+    _check_keys(defaults, DEFAULTS_VAR, DEFAULTS_KEYS)
     resolved = [
         resolve_server(server, index, profiles, overrides, defaults)
         for index, server in enumerate(servers)

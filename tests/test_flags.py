@@ -41,6 +41,7 @@ HOSTILE = [
     "&& rm -rf /",
     "tab\there",
     "new\nline",
+    "plain-word-then-newline\n",  # `$` in a pattern matches before it: must not pass as bare
     "carriage\rreturn",
     "\x01\x1b[31m\x7f",
     "\x85 next-line",
@@ -120,7 +121,9 @@ def test_empty_list_is_omitted_like_none() -> None:
     assert to_argv({"numa_node": [], "port": 8000}) == ["--port", "8000"]
 
 
-@pytest.mark.parametrize("key", ["Mem_fraction", "a b", "--port", "x;rm", "", "-x", "é", "a=b"])
+@pytest.mark.parametrize(
+    "key", ["Mem_fraction", "a b", "--port", "x;rm", "", "-x", "é", "a=b", "tp_size\n"]
+)
 def test_bad_keys_are_rejected_naming_the_key(key: str) -> None:
     with pytest.raises(ValueError) as excinfo:
         to_argv({key: 1})
@@ -196,6 +199,7 @@ def test_plain_words_stay_readable() -> None:
     assert systemd_quote("$X") == '"$$X"'
     assert systemd_quote(";") == '";"'
     assert systemd_quote("a\nb") == '"a\\nb"'
+    assert systemd_quote("word\n") == '"word\\n"'
     assert systemd_quote("\x85") == '"\\u0085"'
 
 
@@ -225,7 +229,7 @@ def test_env_file_line_escapes_what_systemd_unescapes() -> None:
     assert env_file_line("X", 'a"b\\c$d`e f%') == 'X="a\\"b\\\\c\\$d\\`e f%"'
 
 
-@pytest.mark.parametrize("key", ["1ABC", "A-B", "A B", "", "A=B", "É"])
+@pytest.mark.parametrize("key", ["1ABC", "A-B", "A B", "", "A=B", "É", "NCCL_PROTO\n"])
 def test_env_file_line_rejects_bad_names(key: str) -> None:
     with pytest.raises(ValueError, match="environment variable name"):
         env_file_line(key, "x")

@@ -364,11 +364,12 @@ def test_cli_exit_codes(capsys: pytest.CaptureFixture[str]):
     assert "hicache_host_ram" in codes(json.loads(out)["errors"])
     rc, _, err = run_cli(capsys, "--model-path", str(KIMI_DIR), "--json")  # no GPU facts
     assert rc == 2
-    assert "gpu_memory_mib" in err
+    assert "argument --gpu-memory-mib: is required" in err
     rc, _, _ = run_cli(capsys, *STORY_FLAGS, "--kv-cache-dtype", "int2")
     assert rc == 2
     rc, _, err = run_cli(capsys, "--model-path", "/nonexistent", "--gpu-memory-mib", "1000")
     assert rc == 2
+    assert "argument --model-path: model path /nonexistent is not a directory" in err
 
 
 def test_cli_calibrate_from(capsys: pytest.CaptureFixture[str]):
@@ -490,3 +491,37 @@ def test_string_inputs_from_ansible_extra_vars_are_converted():
     assert got == kimi(mem_fraction_static=0.85, enable_hierarchical_cache=True, hicache_size=48)
     with pytest.raises(PlanInputError, match="tp_size"):
         plan(KIMI_CONFIG, KIMI_WEIGHTS, {"tp_size": "eight"}, STORY_HOST)
+
+
+@pytest.mark.parametrize(
+    ("flags", "argument"),
+    [
+        (["--gpu-memory-mib", "nan"], "--gpu-memory-mib"),
+        (["--gpu-memory-mib", "97887", "--per-request-tok-s", "0"], "--per-request-tok-s"),
+        (["--gpu-memory-mib", "97887", "--context-length", "0"], "--context-length"),
+    ],
+)
+def test_entry_point_exits_2_naming_the_argument_without_a_traceback(
+    flags: list[str], argument: str
+) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "sglang_fleet.plan", "--model-path", str(LLAMA_DIR), *flags],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert f"error: argument {argument}: must be" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_filter_reports_hostile_numbers_as_filter_errors():
+    sglang_plan = load_filter_module().sglang_plan
+    for host in ({"gpu_memory_mib": math.nan}, {"gpu_memory_mib": 97887, "host_ram_gib": -1}):
+        with pytest.raises(AnsibleFilterError, match=r"sglang_plan: (gpu_memory_mib|host_ram_gib)"):
+            sglang_plan(LLAMA_CONFIG, LLAMA_WEIGHTS, {}, host)
+    with pytest.raises(AnsibleFilterError, match="num_attention_heads"):
+        sglang_plan({**LLAMA_CONFIG, "num_attention_heads": 0}, LLAMA_WEIGHTS, {}, STORY_HOST)

@@ -152,11 +152,13 @@ def test_unknown_profile_lists_the_profiles() -> None:
     assert "'fast'" in error.message and "safe, throughput" in error.message
 
 
-@pytest.mark.parametrize("name", ["Kimi", "-kimi", "kimi_1", "a" * 42, "", None, "kimi.service"])
+@pytest.mark.parametrize(
+    "name", ["Kimi", "-kimi", "kimi_1", "a" * 42, "", None, "kimi.service", "kimi\n"]
+)
 def test_bad_names_are_refused(name: object) -> None:
     error = _error([kimi(name=name)])
     assert error.variable == "sglang_server_instances[0].name"
-    assert "^[a-z0-9][a-z0-9-]{0,40}$" in error.message
+    assert "lower-case letters, digits or '-'" in error.message
 
 
 @pytest.mark.parametrize(
@@ -277,3 +279,15 @@ def test_not_last_known_good_names_missing_and_different_records():
 
     slurps = [slurp(same), slurp(other, flags={"x": 1}), {"failed": True, "msg": "not found"}]
     assert sglang_not_last_known_good([same, other, missing], slurps) == ["b", "c"]
+
+
+@pytest.mark.parametrize("key", ["", None, " sk-secret-123", "sk-secret-123\n", "-sk-secret-123"])
+def test_a_present_api_key_must_be_usable_and_is_never_quoted(key: object) -> None:
+    error = _error([kimi(api_key=key)])
+    assert error.variable == "sglang_server_instances[kimi].api_key"
+    assert "sk-secret-123" not in str(error)
+
+
+def test_leaving_api_key_out_serves_without_a_key() -> None:
+    [resolved] = resolve_servers([kimi()], {}, {}, {})
+    assert resolved["api_key_set"] is False

@@ -324,3 +324,15 @@ def test_module_against_the_gpusim_double(tmp_path: Path) -> None:
     assert "nvfp4" in problems["bad_choice"]["message"]  # the 0.5.21+ choice list
     assert problems["bad_value"]["variable"].endswith(".mem_fraction_static")
     assert "invalid float value: '0.9x'" in problems["bad_value"]["message"]
+
+
+def test_words_no_command_line_carries_are_reported_per_flag_and_left_out() -> None:
+    argv = ["--model-path", "/m\0", "--tp-size", "8", "--x\0", "1", "--chat-template", "é" * 70000]
+    problems, kept = sfc.unpassable_words(argv, "srv.flags")
+    assert kept == ["--tp-size", "8"]
+    assert [(p["code"], p["variable"]) for p in problems] == [
+        ("not_argv", "srv.flags.model_path"),
+        ("not_argv", "srv.flags"),  # a flag name with a NUL names no variable of its own
+        ("not_argv", "srv.flags.chat_template"),
+    ]
+    assert "140000 bytes long" in problems[2]["message"]  # é is two bytes in UTF-8

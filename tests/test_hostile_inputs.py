@@ -1,0 +1,1388 @@
+"""Every hostile input gets a clear outcome: one table, one small runner per target.
+
+A row is (id, target, input, outcome, text, absent):
+- outcome "refused": the input is rejected the way an operator sees it (ServerConfigError or a
+  validate problem at pre-flight, PlanInputError/ModelConfigError, the CLI's exit 2, a failed
+  sglang_flags_check), never a traceback, and the message contains `text` (the variable or
+  argument to fix, and often the rule).
+- outcome "handled": the input is accepted and the whole path works (a server resolves,
+  validates and renders to an ExecStart= line and EnvironmentFile lines; a plan returns finite
+  numbers; the CLI exits 0 or 1; the flag check passes), and the output contains `text`.
+`absent` must appear in neither the message nor the output (secrets, dropped flags).
+
+Targets: server (resolve + validate + render, as the role's pre-flight and templates do),
+plan (plan() as the Ansible filter calls it), model_dir (a model directory on disk, read and
+planned), plan_cli (`python -m sglang_fleet.plan` argv), flags_check (the Ansible module, run
+as Ansible runs it).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sglang_fleet import flags, validate
+from sglang_fleet import plan as plan_mod
+from sglang_fleet.modelcfg import ModelConfigError, read_model_dir
+from sglang_fleet.plan import PlanInputError, plan
+from sglang_fleet.servers import ServerConfigError, resolve_servers
+
+ROOT = Path(__file__).resolve().parent.parent
+LLAMA_DIR = ROOT / "tests" / "fixtures" / "models" / "llama-3.1-8b"
+LLAMA_CONFIG, LLAMA_WEIGHTS = read_model_dir(LLAMA_DIR)
+HOST = {"gpu_memory_mib": 97887, "host_ram_gib": 400, "gpu_count": 8}
+VALIDATE_HOST = {"gpu_count": 8, "ram_mib": 400 * 1024}
+NAN, INF = math.nan, math.inf
+KIMI = "sglang_server_instances[kimi]"
+LONG_KEY = "k" * 4096
+
+
+@dataclass(frozen=True)
+class Row:
+    id: str
+    target: str
+    input: Any
+    outcome: str  # "refused" or "handled"
+    text: str = ""
+    absent: str = ""
+
+
+def srv(**changes: Any) -> dict[str, Any]:
+    """Input of a server row: changes to one valid server (kimi, 8 GPUs, port 8000)."""
+    return {"server": changes}
+
+
+def flag(key: Any, value: Any) -> dict[str, Any]:
+    return srv(flags={key: value})
+
+
+def env(key: Any, value: Any) -> dict[str, Any]:
+    return srv(env={key: value})
+
+
+def second(**changes: Any) -> dict[str, Any]:
+    """Input with a second server beside kimi (shares nothing unless changes say so)."""
+    other = {"name": "llama", "model_path": "/m/llama", "port": 8001, "gpus": [7]}
+    return {"server": {"gpus": [0, 1, 2, 3], "flags": {"tp_size": 4}}, "more": [other | changes]}
+
+
+SERVER_ROWS = [
+    # --- server names: the unit is sglang@<name>.service
+    Row("name-trailing-newline", "server", srv(name="kimi\n"), "refused", "[0].name"),
+    Row("name-uppercase", "server", srv(name="Kimi"), "refused", "[0].name"),
+    Row("name-42-chars", "server", srv(name="a" * 42), "refused", "1 to 41"),
+    Row("name-41-chars", "server", srv(name="a" * 41), "handled", f"sglang@{'a' * 41}.service"),
+    Row("name-empty", "server", srv(name=""), "refused", "[0].name"),
+    Row("name-dots", "server", srv(name="kimi.v2"), "refused", "[0].name"),
+    Row("name-slash", "server", srv(name="kimi/v2"), "refused", "[0].name"),
+    Row("name-unicode", "server", srv(name="kimí"), "refused", "[0].name"),
+    Row("name-fullwidth", "server", srv(name="\uff4b\uff49\uff4d\uff49"), "refused", "[0].name"),
+    Row("name-leading-dash", "server", srv(name="-kimi"), "refused", "[0].name"),
+    Row("name-space", "server", srv(name="kimi v2"), "refused", "[0].name"),
+    Row("name-nul", "server", srv(name="kimi\0"), "refused", "[0].name"),
+    Row("name-null", "server", srv(name=None), "refused", "[0].name"),
+    Row("name-integer", "server", srv(name=7), "refused", "[0].name"),
+    Row("name-digits", "server", srv(name="8000"), "handled", "sglang@8000.service"),
+    Row("name-twice", "server", second(name="kimi"), "refused", "two servers have this name"),
+    # --- environment names
+    Row("env-key-newline", "server", env("NCCL_PROTO\n", "LL"), "refused", f"{KIMI}.env"),
+    Row("env-key-leading-digit", "server", env("1NCCL", "LL"), "refused", f"{KIMI}.env.1NCCL"),
+    Row("env-key-dash", "server", env("NCCL-PROTO", "LL"), "refused", "environment variable"),
+    Row("env-key-equals", "server", env("A=B", "1"), "refused", f"{KIMI}.env.A=B"),
+    Row("env-key-unicode", "server", env("NÇCL", "1"), "refused", f"{KIMI}.env"),
+    Row("env-key-empty", "server", env("", "1"), "refused", f"{KIMI}.env"),
+    Row("env-key-integer", "server", env(5, "1"), "refused", f"{KIMI}.env.5"),
+    Row("env-key-managed", "server", env("CUDA_VISIBLE_DEVICES", "0"), "refused", "gpus"),
+    Row("env-key-lowercase", "server", env("nccl_debug", "INFO"), "handled", 'nccl_debug="INFO"'),
+    # --- environment values: one EnvironmentFile line each, TAB the only control allowed
+    Row(
+        "env-value-newline-injection",
+        "server",
+        env("NCCL_PROTO", "LL\nLD_PRELOAD=/tmp/x.so"),
+        "refused",
+        f"{KIMI}.env.NCCL_PROTO",
+    ),
+    Row("env-value-cr", "server", env("X", "a\rb"), "refused", "control character"),
+    Row("env-value-escape", "server", env("X", "\x1b[31m"), "refused", f"{KIMI}.env.X"),
+    Row("env-value-nul", "server", env("X", "a\0b"), "refused", f"{KIMI}.env.X"),
+    Row("env-value-c1-control", "server", env("X", "\x85"), "refused", f"{KIMI}.env.X"),
+    Row("env-value-del", "server", env("X", "a\x7fb"), "refused", f"{KIMI}.env.X"),
+    Row("env-value-tab", "server", env("X", "a\tb"), "handled", 'X="a\tb"'),
+    Row(
+        "env-value-shell-chars", "server", env("X", 'a"b$c`d\\'), "handled", 'X="a\\"b\\$c\\`d\\\\"'
+    ),
+    Row("env-value-bool", "server", env("X", True), "refused", "quoted string"),
+    Row("env-value-list", "server", env("X", ["a"]), "refused", f"{KIMI}.env.X"),
+    Row("env-value-mapping", "server", env("X", {"a": 1}), "refused", f"{KIMI}.env.X"),
+    Row("env-value-nan", "server", env("X", NAN), "refused", "finite"),
+    Row("env-value-integer", "server", env("NCCL_NTHREADS", 512), "handled", 'NCCL_NTHREADS="512"'),
+    Row("env-value-unicode", "server", env("X", "ünï ✓"), "handled", 'X="ünï ✓"'),
+    Row("env-value-surrogate", "server", env("X", "\udc80"), "refused", "UTF-8"),
+    Row(
+        "env-value-null-removes",
+        "server",
+        {"defaults": {"env": {"NCCL_PROTO": "LL"}}, "server": {"env": {"NCCL_PROTO": None}}},
+        "handled",
+        "CUDA_VISIBLE_DEVICES=",
+        "NCCL_PROTO",
+    ),
+    Row(
+        "env-value-override-newline",
+        "server",
+        {"overrides": {"kimi": {"env": {"X": "a\nb"}}}},
+        "refused",
+        "sglang_server_overrides.kimi.env.X",
+    ),
+    Row(
+        "env-value-defaults-newline",
+        "server",
+        {"defaults": {"env": {"X": "a\nb"}}},
+        "refused",
+        "sglang_server_defaults.env.X",
+    ),
+    Row("env-not-a-mapping", "server", srv(env="A=1"), "refused", "mapping"),
+    # --- flag keys
+    Row("flag-key-newline", "server", flag("tp_size\n", 8), "refused", f"{KIMI}.flags"),
+    Row("flag-key-uppercase", "server", flag("TP_SIZE", 8), "refused", f"{KIMI}.flags.TP_SIZE"),
+    Row("flag-key-dashes", "server", flag("--tp-size", 8), "refused", "SGLang flag name"),
+    Row("flag-key-space", "server", flag("tp size", 8), "refused", f"{KIMI}.flags.tp size"),
+    Row("flag-key-semicolon", "server", flag("x;rm", 1), "refused", f"{KIMI}.flags"),
+    Row("flag-key-unicode", "server", flag("tp_sïze", 8), "refused", f"{KIMI}.flags"),
+    Row("flag-key-empty", "server", flag("", 1), "refused", f"{KIMI}.flags"),
+    Row("flag-key-integer", "server", flag(8, 1), "refused", f"{KIMI}.flags.8"),
+    Row(
+        "flag-key-dashed",
+        "server",
+        flag("mem-fraction-static", 0.8),
+        "handled",
+        "--mem-fraction-static 0.8",
+    ),
+    Row(
+        "flag-key-twins",
+        "server",
+        srv(flags={"mem_fraction_static": 0.8, "mem-fraction-static": 0.7}),
+        "refused",
+        "same flag",
+    ),
+    Row("flag-key-managed-port", "server", flag("port", 9000), "refused", "use port"),
+    Row("flag-key-api-key", "server", flag("api_key", "sk-1"), "refused", "secret"),
+    Row("flag-key-config", "server", flag("config", "/x.yaml"), "refused", f"{KIMI}.flags.config"),
+    # --- flag values
+    Row("flag-value-nul", "server", flag("chat_template", "a\0b"), "refused", "NUL"),
+    Row(
+        "flag-value-nul-in-list",
+        "server",
+        flag("cuda_graph_bs", ["1\0"]),
+        "refused",
+        "cuda_graph_bs",
+    ),
+    Row("flag-value-newline", "server", flag("chat_template", "a\nb"), "handled", '"a\\nb"'),
+    Row(
+        "flag-value-shell-and-specifiers",
+        "server",
+        flag("chat_template", "a; rm -rf / $HOME %h"),
+        "handled",
+        '"a; rm -rf / $$HOME %%h"',
+    ),
+    Row(
+        "flag-value-looks-like-a-flag",
+        "server",
+        flag("chat_template", "--port"),
+        "handled",
+        "--chat-template --port",
+    ),
+    Row("flag-value-unicode", "server", flag("chat_template", "模板"), "handled", '"模板"'),
+    Row("flag-value-surrogate", "server", flag("chat_template", "\udc80"), "refused", "UTF-8"),
+    Row(
+        "flag-value-empty-string",
+        "server",
+        flag("chat_template", ""),
+        "handled",
+        '--chat-template ""',
+    ),
+    Row("flag-value-int-1e30", "server", flag("random_seed", 10**30), "refused", "out of range"),
+    Row(
+        "flag-value-int-5000-digits",
+        "server",
+        flag("random_seed", 10**5000),
+        "refused",
+        "random_seed",
+    ),
+    Row(
+        "flag-value-int-64-bit", "server", flag("random_seed", 2**63 - 1), "handled", str(2**63 - 1)
+    ),
+    Row("flag-value-nan", "server", flag("mem_fraction_static", NAN), "refused", "finite"),
+    Row("flag-value-inf", "server", flag("max_total_tokens", INF), "refused", "finite"),
+    Row("flag-value-true", "server", flag("enable_metrics", True), "handled", "--enable-metrics"),
+    Row(
+        "flag-value-false",
+        "server",
+        flag("enable_metrics", False),
+        "handled",
+        "--port",
+        "--enable-metrics",
+    ),
+    Row("flag-value-nested-list", "server", flag("cuda_graph_bs", [[1, 2]]), "refused", "nested"),
+    Row(
+        "flag-value-list-with-null", "server", flag("cuda_graph_bs", [1, None]), "refused", "nested"
+    ),
+    Row(
+        "flag-value-list",
+        "server",
+        flag("cuda_graph_bs", [1, 2, 4]),
+        "handled",
+        "--cuda-graph-bs 1 2 4",
+    ),
+    Row(
+        "flag-value-empty-list",
+        "server",
+        flag("cuda_graph_bs", []),
+        "handled",
+        "--port",
+        "--cuda-graph-bs",
+    ),
+    Row(
+        "flag-value-mapping",
+        "server",
+        flag("json_model_override_args", {"rope_scaling": {"factor": 2}}),
+        "handled",
+        'rope_scaling\\":{\\"factor\\":2}',
+    ),
+    Row(
+        "flag-value-mapping-int-key",
+        "server",
+        flag("json_model_override_args", {1: "a"}),
+        "refused",
+        "JSON keys",
+    ),
+    Row(
+        "flag-value-mapping-nan",
+        "server",
+        flag("json_model_override_args", {"a": NAN}),
+        "refused",
+        "finite",
+    ),
+    Row(
+        "flag-value-set",
+        "server",
+        flag("cuda_graph_bs", {1, 2}),
+        "refused",
+        "set is not a flag value",
+    ),
+    Row(
+        "flag-value-bytes",
+        "server",
+        flag("chat_template", b"x"),
+        "refused",
+        "bytes is not a flag value",
+    ),
+    Row("flags-not-a-mapping", "server", srv(flags=["tp_size"]), "refused", f"{KIMI}.flags"),
+    Row(
+        "flag-mem-fraction-1.5",
+        "server",
+        flag("mem_fraction_static", 1.5),
+        "refused",
+        "strictly between 0 and 1",
+    ),
+    Row(
+        "flag-mem-fraction-text",
+        "server",
+        flag("mem_fraction_static", "0.88"),
+        "handled",
+        "--mem-fraction-static 0.88",
+    ),
+    Row("flag-tp-size-zero", "server", flag("tp_size", 0), "refused", f"{KIMI}.flags.tp_size"),
+    Row(
+        "profile-flag-key-newline",
+        "server",
+        {"profiles": {"fast": {"tp_size\n": 8}}, "server": {"profile": "fast"}},
+        "refused",
+        "sglang_server_profiles.fast",
+    ),
+    Row(
+        "defaults-flag-nul",
+        "server",
+        {"defaults": {"flags": {"chat_template": "\0"}}},
+        "refused",
+        "sglang_server_defaults.flags.chat_template",
+    ),
+    Row(
+        "override-flag-nan",
+        "server",
+        {"overrides": {"kimi": {"flags": {"mem_fraction_static": NAN}}}},
+        "refused",
+        "sglang_server_overrides.kimi.flags.mem_fraction_static",
+    ),
+    # --- ports
+    Row("port-zero", "server", srv(port=0), "refused", f"{KIMI}.port"),
+    Row("port-negative", "server", srv(port=-1), "refused", "1..65535"),
+    Row("port-65536", "server", srv(port=65536), "refused", "1..65535"),
+    Row("port-huge", "server", srv(port=10**20), "refused", "1..65535"),
+    Row("port-text", "server", srv(port="8000"), "handled", "--port 8000"),
+    Row("port-arabic-indic-digits", "server", srv(port="٨٠٠٠"), "refused", f"{KIMI}.port"),
+    Row("port-superscript", "server", srv(port="²"), "refused", f"{KIMI}.port"),
+    Row("port-float", "server", srv(port=8000.0), "refused", f"{KIMI}.port"),
+    Row("port-bool", "server", srv(port=True), "refused", f"{KIMI}.port"),
+    Row("port-missing", "server", srv(port=None), "refused", f"{KIMI}.port"),
+    Row("port-shared", "server", second(port=8000), "refused", "port 8000 is also used"),
+    # --- GPUs
+    Row("gpus-empty", "server", srv(gpus=[]), "refused", f"{KIMI}.gpus"),
+    Row("gpus-twice", "server", srv(gpus=[0, 0]), "refused", "twice"),
+    Row("gpus-negative", "server", srv(gpus=[-1]), "refused", f"{KIMI}.gpus"),
+    Row("gpus-bool", "server", srv(gpus=[True]), "refused", f"{KIMI}.gpus"),
+    Row("gpus-text", "server", srv(gpus="0,1"), "refused", "list"),
+    Row("gpus-float", "server", srv(gpus=[0.0]), "refused", f"{KIMI}.gpus"),
+    Row(
+        "gpus-not-on-host",
+        "server",
+        srv(gpus=[0, 1, 2, 3, 4, 5, 6, 9]),
+        "refused",
+        "does not exist",
+    ),
+    Row("gpus-huge-index", "server", srv(gpus=[10**20]), "refused", "does not exist"),
+    Row("gpus-tp-mismatch", "server", srv(gpus=[0, 1], flags={"tp_size": 8}), "refused", "tp_size"),
+    Row("gpus-shared", "server", second(gpus=[0]), "refused", "GPU 0 is also used"),
+    # --- profiles, overrides, defaults, shape
+    Row("profile-unknown", "server", srv(profile="fast"), "refused", f"{KIMI}.profile"),
+    Row("profile-list", "server", srv(profile=["fast"]), "refused", f"{KIMI}.profile"),
+    Row(
+        "profile-newline",
+        "server",
+        {"profiles": {"fast": {}}, "server": {"profile": "fast\n"}},
+        "refused",
+        "profile",
+    ),
+    Row(
+        "profile-not-a-mapping",
+        "server",
+        {"profiles": {"fast": "x"}, "server": {"profile": "fast"}},
+        "refused",
+        "mapping",
+    ),
+    Row(
+        "profile-known",
+        "server",
+        {"profiles": {"fast": {"kv_cache_dtype": "fp8_e4m3"}}, "server": {"profile": "fast"}},
+        "handled",
+        "--kv-cache-dtype fp8_e4m3",
+    ),
+    Row(
+        "override-unknown-server",
+        "server",
+        {"overrides": {"kmi": {"flags": {}}}},
+        "refused",
+        "sglang_server_overrides.kmi",
+    ),
+    Row(
+        "override-unknown-key",
+        "server",
+        {"overrides": {"kimi": {"flag": {}}}},
+        "refused",
+        "sglang_server_overrides.kimi.flag",
+    ),
+    Row("override-not-a-mapping", "server", {"overrides": {"kimi": "x"}}, "refused", "mapping"),
+    Row(
+        "defaults-unknown-key",
+        "server",
+        {"defaults": {"flagz": {}}},
+        "refused",
+        "sglang_server_defaults.flagz",
+    ),
+    Row("server-unknown-key", "server", srv(gpu=[0]), "refused", f"{KIMI}.gpu"),
+    Row(
+        "server-not-a-mapping",
+        "server",
+        {"servers": ["kimi"]},
+        "refused",
+        "sglang_server_instances[0]",
+    ),
+    Row("servers-not-a-list", "server", {"servers": "kimi"}, "refused", "must be a list"),
+    # --- text fields that become argv words
+    Row(
+        "model-path-newline",
+        "server",
+        srv(model_path="/m\nExecStartPre=/bin/sh"),
+        "refused",
+        f"{KIMI}.model_path",
+    ),
+    Row("model-path-empty", "server", srv(model_path=""), "refused", f"{KIMI}.model_path"),
+    Row(
+        "model-path-space",
+        "server",
+        srv(model_path="/shared/my model"),
+        "handled",
+        '"/shared/my model"',
+    ),
+    Row("host-newline", "server", srv(host="0.0.0.0\n"), "refused", f"{KIMI}.host"),
+    Row(
+        "served-name-bell",
+        "server",
+        srv(served_model_name="kimi\x07"),
+        "refused",
+        f"{KIMI}.served_model_name",
+    ),
+    Row(
+        "served-name-unicode", "server", srv(served_model_name="kimi-模型"), "handled", "kimi-模型"
+    ),
+    # --- API keys: checked at pre-flight, never quoted back, never in the description
+    Row("api-key-empty", "server", srv(api_key=""), "refused", "leave api_key out"),
+    Row("api-key-null", "server", srv(api_key=None), "refused", f"{KIMI}.api_key"),
+    Row("api-key-spaces-only", "server", srv(api_key="   "), "refused", f"{KIMI}.api_key"),
+    Row(
+        "api-key-surrounding-space",
+        "server",
+        srv(api_key=" sk-abc123 "),
+        "refused",
+        "whitespace",
+        "sk-abc123",
+    ),
+    Row(
+        "api-key-trailing-newline",
+        "server",
+        srv(api_key="sk-abc123\n"),
+        "refused",
+        f"{KIMI}.api_key",
+        "sk-abc123",
+    ),
+    Row(
+        "api-key-leading-dash",
+        "server",
+        srv(api_key="-sk-abc123"),
+        "refused",
+        "leading '-'",
+        "sk-abc123",
+    ),
+    Row("api-key-tab", "server", srv(api_key="sk\tabc123"), "refused", "control", "abc123"),
+    Row("api-key-nul", "server", srv(api_key="sk\0abc123"), "refused", f"{KIMI}.api_key", "abc123"),
+    Row(
+        "api-key-escape",
+        "server",
+        srv(api_key="sk\x1babc123"),
+        "refused",
+        f"{KIMI}.api_key",
+        "abc123",
+    ),
+    Row("api-key-non-ascii", "server", srv(api_key="sk-ключ123"), "refused", "ASCII", "ключ"),
+    Row("api-key-too-long", "server", srv(api_key="k" * 4097), "refused", "4096", "kkkkkkkk"),
+    Row("api-key-integer", "server", srv(api_key=12345678), "refused", "string", "12345678"),
+    Row("api-key-list", "server", srv(api_key=["sk-abc123"]), "refused", "string", "sk-abc123"),
+    Row(
+        "api-key-good",
+        "server",
+        srv(api_key="sk-Abc_123.xyz~"),
+        "handled",
+        "api_key_set=True",
+        "sk-Abc_123",
+    ),
+    Row(
+        "api-key-inner-space",
+        "server",
+        srv(api_key="two words"),
+        "handled",
+        "api_key_set=True",
+        "two words",
+    ),
+    Row(
+        "api-key-4096-chars",
+        "server",
+        srv(api_key=LONG_KEY),
+        "handled",
+        "api_key_set=True",
+        LONG_KEY,
+    ),
+    Row("api-key-left-out", "server", srv(), "handled", "api_key_set=False"),
+]
+
+PLAN_ROWS = [
+    # --- host facts
+    Row("gpu-memory-nan", "plan", {"host": {"gpu_memory_mib": NAN}}, "refused", "gpu_memory_mib"),
+    Row("gpu-memory-inf", "plan", {"host": {"gpu_memory_mib": INF}}, "refused", "gpu_memory_mib"),
+    Row(
+        "gpu-memory-minus-inf",
+        "plan",
+        {"host": {"gpu_memory_mib": -INF}},
+        "refused",
+        "gpu_memory_mib",
+    ),
+    Row(
+        "gpu-memory-negative", "plan", {"host": {"gpu_memory_mib": -1}}, "refused", "gpu_memory_mib"
+    ),
+    Row("gpu-memory-zero", "plan", {"host": {"gpu_memory_mib": 0}}, "refused", "gpu_memory_mib"),
+    Row("gpu-memory-cuda-context", "plan", {"host": {"gpu_memory_mib": 768}}, "refused", "> 768"),
+    Row(
+        "gpu-memory-text-nan",
+        "plan",
+        {"host": {"gpu_memory_mib": "nan"}},
+        "refused",
+        "gpu_memory_mib",
+    ),
+    Row("gpu-memory-bool", "plan", {"host": {"gpu_memory_mib": True}}, "refused", "gpu_memory_mib"),
+    Row(
+        "gpu-memory-1e300", "plan", {"host": {"gpu_memory_mib": 1e300}}, "refused", "gpu_memory_mib"
+    ),
+    Row(
+        "gpu-memory-missing",
+        "plan",
+        {"host": {"gpu_memory_mib": None}},
+        "refused",
+        "gpu_memory_mib: is required",
+    ),
+    Row(
+        "gpu-memory-text", "plan", {"host": {"gpu_memory_mib": "97887"}}, "handled", '"errors": []'
+    ),
+    Row(
+        "gpu-memory-small",
+        "plan",
+        {"host": {"gpu_memory_mib": 1024}},
+        "handled",
+        "not_enough_memory",
+    ),
+    Row("host-ram-nan", "plan", {"host": {"host_ram_gib": NAN}}, "refused", "host_ram_gib"),
+    Row("host-ram-inf", "plan", {"host": {"host_ram_gib": INF}}, "refused", "host_ram_gib"),
+    Row("host-ram-negative", "plan", {"host": {"host_ram_gib": -5}}, "refused", "host_ram_gib"),
+    Row("host-ram-text", "plan", {"host": {"host_ram_gib": "lots"}}, "refused", "host_ram_gib"),
+    Row(
+        "host-ram-zero-with-hicache",
+        "plan",
+        {
+            "host": {"host_ram_gib": 0},
+            "args": {"enable_hierarchical_cache": True, "hicache_size": 1},
+        },
+        "handled",
+        "hicache_host_ram",
+    ),
+    Row("gpu-count-negative", "plan", {"host": {"gpu_count": -1}}, "refused", "gpu_count"),
+    Row("gpu-count-fraction", "plan", {"host": {"gpu_count": 8.5}}, "refused", "gpu_count"),
+    Row("gpu-count-zero", "plan", {"host": {"gpu_count": 0}}, "handled", "not_enough_gpus"),
+    Row(
+        "host-unknown-fact", "plan", {"host": {"gpus": 8}}, "refused", "unknown host fact(s): gpus"
+    ),
+    Row(
+        "host-not-a-mapping",
+        "plan",
+        {"host_raw": [97887]},
+        "refused",
+        "host facts must be a mapping",
+    ),
+    # --- planner arguments
+    Row("tp-size-zero", "plan", {"args": {"tp_size": 0}}, "refused", "tp_size"),
+    Row("tp-size-negative", "plan", {"args": {"tp_size": -8}}, "refused", "tp_size"),
+    Row("tp-size-fraction", "plan", {"args": {"tp_size": 8.5}}, "refused", "tp_size"),
+    Row("tp-size-bool", "plan", {"args": {"tp_size": True}}, "refused", "tp_size"),
+    Row("tp-size-1e20", "plan", {"args": {"tp_size": 10**20}}, "refused", "tp_size"),
+    Row("tp-size-word", "plan", {"args": {"tp_size": "eight"}}, "refused", "tp_size"),
+    Row("tp-size-text", "plan", {"args": {"tp_size": "8"}}, "handled", '"errors": []'),
+    Row("tp-size-integral-float", "plan", {"args": {"tp_size": 8.0}}, "handled", '"errors": []'),
+    Row("tp-size-more-than-gpus", "plan", {"args": {"tp_size": 16}}, "handled", "not_enough_gpus"),
+    Row("dp-size-zero", "plan", {"args": {"dp_size": 0}}, "refused", "dp_size"),
+    Row("page-size-zero", "plan", {"args": {"page_size": 0}}, "refused", "page_size"),
+    Row(
+        "mem-fraction-nan",
+        "plan",
+        {"args": {"mem_fraction_static": NAN}},
+        "refused",
+        "mem_fraction_static",
+    ),
+    Row(
+        "mem-fraction-zero",
+        "plan",
+        {"args": {"mem_fraction_static": 0}},
+        "refused",
+        "between 0 and 1",
+    ),
+    Row(
+        "mem-fraction-one",
+        "plan",
+        {"args": {"mem_fraction_static": 1}},
+        "refused",
+        "between 0 and 1",
+    ),
+    Row(
+        "mem-fraction-negative",
+        "plan",
+        {"args": {"mem_fraction_static": -0.1}},
+        "refused",
+        "mem_fraction_static",
+    ),
+    Row(
+        "mem-fraction-0.88",
+        "plan",
+        {"args": {"mem_fraction_static": 0.88}},
+        "handled",
+        '"mem_fraction_static": 0.88',
+    ),
+    Row(
+        "context-length-zero", "plan", {"args": {"context_length": 0}}, "refused", "context_length"
+    ),
+    Row(
+        "context-length-negative",
+        "plan",
+        {"args": {"context_length": -1}},
+        "refused",
+        "context_length",
+    ),
+    Row(
+        "context-length-short",
+        "plan",
+        {"args": {"context_length": 1024}},
+        "handled",
+        "exceeds_context_length",
+    ),
+    Row(
+        "max-running-zero",
+        "plan",
+        {"args": {"max_running_requests": 0}},
+        "refused",
+        "max_running_requests",
+    ),
+    Row(
+        "max-running-negative",
+        "plan",
+        {"args": {"max_running_requests": -3}},
+        "refused",
+        "max_running_requests",
+    ),
+    Row(
+        "max-running-64",
+        "plan",
+        {"args": {"max_running_requests": 64}},
+        "handled",
+        '"max_concurrent_requests": 64',
+    ),
+    Row("tok-s-zero", "plan", {"args": {"per_request_tok_s": 0}}, "refused", "per_request_tok_s"),
+    Row(
+        "tok-s-negative",
+        "plan",
+        {"args": {"per_request_tok_s": -1}},
+        "refused",
+        "per_request_tok_s",
+    ),
+    Row("tok-s-nan", "plan", {"args": {"per_request_tok_s": NAN}}, "refused", "per_request_tok_s"),
+    Row("tok-s-inf", "plan", {"args": {"per_request_tok_s": INF}}, "refused", "per_request_tok_s"),
+    Row(
+        "tok-s-30",
+        "plan",
+        {"args": {"per_request_tok_s": 30}},
+        "handled",
+        '"per_request_tok_s_source": "argument"',
+    ),
+    Row(
+        "chunked-prefill-disabled",
+        "plan",
+        {"args": {"chunked_prefill_size": -1}},
+        "handled",
+        '"errors": []',
+    ),
+    Row(
+        "chunked-prefill-minus-2",
+        "plan",
+        {"args": {"chunked_prefill_size": -2}},
+        "refused",
+        "chunked_prefill_size",
+    ),
+    Row("hicache-size-nan", "plan", {"args": {"hicache_size": NAN}}, "refused", "hicache_size"),
+    Row("hicache-size-inf", "plan", {"args": {"hicache_size": INF}}, "refused", "hicache_size"),
+    Row("hicache-size-negative", "plan", {"args": {"hicache_size": -1}}, "refused", "hicache_size"),
+    Row("hicache-ratio-zero", "plan", {"args": {"hicache_ratio": 0}}, "refused", "hicache_ratio"),
+    Row("avg-input-negative", "plan", {"args": {"avg_input_len": -1}}, "refused", "avg_input_len"),
+    Row(
+        "avg-lengths-zero",
+        "plan",
+        {"args": {"avg_input_len": 0, "avg_output_len": 0}},
+        "refused",
+        "positive",
+    ),
+    Row(
+        "min-free-nan",
+        "plan",
+        {"args": {"min_free_after_graph_gib": NAN}},
+        "refused",
+        "min_free_after_graph_gib",
+    ),
+    Row(
+        "kv-dtype-unknown", "plan", {"args": {"kv_cache_dtype": "fp8"}}, "refused", "kv-cache-dtype"
+    ),
+    Row(
+        "kv-dtype-list",
+        "plan",
+        {"args": {"kv_cache_dtype": ["fp8_e4m3"]}},
+        "refused",
+        "kv_cache_dtype",
+    ),
+    Row(
+        "hicache-flag-maybe",
+        "plan",
+        {"args": {"enable_hierarchical_cache": "maybe"}},
+        "refused",
+        "enable_hierarchical_cache",
+    ),
+    Row(
+        "hicache-flag-yes",
+        "plan",
+        {"args": {"enable_hierarchical_cache": "yes"}},
+        "handled",
+        "hicache_no_decode_slots",
+    ),
+    Row(
+        "calibration-log-number",
+        "plan",
+        {"args": {"calibration_log": 5}},
+        "refused",
+        "calibration_log",
+    ),
+    Row(
+        "calibration-log-garbage",
+        "plan",
+        {"args": {"calibration_log": "\0\xff garbage"}},
+        "handled",
+        "calibration_incomplete",
+    ),
+    Row(
+        "argument-unknown",
+        "plan",
+        {"args": {"tp": 2}},
+        "refused",
+        "unknown planner argument(s): tp",
+    ),
+    Row(
+        "arguments-not-a-mapping", "plan", {"args_raw": ["tp_size"]}, "refused", "must be a mapping"
+    ),
+    Row("weights-zero", "plan", {"weights": 0}, "refused", "weight_bytes"),
+    Row("weights-negative", "plan", {"weights": -1}, "refused", "weight_bytes"),
+    Row("weights-bool", "plan", {"weights": True}, "refused", "weight_bytes"),
+    Row("weights-float", "plan", {"weights": 1.5e10}, "refused", "weight_bytes"),
+    Row("weights-petabyte", "plan", {"weights": 10**15}, "handled", "not_enough_memory"),
+    # --- model config (as the filter gets it, parsed)
+    Row(
+        "config-zero-heads",
+        "plan",
+        {"config": {"num_attention_heads": 0}},
+        "refused",
+        "num_attention_heads",
+    ),
+    Row(
+        "config-zero-layers",
+        "plan",
+        {"config": {"num_hidden_layers": 0}},
+        "refused",
+        "num_hidden_layers",
+    ),
+    Row(
+        "config-missing-layers",
+        "plan",
+        {"config": {"num_hidden_layers": None}},
+        "refused",
+        "num_hidden_layers",
+    ),
+    Row(
+        "config-layers-float",
+        "plan",
+        {"config": {"num_hidden_layers": 32.0}},
+        "refused",
+        "num_hidden_layers",
+    ),
+    Row(
+        "config-layers-1e30",
+        "plan",
+        {"config": {"num_hidden_layers": 10**30}},
+        "refused",
+        "num_hidden_layers",
+    ),
+    Row(
+        "config-kv-heads-text",
+        "plan",
+        {"config": {"num_key_value_heads": "8"}},
+        "refused",
+        "num_key_value_heads",
+    ),
+    Row("config-head-dim-negative", "plan", {"config": {"head_dim": -1}}, "refused", "head_dim"),
+    Row(
+        "config-hidden-zero-no-head-dim",
+        "plan",
+        {"config": {"hidden_size": 0, "head_dim": None}},
+        "refused",
+        "hidden_size",
+    ),
+    Row(
+        "config-context-zero",
+        "plan",
+        {"config": {"max_position_embeddings": 0}},
+        "handled",
+        '"errors": []',
+    ),
+    Row(
+        "config-context-text",
+        "plan",
+        {"config": {"max_position_embeddings": "x"}},
+        "refused",
+        "max_position_embeddings",
+    ),
+    Row(
+        "config-architectures-text",
+        "plan",
+        {"config": {"architectures": "LlamaForCausalLM"}},
+        "refused",
+        "architectures",
+    ),
+    Row(
+        "config-architectures-empty",
+        "plan",
+        {"config": {"architectures": []}},
+        "refused",
+        "architectures",
+    ),
+    Row(
+        "config-architectures-number",
+        "plan",
+        {"config": {"architectures": [5]}},
+        "refused",
+        "architectures",
+    ),
+    Row(
+        "config-mla-without-rank",
+        "plan",
+        {"config": {"architectures": ["DeepseekV3ForCausalLM"]}},
+        "refused",
+        "kv_lora_rank",
+    ),
+    Row(
+        "config-text-config-zero-layers",
+        "plan",
+        {"config": {"text_config": {"num_hidden_layers": 0, "num_attention_heads": 8}}},
+        "refused",
+        "text_config.num_hidden_layers",
+    ),
+    Row(
+        "config-vision-layers-text",
+        "plan",
+        {"config": {"vision_config": {"num_hidden_layers": "x"}}},
+        "refused",
+        "vision_config.num_hidden_layers",
+    ),
+    Row("config-a-list", "plan", {"config_raw": []}, "refused", "JSON object"),
+]
+
+MODEL_DIR_ROWS = [
+    Row(
+        "dir-config-not-utf8",
+        "model_dir",
+        {"config": b'{"architectures": ["\xff\xfe"]}'},
+        "refused",
+        "UTF-8",
+    ),
+    Row("dir-config-not-json", "model_dir", {"config": b"not json"}, "refused", "not valid JSON"),
+    Row("dir-config-empty-file", "model_dir", {"config": b""}, "refused", "not valid JSON"),
+    Row("dir-config-a-list", "model_dir", {"config": b"[]"}, "refused", "JSON object"),
+    Row(
+        "dir-config-deep-nesting", "model_dir", {"config": b"[" * 100_000}, "refused", "config.json"
+    ),
+    Row(
+        "dir-config-5000-digit-number",
+        "model_dir",
+        {"config": b'{"num_hidden_layers": 1' + b"0" * 5000 + b"}"},
+        "refused",
+        "config.json",
+    ),
+    Row(
+        "dir-config-nan-literal",
+        "model_dir",
+        {"config": {"num_hidden_layers": NAN}},
+        "refused",
+        "num_hidden_layers",
+    ),
+    Row(
+        "dir-config-missing-keys",
+        "model_dir",
+        {"config": b'{"architectures": ["LlamaForCausalLM"]}'},
+        "refused",
+        "num_hidden_layers",
+    ),
+    Row("dir-config-absent", "model_dir", {"config": None}, "refused", "cannot read"),
+    Row("dir-config-a-directory", "model_dir", {"config": "dir"}, "refused", "cannot read"),
+    Row("dir-index-not-json", "model_dir", {"index": b"{"}, "refused", "not valid JSON"),
+    Row(
+        "dir-index-size-bool",
+        "model_dir",
+        {"index": {"metadata": {"total_size": True}}},
+        "refused",
+        "total_size",
+    ),
+    Row(
+        "dir-index-metadata-list", "model_dir", {"index": {"metadata": []}}, "refused", "total_size"
+    ),
+    Row("dir-no-weights", "model_dir", {"index": None}, "refused", "neither"),
+    Row(
+        "dir-empty-safetensors",
+        "model_dir",
+        {"index": None, "safetensors": b""},
+        "refused",
+        "empty",
+    ),
+    Row(
+        "dir-single-safetensors",
+        "model_dir",
+        {"index": None, "safetensors": b"x" * 4096},
+        "handled",
+        "LlamaForCausalLM",
+    ),
+    Row("dir-llama", "model_dir", {}, "handled", "LlamaForCausalLM"),
+]
+
+GPU = ["--gpu-memory-mib", "97887"]
+LLAMA = ["--model-path", "@llama"]
+PLAN_CLI_ROWS = [
+    Row("cli-good", "plan_cli", [*LLAMA, *GPU], "handled", "LlamaForCausalLM"),
+    Row(
+        "cli-plan-error-exit-1",
+        "plan_cli",
+        [*LLAMA, *GPU, "--gpu-count", "0"],
+        "handled",
+        "ERROR not_enough_gpus",
+    ),
+    Row(
+        "cli-gpu-memory-nan",
+        "plan_cli",
+        [*LLAMA, "--gpu-memory-mib", "nan"],
+        "refused",
+        "argument --gpu-memory-mib",
+    ),
+    Row(
+        "cli-gpu-memory-inf",
+        "plan_cli",
+        [*LLAMA, "--gpu-memory-mib", "inf"],
+        "refused",
+        "argument --gpu-memory-mib",
+    ),
+    Row(
+        "cli-gpu-memory-1e400",
+        "plan_cli",
+        [*LLAMA, "--gpu-memory-mib", "1e400"],
+        "refused",
+        "argument --gpu-memory-mib",
+    ),
+    Row(
+        "cli-gpu-memory-negative",
+        "plan_cli",
+        [*LLAMA, "--gpu-memory-mib=-5"],
+        "refused",
+        "argument --gpu-memory-mib",
+    ),
+    Row(
+        "cli-gpu-memory-missing",
+        "plan_cli",
+        LLAMA,
+        "refused",
+        "argument --gpu-memory-mib: is required",
+    ),
+    Row(
+        "cli-host-ram-nan",
+        "plan_cli",
+        [*LLAMA, *GPU, "--host-ram-gib", "nan"],
+        "refused",
+        "argument --host-ram-gib",
+    ),
+    Row(
+        "cli-context-length-zero",
+        "plan_cli",
+        [*LLAMA, *GPU, "--context-length", "0"],
+        "refused",
+        "argument --context-length",
+    ),
+    Row(
+        "cli-max-running-zero",
+        "plan_cli",
+        [*LLAMA, *GPU, "--max-running-requests", "0"],
+        "refused",
+        "argument --max-running-requests",
+    ),
+    Row(
+        "cli-tok-s-zero",
+        "plan_cli",
+        [*LLAMA, *GPU, "--per-request-tok-s", "0"],
+        "refused",
+        "argument --per-request-tok-s",
+    ),
+    Row(
+        "cli-tp-size-zero",
+        "plan_cli",
+        [*LLAMA, *GPU, "--tp-size", "0"],
+        "refused",
+        "argument --tp-size",
+    ),
+    Row(
+        "cli-tp-size-word",
+        "plan_cli",
+        [*LLAMA, *GPU, "--tp-size", "x"],
+        "refused",
+        "argument --tp-size: invalid int",
+    ),
+    Row(
+        "cli-kv-dtype-unknown",
+        "plan_cli",
+        [*LLAMA, *GPU, "--kv-cache-dtype", "fp8"],
+        "refused",
+        "argument --kv-cache-dtype",
+    ),
+    Row(
+        "cli-unknown-option",
+        "plan_cli",
+        [*LLAMA, *GPU, "--tp", "8"],
+        "refused",
+        "unrecognized arguments",
+    ),
+    Row("cli-model-path-missing", "plan_cli", GPU, "refused", "--model-path"),
+    Row(
+        "cli-model-path-not-a-dir",
+        "plan_cli",
+        ["--model-path", "@tmp/none", *GPU],
+        "refused",
+        "argument --model-path",
+    ),
+    Row(
+        "cli-model-not-utf8",
+        "plan_cli",
+        ["--model-path", "@model:not-utf8", *GPU],
+        "refused",
+        "UTF-8",
+    ),
+    Row(
+        "cli-model-zero-heads",
+        "plan_cli",
+        ["--model-path", "@model:zero-heads", *GPU],
+        "refused",
+        "num_attention_heads",
+    ),
+    Row(
+        "cli-calibration-missing",
+        "plan_cli",
+        [*LLAMA, *GPU, "--calibrate-from", "@tmp/none.log"],
+        "refused",
+        "argument --calibrate-from",
+    ),
+    Row(
+        "cli-calibration-a-directory",
+        "plan_cli",
+        [*LLAMA, *GPU, "--calibrate-from", "@llama"],
+        "refused",
+        "argument --calibrate-from",
+    ),
+    Row(
+        "cli-calibration-not-utf8",
+        "plan_cli",
+        [*LLAMA, *GPU, "--calibrate-from", "@binary-log"],
+        "handled",
+        "calibration_incomplete",
+    ),
+]
+
+SECRET = "sglang_server_instances[kimi].flags"
+FLAGS_CHECK_ROWS = [
+    Row(
+        "check-good",
+        "flags_check",
+        ["--model-path", "/m", "--tp-size", "8"],
+        "handled",
+        '"problems": []',
+    ),
+    Row(
+        "check-nul-in-value",
+        "flags_check",
+        ["--model-path", "/m\0x"],
+        "refused",
+        f"{SECRET}.model_path: a value of --model-path holds a NUL",
+    ),
+    Row(
+        "check-nul-in-flag",
+        "flags_check",
+        ["--model-path", "/m", "--tp\0-size", "8"],
+        "refused",
+        f"{SECRET}: a flag name holds a NUL",
+    ),
+    Row(
+        "check-nul-before-flags",
+        "flags_check",
+        ["\0", "--model-path", "/m"],
+        "refused",
+        "before any flag holds a NUL",
+    ),
+    Row(
+        "check-lone-surrogate",
+        "flags_check",
+        ["--model-path", "\ud800"],
+        "refused",
+        "cannot be encoded",
+    ),
+    Row(
+        "check-word-over-128k",
+        "flags_check",
+        ["--model-path", "x" * 200_000],
+        "refused",
+        f"{SECRET}.model_path",
+    ),
+    Row(
+        "check-newline-value",
+        "flags_check",
+        ["--model-path", "/m\n/x"],
+        "handled",
+        '"problems": []',
+    ),
+    Row(
+        "check-unicode-value",
+        "flags_check",
+        ["--model-path", "/模型/ü"],
+        "handled",
+        '"problems": []',
+    ),
+    Row(
+        "check-value-looks-like-flag",
+        "flags_check",
+        ["--model-path", "/m", "--kv-cache-dtype", "--tp-size", "8"],
+        "refused",
+        f"{SECRET}.kv_cache_dtype",
+    ),
+    Row(
+        "check-switch-given-true",
+        "flags_check",
+        ["--model-path", "/m", "--trust-remote-code", "true"],
+        "refused",
+        "switch",
+    ),
+    Row(
+        "check-5000-digit-int",
+        "flags_check",
+        ["--model-path", "/m", "--tp-size", "9" * 5000],
+        "refused",
+        f"{SECRET}.tp_size",
+    ),
+    Row(
+        "check-bad-choice",
+        "flags_check",
+        ["--model-path", "/m", "--kv-cache-dtype", "fp8"],
+        "refused",
+        "allowed: auto, fp8_e4m3",
+    ),
+    Row(
+        "check-timeout-zero",
+        "flags_check",
+        {"argv": ["--model-path", "/m"], "timeout": 0},
+        "refused",
+        "timeout: must be at least 1",
+    ),
+    Row(
+        "check-python-nul",
+        "flags_check",
+        {"argv": ["--model-path", "/m"], "python": "/usr/bin/python3\0"},
+        "refused",
+        "embedded null character",  # AnsibleModule refuses it before the module's code runs
+    ),
+    Row(
+        "check-python-a-directory",
+        "flags_check",
+        {"argv": ["--model-path", "/m"], "python": "/"},
+        "refused",
+        "cannot run '/'",
+    ),
+    Row(
+        "check-python-missing",
+        "flags_check",
+        {"argv": ["--model-path", "/m"], "python": "/nonexistent/python"},
+        "refused",
+        "exited 127",
+    ),
+]
+
+ROWS = SERVER_ROWS + PLAN_ROWS + MODEL_DIR_ROWS + PLAN_CLI_ROWS + FLAGS_CHECK_ROWS
+
+
+# --------------------------------------------------------------------------- runners
+# Each returns (outcome, text): "refused" with the operator's message, or "handled" with the
+# output. Anything else (a traceback) propagates and fails the row.
+Outcome = tuple[str, str]
+BASE_SERVER = {"name": "kimi", "model_path": "/shared/kimi", "port": 8000, "gpus": list(range(8))}
+PYTHON = "/opt/ml-env/bin/python"
+
+
+def _render(server: dict[str, Any]) -> str:
+    """What the templates write: the unit's ExecStart= value and the EnvironmentFile lines."""
+    argv = [PYTHON, "-m", "sglang.launch_server", *flags.to_argv(server["flags"])]
+    lines = [server["unit"], f"api_key_set={server['api_key_set']}", flags.exec_start(argv)]
+    lines += [flags.env_file_line(key, value) for key, value in server["environment"].items()]
+    return "\n".join(lines)
+
+
+def run_server(data: dict[str, Any], _tmp: Path) -> Outcome:
+    servers = data.get("servers", [BASE_SERVER | data.get("server", {}), *data.get("more", [])])
+    try:
+        resolved = resolve_servers(
+            servers, data.get("profiles", {}), data.get("overrides", {}), data.get("defaults", {})
+        )
+    except ServerConfigError as exc:
+        return "refused", str(exc)
+    problems = validate.host_errors(resolved, VALIDATE_HOST)
+    for server in resolved:
+        problems += validate.server_errors(server, VALIDATE_HOST)
+    if problems:
+        return "refused", "\n".join(problem["message"] for problem in problems)
+    return "handled", "\n".join(map(_render, resolved)) + "\n" + json.dumps(resolved)
+
+
+def _planned(config: Any, weights: Any, args: Any, host: Any) -> Outcome:
+    try:
+        result = plan(config, weights, args, host)
+    except (PlanInputError, ModelConfigError) as exc:
+        return "refused", str(exc)
+    return "handled", json.dumps(result, allow_nan=False)  # NaN or infinity would raise here
+
+
+def run_plan(data: dict[str, Any], _tmp: Path) -> Outcome:
+    config = data.get("config_raw", {**LLAMA_CONFIG, **data.get("config", {})})
+    if isinstance(config, dict):
+        config = {key: value for key, value in config.items() if value is not None}
+    host = data.get(
+        "host_raw", {k: v for k, v in (HOST | data.get("host", {})).items() if v is not None}
+    )
+    return _planned(
+        config, data.get("weights", LLAMA_WEIGHTS), data.get("args_raw", data.get("args", {})), host
+    )
+
+
+def _as_bytes(value: Any) -> bytes:
+    return value if isinstance(value, bytes) else json.dumps(value).encode()
+
+
+def make_model_dir(path: Path, spec: dict[str, Any]) -> Path:
+    """A copy of the llama fixture with config.json / index / a safetensors file replaced."""
+    path.mkdir(parents=True)
+    config = spec.get("config", (LLAMA_DIR / "config.json").read_bytes())
+    if config == "dir":
+        (path / "config.json").mkdir()
+    elif config is not None:
+        if isinstance(config, dict):
+            config = {**LLAMA_CONFIG, **config}
+        (path / "config.json").write_bytes(_as_bytes(config))
+    index = spec.get("index", (LLAMA_DIR / "model.safetensors.index.json").read_bytes())
+    if index is not None:
+        (path / "model.safetensors.index.json").write_bytes(_as_bytes(index))
+    if "safetensors" in spec:
+        (path / "model.safetensors").write_bytes(spec["safetensors"])
+    return path
+
+
+def run_model_dir(data: dict[str, Any], tmp: Path) -> Outcome:
+    try:
+        config, weights = read_model_dir(make_model_dir(tmp / "model", data))
+    except ModelConfigError as exc:
+        return "refused", str(exc)
+    return _planned(config, weights, {}, HOST)
+
+
+CLI_MODELS = {
+    "not-utf8": {"config": b'{"architectures": ["\xff"]}'},
+    "zero-heads": {"config": {"num_attention_heads": 0}},
+}
+
+
+def _cli_word(word: str, tmp: Path) -> str:
+    if word == "@llama":
+        return str(LLAMA_DIR)
+    if word.startswith("@tmp/"):
+        return str(tmp / word[5:])
+    if word.startswith("@model:"):
+        return str(make_model_dir(tmp / word[7:], CLI_MODELS[word[7:]]))
+    if word == "@binary-log":
+        (tmp / "binary.log").write_bytes(b"\xff\xfe\x00 not a log \x80")
+        return str(tmp / "binary.log")
+    return word
+
+
+def run_plan_cli(argv: list[str], tmp: Path, capsys: pytest.CaptureFixture[str]) -> Outcome:
+    words = [_cli_word(word, tmp) for word in argv]
+    capsys.readouterr()
+    try:
+        status = plan_mod.main(words)
+    except SystemExit as exc:  # argparse's own usage errors
+        status = exc.code
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    assert status in (0, 1, 2), status
+    if status == 2:
+        assert not out, out
+        return "refused", err
+    assert not err, err
+    return "handled", out
+
+
+FAKE_LAUNCH = """
+import argparse
+parser = argparse.ArgumentParser(prog="serve")
+parser.add_argument("--model-path", required=True)
+parser.add_argument("--tp-size", type=int, default=1)
+parser.add_argument("--kv-cache-dtype", choices=["auto", "fp8_e4m3"], default="auto")
+parser.add_argument("--trust-remote-code", action="store_true")
+parser.parse_args()
+"""
+
+
+def run_flags_check(data: list[str] | dict[str, Any], tmp: Path) -> Outcome:
+    """The module file run as Ansible runs it (an arguments file), against a tiny parser."""
+    params = data if isinstance(data, dict) else {"argv": data}
+    (tmp / "fakelaunch.py").write_text(FAKE_LAUNCH)
+    args = {
+        "python": sys.executable,
+        "launch_module": "fakelaunch",
+        "variable_prefix": SECRET,
+        "timeout": 60,
+        "_ansible_check_mode": True,
+    } | params
+    (tmp / "args.json").write_text(json.dumps({"ANSIBLE_MODULE_ARGS": args}))
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "library" / "sglang_flags_check.py"), str(tmp / "args.json")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(tmp)},
+    )
+    assert "Traceback" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    result = json.loads(proc.stdout)
+    assert bool(result.get("failed")) == (proc.returncode != 0)
+    if result.get("failed"):
+        return "refused", result["msg"]
+    return "handled", json.dumps(result)
+
+
+RUNNERS: dict[str, Callable[..., Outcome]] = {
+    "server": run_server,
+    "plan": run_plan,
+    "model_dir": run_model_dir,
+    "flags_check": run_flags_check,
+}
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[row.id for row in ROWS])
+def test_hostile_input(row: Row, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    if row.target == "plan_cli":
+        outcome, text = run_plan_cli(row.input, tmp_path, capsys)
+    else:
+        outcome, text = RUNNERS[row.target](row.input, tmp_path)
+    assert outcome == row.outcome, text
+    assert row.text in text, text
+    if row.absent:
+        assert row.absent not in text, text
+
+
+def test_the_table_is_large_and_its_ids_unique() -> None:
+    ids = [row.id for row in ROWS]
+    assert len(set(ids)) == len(ids)
+    assert {row.outcome for row in ROWS} == {"refused", "handled"}
+    assert {row.target for row in ROWS} == {*RUNNERS, "plan_cli"}
+    assert len(ROWS) >= 100
