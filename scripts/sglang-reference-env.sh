@@ -2,7 +2,7 @@
 # Build the SGLang 0.5.23 reference environment: a CPU-only Python 3.11 venv in which the real
 # `python -m sglang.launch_server --help` and `python -m sglang.benchmark.serving --help` run.
 # gpusim's flag table (gpusim/gpusim/flags/sglang-0.5.23.json) is dumped from it, and
-# tests/gpusim/test_flags_match_real.py compares the test double against it.
+# tests/double/test_flags_match_real.py compares the test double against it.
 #
 # Usage: scripts/sglang-reference-env.sh [DIR]       (DIR defaults to <repo>/.cache/sglang-ref)
 #   Env: SGLANG_REF_PYTHON  interpreter to build with (default: python3.11, else python3; must be 3.11

@@ -7,12 +7,12 @@ SGLang 0.5.23's Decode batch format
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import load_plugin
 
 from sglang_fleet import diagnose as diagnose_mod
 from sglang_fleet.diagnose import diagnose, samples_from_log
@@ -306,11 +306,7 @@ def test_cli_bad_usage(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
 
 
 def test_filter_wraps_diagnose():
-    path = ROOT / "filter_plugins" / "sglang_fleet.py"
-    spec = importlib.util.spec_from_file_location("sglang_fleet_filters_d", path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_plugin("filter_plugins/sglang_diagnose.py")
     sglang_diagnose = module.FilterModule().filters()["sglang_diagnose"]
     as_text = json.dumps(smoke_result("kv_cache_bound"))  # slurped result file
     assert sglang_diagnose(as_text)["verdict"] == "kv_cache_bound"

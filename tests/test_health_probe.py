@@ -2,16 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
+from conftest import load_plugin
 
-_spec = importlib.util.spec_from_file_location(
-    "sglang_health_probe", Path(__file__).resolve().parents[1] / "library/sglang_health_probe.py"
-)
-probe = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(probe)
+probe = load_plugin("library/sglang_health_probe.py")
 
 RUNNING = {"ActiveState": "active", "SubState": "running", "NRestarts": "0"}
 

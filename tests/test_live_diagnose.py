@@ -25,14 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from sglang_fleet import diagnose as diagnose_mod
-from sglang_fleet import live
-from sglang_fleet.diagnose import diagnose_live, table_lines
-from sglang_fleet.modelcfg import read_model_dir
-
-sys.path.insert(0, str(Path(__file__).resolve().parent / "gpusim"))
-from gpusim_helpers import (  # it puts the double's sources on sys.path too
+from gpusim_helpers import (
     KIMI,
     LLAMA,
     Hardware,
@@ -44,6 +37,11 @@ from gpusim_helpers import (  # it puts the double's sources on sys.path too
     state,
     stop_server,
 )
+
+from sglang_fleet import diagnose as diagnose_mod
+from sglang_fleet import live
+from sglang_fleet.diagnose import diagnose_live, table_lines
+from sglang_fleet.modelcfg import read_model_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 LIVE_PY = ROOT / "sglang_fleet" / "live.py"

@@ -3,7 +3,6 @@ module end to end through ansible-playbook with stub nvidia-smi / modinfo script
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -13,24 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import load_plugin
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "nvidia_smi"
 VENV_BIN = ROOT / ".venv" / "bin"
 
 
-def _load(name: str, path: Path) -> Any:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-# The module imports its parser as Ansible packages it (ansible.module_utils.nvidia_smi).
-_load("ansible.module_utils.nvidia_smi", ROOT / "module_utils" / "nvidia_smi.py")
-ndc = _load("nvidia_driver_check", ROOT / "library" / "nvidia_driver_check.py")
+ndc = load_plugin("library/nvidia_driver_check.py")
 
 NAME = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
 

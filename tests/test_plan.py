@@ -10,7 +10,6 @@ outcomes, not measured on hardware.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -22,6 +21,7 @@ from typing import Any
 
 import pytest
 from ansible.errors import AnsibleFilterError
+from conftest import load_plugin
 
 from sglang_fleet import plan as plan_mod
 from sglang_fleet.calibrate import parse_log
@@ -403,12 +403,7 @@ def test_module_entry_point_runs():
 
 # --- Ansible filter ---------------------------------------------------------------------
 def load_filter_module():
-    path = ROOT / "filter_plugins" / "sglang_fleet.py"
-    spec = importlib.util.spec_from_file_location("sglang_fleet_filters", path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_plugin("filter_plugins/sglang_plan.py")
 
 
 def test_filter_takes_slurped_json_and_matches_plan():

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import base64 as b64
-import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,9 +12,16 @@ from typing import Any
 
 import pytest
 from ansible.errors import AnsibleFilterError
+from conftest import load_plugin
 
-from filter_plugins.sglang_server import sglang_not_last_known_good
-from sglang_fleet.servers import ServerConfigError, combine, config_hash, resolve_servers
+from sglang_fleet.servers import (
+    ServerConfigError,
+    api_keys,
+    combine,
+    config_hash,
+    describe_servers,
+    resolve_servers,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -202,60 +209,135 @@ def test_combine_does_not_alias_its_inputs() -> None:
 # --------------------------------------------------------------------------- filter plugin
 
 
-def _plugin() -> Any:
-    spec = importlib.util.spec_from_file_location(
-        "sglang_server_filters", ROOT / "filter_plugins" / "sglang_server.py"
+FILTERS = load_plugin("filter_plugins/sglang_server.py").FilterModule().filters()
+RUNTIME = {
+    "python": "/opt/ml-env/bin/python",
+    "launch_module": "sglang.launch_server",
+    "config_dir": "/etc/sglang",
+    "state_dir": "/var/lib/sglang-fleet",
+}
+
+
+def describe(servers: list[dict], **layers: Any) -> list[dict]:
+    return describe_servers(
+        servers,
+        layers.get("profiles", {}),
+        layers.get("overrides", {}),
+        layers.get("defaults", {}),
+        nccl_env=layers.get("nccl_env", {}),
+        runtime=layers.get("runtime", RUNTIME),
     )
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
-def test_filters_wrap_the_library_and_turn_errors_into_filter_errors() -> None:
-    filters = _plugin().FilterModule().filters()
-    [server] = filters["sglang_resolve_servers"]([kimi()], {}, {}, None)
-    assert filters["sglang_launch_argv"](server, "/opt/ml-env/bin/python", "sglang.launch_server")[
-        :5
-    ] == [
+def test_describe_gives_everything_the_role_writes_in_one_call() -> None:
+    [server] = describe(
+        [kimi(api_key="sk-secret-123", flags={"mem_fraction_static": 0.88})],
+        nccl_env={"NCCL_PROTO": "LL"},
+        defaults={"flags": {"log_level": "warning"}, "env": {"NCCL_ALGO": "Ring"}},
+    )
+    assert server["argv"][:5] == [
         "/opt/ml-env/bin/python",
         "-m",
         "sglang.launch_server",
         "--model-path",
         server["model_path"],
     ]
-    assert filters["sglang_server_errors"](server, {"gpu_count": "8", "ram_mib": 409600}) == []
+    assert server["argv"][3:-2] == server["flag_argv"]
+    assert "--mem-fraction-static 0.88" in server["exec_start"]
+    assert server["exec_start"].endswith(" --config %d/sglang-secrets.yaml")
+    assert server["load_credential"] == "sglang-secrets.yaml:/etc/sglang/kimi.secrets.yaml"
+    assert server["env_lines"] == [
+        'CUDA_VISIBLE_DEVICES="0,1,2,3,4,5,6,7"',
+        'NCCL_ALGO="Ring"',
+        'NCCL_PROTO="LL"',
+        'SGLANG_LOGGING_CONFIG_PATH="/etc/sglang/kimi.logging.json"',
+    ]
+    assert server["logging_config"]["root"]["level"] == "WARNING"
+    assert server["logging_config"]["loggers"] == {
+        "sglang.srt.entrypoints.engine": {"level": "WARNING"}
+    }
+    assert server["paths"]["dropin"] == "/etc/systemd/system/sglang@kimi.service.d/10-launch.conf"
+    assert server["paths"]["lkg_dir"] == "/var/lib/sglang-fleet/kimi/lkg"
+    assert server["plan_args"] == {"mem_fraction_static": 0.88, "tp_size": 8}
+    assert server["config_hash"] == config_hash(server)
+    assert "sk-secret-123" not in json.dumps(server)
+
+
+def test_the_nccl_env_is_the_lowest_environment_layer() -> None:
+    [server] = describe(
+        [kimi(env={"NCCL_PROTO": "Simple"})],
+        nccl_env={"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring"},
+        defaults={"env": {"NCCL_ALGO": "Tree"}},
+    )
+    assert server["environment"]["NCCL_PROTO"] == "Simple"
+    assert server["environment"]["NCCL_ALGO"] == "Tree"
+    assert server["load_credential"] is None
+    assert server["logging_config"] is None
+
+
+@pytest.mark.parametrize(
+    ("runtime", "variable"),
+    [
+        ({**RUNTIME, "python": "python3"}, "sglang_server_python"),
+        ({**RUNTIME, "config_dir": ""}, "sglang_server_config_dir"),
+        ({k: v for k, v in RUNTIME.items() if k != "state_dir"}, "sglang_server_state_dir"),
+    ],
+)
+def test_describe_refuses_an_unusable_runtime(runtime: dict, variable: str) -> None:
+    with pytest.raises(ServerConfigError) as raised:
+        describe([kimi()], runtime=runtime)
+    assert raised.value.variable == variable
+
+
+def test_api_keys_maps_names_to_keys_of_servers_that_have_one() -> None:
+    assert api_keys([kimi(api_key="k1"), {**kimi(), "name": "other"}]) == {"kimi": "k1"}
+    assert api_keys(None) == {}
+
+
+def test_filters_wrap_the_library_and_turn_errors_into_filter_errors() -> None:
+    [server] = FILTERS["sglang_server_describe"]([kimi()], {}, {}, None, {}, RUNTIME)
+    assert server["flag_argv"][:2] == ["--model-path", server["model_path"]]
+    assert FILTERS["sglang_server_errors"](server, {"gpu_count": "8", "ram_mib": 409600}) == []
     with pytest.raises(AnsibleFilterError, match=r"sglang_server_instances\[kimi\].profile"):
-        filters["sglang_resolve_servers"]([kimi(profile="x")], {}, {}, {})
-    with pytest.raises(AnsibleFilterError, match="absolute"):
-        filters["sglang_exec_start"](["python3"])
+        FILTERS["sglang_server_describe"]([kimi(profile="x")], {}, {}, {}, {}, RUNTIME)
+    with pytest.raises(AnsibleFilterError, match="absolute path"):
+        FILTERS["sglang_server_describe"]([kimi()], {}, {}, {}, {}, {**RUNTIME, "python": "py"})
+    assert FILTERS["sglang_server_api_keys"]([kimi(api_key="k")]) == {"kimi": "k"}
+
+
+def test_servers_on_gpus_picks_the_servers_that_use_any_of_them() -> None:
+    a = {"name": "a", "gpus": [0, 1]}
+    b = {"name": "b", "gpus": [2, 3]}
+    pick = FILTERS["sglang_servers_on_gpus"]
+    assert [s["name"] for s in pick([a, b], [1, 5])] == ["a"]
+    assert [s["name"] for s in pick([a, b], ["3"])] == ["b"]
+    assert [s["name"] for s in pick([a, b], [])] == ["a", "b"]
 
 
 @pytest.mark.slow
 def test_filters_work_inside_ansible() -> None:
-    """The plugin loads through ansible.cfg's filter_plugins and renders a real template."""
-    expr = (
-        "{{ (['/usr/bin/python3', '-m', 'sglang.launch_server']"
-        " + ({'mem_fraction_static': 0.88, 'served_model_name': '50% $off'} | sglang_argv))"
-        " | sglang_exec_start }}|{{ 'NCCL_PROTO' | sglang_env_line('L\"L') }}"
-    )
+    """The plugin loads through ansible.cfg's filter_plugins and describes a real server."""
+    described = "(servers | sglang_server_describe({}, {}, {}, {'NCCL_PROTO': 'L\"L'}, runtime))[0]"
+    task = {"msg": f"{{{{ {described}.exec_start }}}}|{{{{ {described}.env_lines | join(';') }}}}"}
+    variables = json.dumps({"servers": [kimi()], "runtime": RUNTIME})
     proc = subprocess.run(
         [
             *(str(Path(sys.executable).parent / "ansible"), "localhost", "-i", "localhost,"),
-            *("-c", "local", "-m", "ansible.builtin.debug", "-a", f"msg={expr}", "-o"),
+            *("-c", "local", "-m", "ansible.builtin.debug", "-a", json.dumps(task)),
+            *("-e", variables),
         ],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
+        env={**os.environ, "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1", "ANSIBLE_STDOUT_CALLBACK": "json"},
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    result = json.loads(proc.stdout.split("=>", 1)[1])
-    assert result["msg"] == (
-        "/usr/bin/python3 -m sglang.launch_server --mem-fraction-static 0.88 "
-        '--served-model-name "50%% $$off"|NCCL_PROTO="L\\"L"'
-    )
+    [host_result] = json.loads(proc.stdout)["plays"][0]["tasks"][0]["hosts"].values()
+    exec_start, env_lines = host_result["msg"].split("|", 1)
+    assert exec_start.startswith("/opt/ml-env/bin/python -m sglang.launch_server --model-path ")
+    assert 'NCCL_PROTO="L\\"L"' in env_lines.split(";")
 
 
 def test_config_hash_names_flags_env_and_key_presence_but_not_order():
@@ -269,16 +351,19 @@ def test_config_hash_names_flags_env_and_key_presence_but_not_order():
 
 
 def test_not_last_known_good_names_missing_and_different_records():
-    same = {"name": "a", "flags": {"x": 1}, "environment": {}, "api_key_set": False}
-    other = {"name": "b", "flags": {"x": 2}, "environment": {}, "api_key_set": False}
-    missing = {"name": "c", "flags": {}, "environment": {}, "api_key_set": False}
+    def described(name: str, flags: dict) -> dict:
+        server = {"name": name, "flags": flags, "environment": {}, "api_key_set": False}
+        return {**server, "config_hash": config_hash(server)}
+
+    same, other, missing = described("a", {"x": 1}), described("b", {"x": 2}), described("c", {})
 
     def slurp(server, **change):
         meta = {"config_hash": config_hash({**server, **change})}
         return {"content": b64.b64encode(json.dumps(meta).encode()).decode()}
 
     slurps = [slurp(same), slurp(other, flags={"x": 1}), {"failed": True, "msg": "not found"}]
-    assert sglang_not_last_known_good([same, other, missing], slurps) == ["b", "c"]
+    not_lkg = FILTERS["sglang_not_last_known_good"]
+    assert not_lkg([same, other, missing], slurps) == ["b", "c"]
 
 
 @pytest.mark.parametrize("key", ["", None, " sk-secret-123", "sk-secret-123\n", "-sk-secret-123"])

@@ -10,7 +10,6 @@ GPU-less double gpusim.sglang_server when it is present.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import subprocess
@@ -21,22 +20,14 @@ from typing import Any
 
 import pytest
 import yaml
+from conftest import load_plugin
 
 ROOT = Path(__file__).resolve().parent.parent
 MODULE_PATH = ROOT / "library" / "sglang_flags_check.py"
 GPUSIM = ROOT / "gpusim"
 
 
-def _load() -> Any:
-    spec = importlib.util.spec_from_file_location("sglang_flags_check", MODULE_PATH)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["sglang_flags_check"] = module  # dataclasses look the module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-sfc = _load()
+sfc = load_plugin("library/sglang_flags_check.py")
 
 # A stand-in for `python -m sglang.launch_server`: SGLang-like flags; if the arguments parse
 # without --help it "starts a server" (writes the marker), which the check must never cause.

@@ -6,7 +6,6 @@ start-up failures carry a line the deployment's fail-fast probe knows.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import signal
@@ -15,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import load_plugin
 from gpusim_helpers import LLAMA, Server, child_env, start_server
 
 pytestmark = pytest.mark.slow
@@ -121,11 +121,7 @@ def test_missing_logging_config_fails_like_sglang(state_dir: Path, tmp_path: Pat
 
 def probe_patterns() -> list[re.Pattern[str]]:
     """The deployment's fail-fast patterns (library/sglang_health_probe.py DEFAULT_FATAL)."""
-    path = Path(__file__).resolve().parents[2] / "library" / "sglang_health_probe.py"
-    spec = importlib.util.spec_from_file_location("sglang_health_probe", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_plugin("library/sglang_health_probe.py")
     return [re.compile(pattern) for pattern in module.DEFAULT_FATAL]
 
 

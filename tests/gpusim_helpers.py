@@ -1,8 +1,5 @@
-"""Helpers for the gpusim tests: a private state directory and real server processes.
-
-Nothing is installed: gpusim is imported from the source tree (/work/main/gpusim), and
-child processes get the same path through PYTHONPATH.
-"""
+"""Helpers for tests that run the GPU-less double: a private state directory and real server
+processes. gpusim is installed (editable) in the venv, so child processes find it too."""
 
 from __future__ import annotations
 
@@ -20,14 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from gpusim.state import Hardware, Timing
 
-GPUSIM_SRC = Path(__file__).resolve().parents[2] / "gpusim"
-if str(GPUSIM_SRC) not in sys.path:
-    sys.path.insert(0, str(GPUSIM_SRC))
+from gpusim import state
 
-from gpusim.state import Hardware, Timing  # noqa: E402
-
-from gpusim import state  # noqa: E402  (needs the path above)
+GPUSIM_SRC = Path(__file__).resolve().parents[1] / "gpusim"
 
 FIXTURES = GPUSIM_SRC / "gpusim" / "fixtures"
 LLAMA = str(FIXTURES / "llama-3.1-8b-instruct")
@@ -69,6 +63,8 @@ def port_is_bound(port: int) -> bool:
 def child_env(root: Path, **extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env["GPUSIM_STATE_DIR"] = str(root)
+    # `python -m` puts the working directory first on the child's path, where the repository's
+    # gpusim/ folder (the project, not the package) would shadow the installed package.
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(GPUSIM_SRC), env.get("PYTHONPATH")]))
     env.update(extra)
     return env

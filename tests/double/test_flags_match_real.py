@@ -48,8 +48,7 @@ _CHOICES = re.compile(r"(--?[\w-]+) \[?\{([^}]*)\}")
 # fails to parse or asks for --help.
 _REAL_PROBE = """
 import contextlib, io, json, sys
-sys.path.insert(0, sys.argv[1])
-import dump_sglang_flags
+import dump_sglang_flags  # gpusim/tools, through PYTHONPATH
 from sglang.srt.server_args import prepare_server_args
 
 def attempt(argv):
@@ -64,12 +63,12 @@ def attempt(argv):
             code = "exception: %s: %s" % (type(exc).__name__, exc)
     return {"argv": argv, "code": code, "stdout": out.getvalue(), "stderr": err.getvalue()}
 
-cases = json.loads(sys.argv[3])
+cases = json.loads(sys.argv[2])
 result = {
     "dump": dump_sglang_flags.dump(dump_sglang_flags.build_server_parser()),
     "cases": [attempt(argv) for argv in cases],
 }
-with open(sys.argv[2], "w") as handle:
+with open(sys.argv[1], "w") as handle:
     json.dump(result, handle)
 """
 
@@ -88,6 +87,7 @@ def flag_table() -> dict[str, Any]:
 
 
 def double_env() -> dict[str, str]:
+    # PYTHONPATH: `python -m` from the repository root would find its gpusim/ folder first.
     env = dict(os.environ, COLUMNS=COLUMNS, PYTHONPATH=str(GPUSIM_SRC))
     env.pop("GPUSIM_STATE_DIR", None)
     return env
@@ -294,9 +294,9 @@ def run_real_probe(python: Path, argvs: list[list[str]], out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_suffix(f".{os.getpid()}.tmp")
     env = dict(os.environ, COLUMNS=COLUMNS, HF_HUB_OFFLINE="1", PYTHONWARNINGS="ignore")
-    env.pop("PYTHONPATH", None)
+    env["PYTHONPATH"] = str(DUMPER_DIR)
     subprocess.run(
-        [str(python), "-c", _REAL_PROBE, str(DUMPER_DIR), str(partial), json.dumps(argvs)],
+        [str(python), "-c", _REAL_PROBE, str(partial), json.dumps(argvs)],
         env=env,
         timeout=240,
         check=True,

@@ -1,0 +1,64 @@
+"""Shared by every test: the one loader of the project's Ansible plugins, and the fixtures for
+tests that run the GPU-less double (helpers in gpusim_helpers.py).
+
+Ansible loads modules, action plugins and filter plugins by path, not as a package; tests do
+the same through load_plugin(), which also registers module_utils/ the way Ansible packages it
+(ansible.module_utils.<name>), so a module's own imports work unchanged:
+
+    from conftest import load_plugin
+    gpu_cleanup = load_plugin("library/gpu_cleanup.py")
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from gpusim_helpers import Server, collect_servers, make_state_dir
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _load(name: str, path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec and spec.loader, path
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def load_plugin(relative_path: str) -> ModuleType:
+    """A plugin file of this repository (library/x.py, filter_plugins/y.py, ...), loaded once.
+
+    Registered as `<folder>.<name>` (for example `library.gpu_cleanup`), so a test that patches
+    it and the code under test see the same module.
+    """
+    path = ROOT / relative_path
+    name = f"{path.parent.name}.{path.stem}"
+    if name in sys.modules:
+        return sys.modules[name]
+    return _load(name, path)
+
+
+# What Ansible ships to the host beside a module: module_utils/<name>.py as
+# ansible.module_utils.<name>.
+for _util in sorted((ROOT / "module_utils").glob("*.py")):
+    load_plugin(f"module_utils/{_util.name}")
+    sys.modules[f"ansible.module_utils.{_util.stem}"] = sys.modules[f"module_utils.{_util.stem}"]
+
+
+@pytest.fixture
+def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A private gpusim state directory (GPUSIM_STATE_DIR) for this test."""
+    return make_state_dir(tmp_path, monkeypatch)
+
+
+@pytest.fixture
+def servers() -> Iterator[list[Server]]:
+    """Double servers a test starts; each is stopped when the test ends."""
+    yield from collect_servers()
