@@ -25,7 +25,9 @@ ENGINE = logging.getLogger("sglang.srt.entrypoints.engine")  # server_args=, sig
 HTTP_SERVER = logging.getLogger("sglang.srt.entrypoints.http_server")  # fired up and ready
 TOKENIZER_MANAGER = logging.getLogger("sglang.srt.managers.tokenizer_manager")  # SIGTERM, drain
 UVICORN_ERROR = logging.getLogger("uvicorn.error")  # "error while attempting to bind"
+COMMON_UTILS = logging.getLogger("sglang.srt.utils.common")  # dummy health server (node >= 1)
 # Scheduler processes (one per TP rank): their lines carry the rank prefix (" TP0").
+BOOTSTRAP = logging.getLogger("sglang.srt.distributed.bootstrap")  # Init parallel begin/ends
 MODEL_RUNNER = logging.getLogger("sglang.srt.model_executor.model_runner")  # Load weight
 MEMORY_POOL = logging.getLogger("sglang.srt.mem_cache.memory_pool")  # KV Cache is allocated
 KV_CACHE_CONFIGURATOR = logging.getLogger(
@@ -40,6 +42,7 @@ METRICS_REPORTER = logging.getLogger(
 )  # Prefill batch / Decode batch
 HOST_POOL = logging.getLogger("sglang.srt.mem_cache.pool_host.base")  # HiCache host pool
 SCHEDULER_SIDE = (
+    BOOTSTRAP,
     MODEL_RUNNER,
     MEMORY_POOL,
     KV_CACHE_CONFIGURATOR,

@@ -3,7 +3,8 @@
 Sources in the sglang 0.5.23 wheel: `srt/arg_groups/memory_hook.py` (default
 mem_fraction_static), `srt/mem_cache/kv_cache_configurator.py` (`_profile_available_bytes`,
 `resolve_max_num_reqs`), `srt/model_executor/pool_configurator.py` (the "Not enough memory"
-check), `srt/mem_cache/pool_host/base.py` (HiCache host pool). The headroom model (what the
+check), `srt/mem_cache/pool_host/base.py` (HiCache host pool), `srt/distributed/utils.py`
+(`get_pp_indices`, the pipeline layer split). The headroom model (what the
 memory outside mem_fraction_static must hold) is the double's own and is documented in
 README.md with its constants below.
 """
@@ -72,6 +73,7 @@ class MemoryArgs:
 
     tp_size: int = 1
     pp_size: int = 1
+    dp_size: int = 1
     nnodes: int = 1
     mem_fraction_static: float | None = None
     kv_cache_dtype: str = "auto"
@@ -139,15 +141,32 @@ def kv_element_bytes(kv_cache_dtype: str, model: ModelShape) -> float:
     return KV_ELEMENT_BYTES[kv_cache_dtype]
 
 
-def cell_size_bytes(model: ModelShape, tp_size: int, kv_cache_dtype: str) -> float:
-    """KV bytes per token on one rank (SGLang's cell_size)."""
+def stage_layers(num_layers: int, pp_size: int) -> int:
+    """Layers of the largest pipeline stage: SGLang's `get_pp_indices` gives the remainder
+    to the last stages, one layer each. The double sizes every rank like that stage."""
+    return math.ceil(num_layers / max(1, pp_size))
+
+
+def cell_size_bytes(
+    model: ModelShape, tp_size: int, kv_cache_dtype: str, pp_size: int = 1
+) -> float:
+    """KV bytes per token on one rank (SGLang's cell_size over this stage's layers)."""
     elem = kv_element_bytes(kv_cache_dtype, model)
+    layers = stage_layers(model.num_layers, pp_size)
     if model.is_mla:
         # The latent cache is replicated on every rank, not split by TP.
         assert model.kv_lora_rank is not None and model.qk_rope_head_dim is not None
-        return (model.kv_lora_rank + model.qk_rope_head_dim) * model.num_layers * elem
+        return (model.kv_lora_rank + model.qk_rope_head_dim) * layers * elem
     kv_heads = max(1, model.num_kv_heads // tp_size)
-    return kv_heads * (model.head_dim + model.v_head_dim) * model.num_layers * elem
+    return kv_heads * (model.head_dim + model.v_head_dim) * layers * elem
+
+
+def weight_gib_per_rank(model: ModelShape, args: MemoryArgs) -> float:
+    """Weights are split over every rank of the group: TP within a stage, PP across them.
+
+    A rank holds the same share whatever node it runs on, so a node holds
+    (its ranks / tp*pp) of the model: half of it for each of two nodes."""
+    return model.weight_bytes / (args.tp_size * args.pp_size) / GIB
 
 
 def default_chunk_and_graph_bs(gpu_mem_mib: float, tp_size: int) -> tuple[int, int]:
@@ -226,10 +245,20 @@ def multimodal_reserve_gib(model: ModelShape, args: MemoryArgs) -> float:
 
 
 def check_args(args: MemoryArgs) -> None:
-    """Flag combinations SGLang rejects before any GPU work."""
+    """Flag combinations SGLang rejects before any GPU work (0.5.23 validation_hook.py)."""
+    if args.nnodes == 0:
+        # SGLang's check is `(tp_size * pp_size) % nnodes == 0`: zero nodes divide by zero.
+        raise StartupFailure("ZeroDivisionError", "integer modulo by zero", "args")
     if (args.tp_size * args.pp_size) % args.nnodes != 0:
         raise StartupFailure(
             "AssertionError", "tp_size must be divisible by number of nodes", "args"
+        )
+    if args.dp_size > 1 and args.nnodes != 1:
+        raise StartupFailure(
+            "AssertionError",
+            "multi-node data-parallel replicas are not supported; use attention DP "
+            "(--attn-dp-size) across nodes",
+            "args",
         )
     if args.enable_hierarchical_cache and args.disable_radix_cache:
         raise StartupFailure(
@@ -256,8 +285,8 @@ def resolve_defaults(args: MemoryArgs, model: ModelShape, gpu_mem_mib: int) -> t
     return chunk, decode_bs
 
 
-def check_balance(free_mib_per_rank: list[int]) -> None:
-    least = min(free_mib_per_rank)
+def check_balance(free_mib_per_rank: list[int], least: int) -> None:
+    """Each rank compares the group's least free memory (a MIN over all ranks) with its own."""
     for local in free_mib_per_rank:
         if least < local * TP_BALANCE_RATIO:
             pre, loc = least / 1024, local / 1024
@@ -276,15 +305,22 @@ def plan_memory(
     gpu_total_mib: int,
     free_mib_per_rank: list[int],
     host_ram_bytes: float,
+    *,
+    group_min_free_mib: int | None = None,
 ) -> MemoryPlan:
-    """Run start-up's memory decisions; raise StartupFailure where SGLang would fail."""
+    """Run start-up's memory decisions; raise StartupFailure where SGLang would fail.
+
+    free_mib_per_rank are this node's ranks; group_min_free_mib is the least over every node
+    of a multi-node group (SGLang reduces it over all ranks, so all nodes size alike).
+    """
     check_args(args)
     chunk, decode_bs = resolve_defaults(args, model, gpu_total_mib)
     mfs = args.mem_fraction_static
     assert mfs is not None
-    check_balance(free_mib_per_rank)
-    pre_gib = (min(free_mib_per_rank) - CUDA_CONTEXT_MIB) / 1024
-    weight_gib = model.weight_bytes / args.tp_size / GIB
+    least = min([*free_mib_per_rank, *([] if group_min_free_mib is None else [group_min_free_mib])])
+    check_balance(free_mib_per_rank, least)
+    pre_gib = (least - CUDA_CONTEXT_MIB) / 1024
+    weight_gib = weight_gib_per_rank(model, args)
     if weight_gib > pre_gib:
         raise StartupFailure(
             "torch.OutOfMemoryError",
@@ -305,7 +341,7 @@ def plan_memory(
             f"{minimum:.4f}). If using speculative decoding, draft weights are now counted.",
             "kv_cache",
         )
-    cell = cell_size_bytes(model, args.tp_size, args.kv_cache_dtype)
+    cell = cell_size_bytes(model, args.tp_size, args.kv_cache_dtype, args.pp_size)
     tokens = int(rest_gib * GIB // cell)
     if args.max_total_tokens is not None:
         tokens = min(tokens, args.max_total_tokens)

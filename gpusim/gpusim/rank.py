@@ -5,7 +5,9 @@ file descriptors and the port stays bound while this process lives, like SGLang'
 schedulers. The launcher registers this PID's GPU memory in the state directory. Nothing
 here watches the parent: when the launcher is SIGKILLed this process keeps running,
 holding memory and the port, exactly the orphan the story's operator had to hunt down.
-SIGTERM/SIGINT end it cleanly (unregistered, device file closed).
+SIGTERM and SIGINT end it cleanly (unregistered, device file closed). After SIGTERM it then
+dies of that signal (exit code -15 to its parent), as a scheduler without a SIGTERM handler
+does; SIGINT is how the launcher stops it on SGLang's ShutdownReq: exit code 0.
 """
 
 from __future__ import annotations
@@ -34,22 +36,25 @@ def spawn(gpu: int, title: str) -> int:
 
 def _run(gpu: int, title: str, ready_fd: int) -> NoReturn:
     code = 0
+    stopped_by = 0
     try:
         setproctitle.setproctitle(title)
-        stop = False
 
         def _stop(signum: int, frame: object) -> None:
-            nonlocal stop
-            stop = True
+            nonlocal stopped_by
+            stopped_by = signum
 
         signal.signal(signal.SIGTERM, _stop)
         signal.signal(signal.SIGINT, _stop)
         with open(state.device_path(gpu), "rb"):
             os.write(ready_fd, b"1")
             os.close(ready_fd)
-            while not stop:
+            while not stopped_by:
                 signal.pause()
         state.unregister(os.getpid())
+        if stopped_by == signal.SIGTERM:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
     except BaseException:  # a forked child must never return into the launcher's code
         code = 1
     os._exit(code)

@@ -5,6 +5,11 @@ The launcher parses SGLang's flags, binds the HTTP port, spawns one process per 
 lines while registering each rank's GPU memory, then serves SGLang's HTTP API with a
 simulated scheduler. Failures SGLang raises in a scheduler end the way SGLang's do: the
 rank logs "Scheduler hit an exception", the launcher kills its tree and itself (SIGKILL).
+
+Multi-node (`--nnodes/--node-rank/--dist-init-addr`): each node runs this launcher with its
+own ranks; they meet on the dist-init port first (gpusim.distributed). Node 0 serves the API;
+the other nodes answer only SGLang's dummy /health once their ranks are up, ignore SIGTERM
+(they stop on node 0's ShutdownReq) and go down with any node of the group.
 """
 
 from __future__ import annotations
@@ -23,7 +28,8 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from gpusim import flags, logs, state
+from gpusim import distributed, flags, logs, state
+from gpusim.distributed import GroupConfig, Leader, Member
 from gpusim.engine import Request, Scheduler
 from gpusim.http_api import Metrics, ServerState, build_app
 from gpusim.logs import LoggingConfigMissing
@@ -37,6 +43,7 @@ from gpusim.memory import (
     check_args,
     plan_memory,
     prefill_graph_buckets,
+    weight_gib_per_rank,
 )
 from gpusim.model import ModelDirError, ModelShape, load_model
 from gpusim.rank import spawn as spawn_rank
@@ -45,6 +52,10 @@ from gpusim.tokenizer import WordTokenizer
 DRAIN_POLL_S = 0.05
 DRAIN_LOG_EVERY_S = 1.0
 CHILD_TERM_WAIT_S = 5.0
+RANK_POLL_S = 0.05
+# When one of a node's schedulers dies, how long its siblings get to die too (systemd's
+# SIGTERM reaches all of them at once) before the survivors count as crashed.
+SIBLING_EXIT_GRACE_S = 1.0
 KV_DTYPE_NAMES = {
     "auto": "torch.bfloat16",
     "bf16": "torch.bfloat16",
@@ -76,6 +87,7 @@ def _memory_args(args: argparse.Namespace) -> MemoryArgs:
 @dataclass
 class RankProc:
     tp_rank: int
+    pp_rank: int
     gpu: int
     title: str
     pid: int
@@ -93,10 +105,24 @@ class Launcher:
         self.runner: web.AppRunner | None = None
         self.shutdown = asyncio.Event()
         self.exit_code = 0
-        tp, pp, nnodes = args.tp_size, getattr(args, "pp_size", 1), getattr(args, "nnodes", 1)
-        self.local_ranks = max(1, tp * pp // max(1, nnodes))
-        self.first_rank = getattr(args, "node_rank", 0) * self.local_ranks
-        self.rank_prefix = f" TP{self.first_rank}" if tp > 1 else ""
+        self.tp_size, self.pp_size = args.tp_size, getattr(args, "pp_size", 1)
+        self.node_rank = getattr(args, "node_rank", 0)
+        nnodes = getattr(args, "nnodes", 1)
+        # Node n holds world ranks [n*L, (n+1)*L), world rank = tp_size * pp_rank + tp_rank
+        # (SGLang's _calculate_rank_ranges gives each node whole stages or a TP slice).
+        self.local_ranks = max(1, self.tp_size * self.pp_size // max(1, nnodes))
+        self.first_rank = self.node_rank * self.local_ranks
+        self.rank_prefix = self._prefix(self.first_rank)
+        # Until main() resolves address and timeout (distributed.configure): no network yet.
+        self.group = GroupConfig(
+            self.node_rank,
+            nnodes,
+            self.tp_size * self.pp_size,
+            self.local_ranks,
+            distributed.DEFAULT_DIST_TIMEOUT_S,
+        )
+        self.leader: Leader | None = None
+        self.member: Member | None = None
 
     # -- process tree ----------------------------------------------------------------------
     def _gpu_of(self, local_rank: int) -> int:
@@ -107,21 +133,19 @@ class Launcher:
             return int(visible.split(",")[index])
         return index
 
-    def _title(self, tp_rank: int) -> str:
-        prefix = ""
-        if getattr(self.args, "pp_size", 1) > 1:
-            prefix += " PP0"
-        if self.args.tp_size > 1:
-            prefix += f" TP{tp_rank}"
-        return f"sglang::scheduler{prefix.replace(' ', '_')}"
+    def _prefix(self, world_rank: int) -> str:
+        """SGLang's scheduler prefix: " PP<p>" with pipeline stages, " TP<t>" with TP."""
+        prefix = f" PP{world_rank // self.tp_size}" if self.pp_size > 1 else ""
+        return prefix + (f" TP{world_rank % self.tp_size}" if self.tp_size > 1 else "")
 
     def spawn_ranks(self) -> None:
-        """Fork one process per local rank; each inherits the already bound HTTP socket."""
+        """Fork one process per local rank; each inherits the sockets bound so far."""
         for local in range(self.local_ranks):
-            tp_rank = self.first_rank + local
+            world_rank = self.first_rank + local
             gpu = self._gpu_of(local)
-            title = self._title(tp_rank)
-            proc = RankProc(tp_rank, gpu, title, spawn_rank(gpu, title))
+            title = f"sglang::scheduler{self._prefix(world_rank).replace(' ', '_')}"
+            tp_rank, pp_rank = world_rank % self.tp_size, world_rank // self.tp_size
+            proc = RankProc(tp_rank, pp_rank, gpu, title, spawn_rank(gpu, title))
             self.ranks.append(proc)
             self._register(proc, CUDA_CONTEXT_MIB)
 
@@ -175,7 +199,7 @@ class Launcher:
 
     # -- start-up --------------------------------------------------------------------------
     def _rank_extra(self, rank: RankProc) -> dict[str, str]:
-        return {"prefix": f" TP{rank.tp_rank}" if self.args.tp_size > 1 else ""}
+        return {"prefix": self._prefix(rank.pp_rank * self.tp_size + rank.tp_rank)}
 
     def _free_mib_per_rank(self) -> list[int]:
         """Free memory per rank's GPU before this server allocates anything."""
@@ -194,11 +218,15 @@ class Launcher:
 
     async def startup(self, model: ModelShape, mem_args: MemoryArgs) -> MemoryPlan:
         free = self._free_mib_per_rank()
+        group_min_free = await self._init_parallel(min(free))
         host_bytes = self.hardware.host_ram_gib * GIB
         failure: StartupFailure | None = None
         plan: MemoryPlan | None = None
+        gpu_mib = self.hardware.gpu_memory_mib
         try:
-            plan = plan_memory(model, mem_args, self.hardware.gpu_memory_mib, free, host_bytes)
+            plan = plan_memory(
+                model, mem_args, gpu_mib, free, host_bytes, group_min_free_mib=group_min_free
+            )
         except StartupFailure as exc:
             failure = exc
         self._fail_if(failure, "init")
@@ -222,6 +250,64 @@ class Launcher:
         if failure is not None and failure.phase == phase:
             self.scheduler_exception(failure.exc_type, failure.message, running=False)
 
+    # -- the group (multi-node) --------------------------------------------------------------
+    async def _init_parallel(self, local_min_free: int) -> int | None:
+        """SGLang's init_parallel_runtime: rendezvous, gloo and NCCL groups, per local rank.
+
+        Returns the group's least free MiB (None on a single node without a store port).
+        """
+        for rank in self.ranks:
+            logs.BOOTSTRAP.info("Init parallel begin.", extra=self._rank_extra(rank))
+        tic = time.perf_counter()
+        self._fail_if(self.group.failure, "init")
+        group_min_free: int | None = None
+        try:
+            if self.node_rank == 0 and self.group.listener is not None:
+                self.leader = Leader(self.group)
+                group_min_free = await self.leader.gather(local_min_free)
+            elif self.node_rank > 0:
+                self.member = Member(self.group)
+                group_min_free = await self.member.join(local_min_free)
+        except StartupFailure as exc:
+            self._fail_if(exc, "init")
+        self._watch_group()
+        self._fail_if(self._socket_interface_failure(), "init")
+        for rank in self.ranks:
+            logs.BOOTSTRAP.info(
+                f"Init parallel ends. elapsed={time.perf_counter() - tic:.2f} s",
+                extra=self._rank_extra(rank),
+            )
+        return group_min_free
+
+    def _watch_group(self) -> None:
+        if self.leader is not None:
+            self.leader.watch(self._peer_lost)
+        if self.member is not None:
+            self.member.watch(self._peer_lost, self._group_shutdown)
+
+    def _socket_interface_failure(self) -> StartupFailure | None:
+        """gloo's CPU group always, NCCL when the world has more than one rank."""
+        env = dict(os.environ)
+        addresses = distributed.interface_addresses()
+        failure = distributed.gloo_failure(env, addresses)
+        if failure is not None or self.group.world_size <= 1:
+            return failure
+        choice = distributed.nccl_bootstrap(env, addresses)
+        for device, rank in enumerate(self.ranks):
+            for line in distributed.nccl_debug_lines(env, choice, rank.pid, device):
+                print(line, flush=True)
+        return distributed.nccl_failure() if choice is None else None
+
+    def _peer_lost(self, host: str, port: int) -> None:
+        """A node of the group went away: the next gloo broadcast fails on every rank."""
+        running = self.server is not None and not self.server.starting and self.node_rank == 0
+        exc_type, message = distributed.peer_closed(host, port)
+        self.scheduler_exception(exc_type, message, running=running)
+
+    def _group_shutdown(self) -> None:
+        """Node 0 broadcast ShutdownReq: this node's schedulers leave their loops."""
+        self.shutdown.set()
+
     async def _load_weights(
         self, model: ModelShape, mem_args: MemoryArgs, failure: StartupFailure | None
     ) -> None:
@@ -233,7 +319,7 @@ class Launcher:
         tic = time.perf_counter()
         await asyncio.sleep(self.timing.load_weights_s)
         self._fail_if(failure, "load_weights")
-        weight_gib = model.weight_bytes / mem_args.tp_size / GIB
+        weight_gib = weight_gib_per_rank(model, mem_args)
         for rank in self.ranks:
             self._register(rank, CUDA_CONTEXT_MIB + weight_gib * 1024)
             logs.MODEL_RUNNER.info(
@@ -376,8 +462,8 @@ class Launcher:
         loop.add_signal_handler(signal.SIGTERM, self.on_sigterm)
         loop.add_signal_handler(signal.SIGINT, self.on_sigterm)
         self.server = self._server_state(model)
-        if getattr(self.args, "node_rank", 0) > 0:
-            return await self._serve_follower(sock)
+        if self.node_rank > 0:
+            return await self._serve_follower(model, mem_args, sock)
         app = build_app(self.server, getattr(self.args, "api_key", None))
         self.runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self.runner.setup()
@@ -419,18 +505,106 @@ class Launcher:
         self.server.starting = False
         logs.HTTP_SERVER.info("The server is fired up and ready to roll!")
 
-    async def _serve_follower(self, sock: socket.socket) -> int:
-        """Ranks >= 1 of a multi-node group answer /health with 200 and nothing else."""
+    # -- nodes >= 1 -------------------------------------------------------------------------
+    async def _serve_follower(
+        self, model: ModelShape, mem_args: MemoryArgs, sock: socket.socket
+    ) -> int:
+        """Node ranks >= 1 (0.5.23 engine.py): start up with the group, then a dummy /health.
+
+        They stop when node 0 sends ShutdownReq (exit 0) or when their own schedulers have
+        all exited (exit 0, the group goes down with them); SIGTERM alone changes nothing.
+        """
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, self._follower_sigterm)
+        loop.add_signal_handler(signal.SIGINT, self.shutdown.set)  # an operator's Ctrl-C
+        startup = asyncio.create_task(self.startup(model, mem_args))
+        stop = asyncio.create_task(self.shutdown.wait())
+        await asyncio.wait({startup, stop}, return_when=asyncio.FIRST_COMPLETED)
+        if not startup.done():
+            startup.cancel()
+            return await self._stop_follower()
+        startup.result()
+        await self._start_dummy_health(sock)
+        ranks_gone = asyncio.create_task(self._until_ranks_exit())
+        await asyncio.wait({stop, ranks_gone}, return_when=asyncio.FIRST_COMPLETED)
+        if ranks_gone.done():
+            if self.runner is not None:
+                await self.runner.cleanup()
+            return self.exit_code
+        ranks_gone.cancel()
+        return await self._stop_follower()
+
+    def _follower_sigterm(self) -> None:
+        logs.ENGINE.warning(
+            f"SIGTERM received on node_rank {self.node_rank}; waiting for the rank-0 "
+            "ShutdownReq broadcast to stop the schedulers."
+        )
+
+    async def _start_dummy_health(self, sock: socket.socket) -> None:
+        """`launch_dummy_health_check_server`: 200 on /health, /health_generate and /ping."""
         app = web.Application()
-        app.router.add_get("/health", lambda r: _ok())
-        app.router.add_get("/health_generate", lambda r: _ok())
+        for path in ("/health", "/health_generate", "/ping"):
+            app.router.add_get(path, _ok)
         self.runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self.runner.setup()
-        await web.SockSite(self.runner, sock).start()
-        await self.shutdown.wait()
-        return await self._stop()
+        await web.SockSite(self.runner, sock).start()  # starts listening only now
+        host = f"[{self.args.host}]" if ":" in self.args.host else self.args.host
+        logs.COMMON_UTILS.info(
+            f"Dummy health check server started in background thread at {host}:{self.args.port}"
+        )
+
+    async def _until_ranks_exit(self) -> None:
+        """`block_until_scheduler_exits`: log each scheduler's exit; a lone death is a crash."""
+        loop = asyncio.get_running_loop()
+        codes: dict[int, int] = {}
+        grace_until: float | None = None
+        while True:
+            self._collect_exits(codes)
+            if len(codes) == len(self.ranks):
+                self._log_exits(codes)
+                return
+            if codes:
+                grace_until = grace_until or loop.time() + SIBLING_EXIT_GRACE_S
+                if loop.time() >= grace_until:
+                    self._log_exits(codes)
+                    link = self.member.link if self.member is not None else None
+                    host, port = link.local if link is not None else ("127.0.0.1", 0)
+                    self.scheduler_exception(*distributed.peer_closed(host, port), running=False)
+            await asyncio.sleep(RANK_POLL_S)
+
+    def _collect_exits(self, codes: dict[int, int]) -> None:
+        for rank in self.ranks:
+            if rank.pid not in codes:
+                code = _exit_code(rank.pid)
+                if code is not None:
+                    codes[rank.pid] = code
+
+    def _log_exits(self, codes: dict[int, int]) -> None:
+        for rank in self.ranks:
+            if rank.pid in codes:
+                logs.ENGINE.error(
+                    f"Scheduler or DataParallelController {rank.pid} "
+                    f"terminated with {codes[rank.pid]}"
+                )
+
+    async def _stop_follower(self) -> int:
+        """ShutdownReq: schedulers leave their loops and exit 0 (SIGINT to the ranks here)."""
+        self.kill_ranks(signal.SIGINT)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + CHILD_TERM_WAIT_S
+        codes: dict[int, int] = {}
+        while len(codes) < len(self.ranks) and loop.time() < deadline:
+            self._collect_exits(codes)
+            await asyncio.sleep(RANK_POLL_S)
+        self.reap_ranks(0)  # stragglers: SIGKILL
+        self._log_exits(codes)
+        if self.runner is not None:
+            await self.runner.cleanup()
+        return self.exit_code
 
     async def _stop(self) -> int:
+        if self.leader is not None:
+            await self.leader.shutdown()
         self.kill_ranks(signal.SIGTERM)
         self.reap_ranks(CHILD_TERM_WAIT_S)
         if self.runner is not None:
@@ -445,17 +619,28 @@ def _reaped(pid: int) -> bool:
         return True
 
 
-async def _ok() -> web.Response:
+def _exit_code(pid: int) -> int | None:
+    """A child's exit code as multiprocessing reports it (-N: killed by signal N); None: alive."""
+    try:
+        reaped, status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return 0
+    return os.waitstatus_to_exitcode(status) if reaped else None
+
+
+async def _ok(request: web.Request) -> web.Response:
     return web.Response(status=200)
 
 
-def bind(host: str, port: int) -> socket.socket:
+def bind(host: str, port: int, listen: bool = True) -> socket.socket:
+    """The HTTP port. Unlistened (nodes >= 1 until ready), it refuses connections but is ours."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     # SO_REUSEADDR as uvicorn: TIME_WAIT sockets do not block a restart, live listeners do.
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
-    sock.listen(2048)
+    if listen:
+        sock.listen(2048)
     sock.set_inheritable(True)
     return sock
 
@@ -496,6 +681,16 @@ def _prepare(args: argparse.Namespace) -> tuple[ModelShape, MemoryArgs] | int:
     except StartupFailure as exc:
         print_traceback(exc.exc_type, exc.message, "ServerArgs.__post_init__()")
         return 1
+    node_rank = getattr(args, "node_rank", 0)
+    if not 0 <= node_rank < mem_args.nnodes:
+        # SGLang does not check this itself; its ranks would fail in torch.distributed.
+        print_traceback(
+            "ValueError",
+            f"gpusim: --node-rank {node_rank} is not in 0..{mem_args.nnodes - 1} "
+            f"(--nnodes {mem_args.nnodes})",
+            "ServerArgs.__post_init__()",
+        )
+        return 1
     needed = mem_args.tp_size * mem_args.pp_size // max(1, mem_args.nnodes)
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     available = len(visible.split(",")) if visible else hardware.gpu_count
@@ -528,7 +723,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return prepared
     model, mem_args = prepared
     try:
-        sock = bind(args.host, args.port)
+        sock = bind(args.host, args.port, listen=launcher.node_rank == 0)
     except OSError as exc:
         if exc.errno != errno.EADDRINUSE:
             raise
@@ -537,6 +732,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "address already in use"
         )
         return 1
+    # Node 0's store port is bound before the ranks fork, so they hold it as TP0 would.
+    launcher.group = distributed.configure(args, launcher.local_ranks)
     launcher.spawn_ranks()
     return asyncio.run(launcher.serve(model, mem_args, sock))
 
