@@ -36,7 +36,9 @@ lint: $(BIN)/.stamp
 	@echo "==> ansible-lint (production profile)"; $(BIN)/ansible-lint --profile production
 	@echo "==> ruff"; $(BIN)/ruff check . && $(BIN)/ruff format --check .
 
-pytest: $(BIN)/.stamp image
+# No image here: the one test that needs a real systemd builds it on demand (tests/test_flags.py).
+# The wheelhouse holds the pinned SGLang wheel that tests/test_ml_env_vars.py reads.
+pytest: $(BIN)/.stamp wheelhouse
 	@echo "==> pytest"; $(BIN)/pytest
 
 molecule: $(BIN)/.stamp image wheelhouse

@@ -14,6 +14,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -244,6 +245,7 @@ def test_env_file_line_rejects_values_that_would_break_the_file(value: object) -
 # --------------------------------------------------------------------------- real systemd
 
 
+ROOT = Path(__file__).resolve().parent.parent
 IMAGE = "sglang-fleet-testhost:latest"
 PROBE = (
     "import json, os, sys; print('ARGV=' + json.dumps(sys.argv[1:])); "
@@ -251,23 +253,24 @@ PROBE = (
 )
 
 
-def _docker_ok() -> str | None:
-    if not shutil.which("docker"):
-        return "docker is not installed"
-    info = subprocess.run(["docker", "info"], capture_output=True, check=False, timeout=30)
-    if info.returncode != 0:
-        return "docker info failed: no Docker daemon"
-    image = subprocess.run(
-        ["docker", "image", "inspect", IMAGE], capture_output=True, check=False, timeout=30
+def _ensure_image() -> None:
+    """The Molecule test-host image, built on demand: `make pytest` builds it only when a test
+    that needs a real systemd runs (`make image` also installs and starts Docker if missing)."""
+    if shutil.which("docker"):
+        image = subprocess.run(
+            ["docker", "image", "inspect", IMAGE], capture_output=True, check=False, timeout=30
+        )
+        if image.returncode == 0:
+            return
+    built = subprocess.run(
+        ["make", "-C", str(ROOT), "image"], capture_output=True, text=True, check=False
     )
-    return None if image.returncode == 0 else f"image {IMAGE} is not built (make testhost)"
+    assert built.returncode == 0, f"make image failed:\n{built.stdout}\n{built.stderr}"
 
 
 @pytest.fixture(scope="module")
 def systemd_container() -> Iterator[str]:
-    reason = _docker_ok()
-    if reason:
-        pytest.skip(reason)
+    _ensure_image()
     name = f"flags-quote-test-{uuid.uuid4().hex[:8]}"
     # Like the Molecule test host: systemd as PID 1 with the host's cgroup tree.
     run_args = ["-d", "--rm", "--name", name, "--cgroupns", "host"]
