@@ -11,6 +11,11 @@ what an operator reads when the rollout rolls a host back.
 Thresholds: min_output_tok_s, max_p99_ttft_ms, max_p99_tpot_ms, max_failure_rate (0..1),
 min_goodput (0..1), max_regression_pct (output throughput at most this many percent below the
 baseline's, compared only when both ran the same workload).
+
+Whatever the thresholds, a run fails when it sent nothing (`no_requests`) or when its output
+throughput is 0 or missing (`no_output`): the smoke client counts only right answers (exactly
+the tokens asked for), so a server whose streams end early or empty produces none, however
+clean its streams look. Failed requests count with their reasons (`failure_reasons`).
 """
 
 from __future__ import annotations
@@ -106,6 +111,44 @@ def _failure(code: str, metric: str, value: float | None, limit: float, message:
     return {"code": code, "metric": metric, "value": value, "limit": limit, "message": message}
 
 
+def reasons_text(result: dict[str, Any]) -> str:
+    """The failure reasons of a result, most frequent first: "short_output 16, timeout 2"."""
+    reasons = result.get("failure_reasons")
+    if not isinstance(reasons, dict) or not reasons:
+        return ""
+    ordered = sorted(reasons.items(), key=lambda item: (-int(item[1]), str(item[0])))
+    return ", ".join(f"{reason} {count}" for reason, count in ordered)
+
+
+def _failed_text(result: dict[str, Any]) -> str:
+    """ "16 of 16 requests failed: short_output 16", or "" when none failed."""
+    failed = int(result.get("failed") or 0)
+    if not failed:
+        return ""
+    sent = failed + int(result.get("completed") or 0)
+    reasons = reasons_text(result)
+    return f"{failed} of {sent} requests failed" + (f": {reasons}" if reasons else "")
+
+
+def _check_output(result: dict[str, Any]) -> dict | None:
+    """No output at all fails every gate: the thresholds judge how good, not whether."""
+    value = _metric(result, "output_throughput")
+    if value is not None and value > 0:
+        return None
+    failed = _failed_text(result)
+    detail = f" ({failed})" if failed else ""
+    if value is None:
+        message = (
+            f"output_throughput was not measured, so the server's output cannot be judged{detail}"
+        )
+    else:
+        message = (
+            f"output_throughput is {value:.1f} tok/s: no request got the completion tokens it "
+            f"asked for{detail}"
+        )
+    return _failure("no_output", "output_throughput", value, 0, message)
+
+
 def _check_limit(name: str, limit_value: float, result: dict[str, Any]) -> dict | None:
     limit = LIMITS[name]
     value = _metric(result, limit.metric)
@@ -124,13 +167,14 @@ def _check_limit(name: str, limit_value: float, result: dict[str, Any]) -> dict 
     if not (below or above):
         return None
     side = "below the minimum" if below else "above the maximum"
+    failed = _failed_text(result) if limit.metric == "failure_rate" else ""
     return _failure(
         name,
         limit.metric,
         value,
         limit_value,
         f"{limit.metric} {_figure(value, limit)} is {side} {_limit_text(limit_value)}"
-        f"{_off_by(value, limit_value)}",
+        f"{_off_by(value, limit_value)}" + (f" ({failed})" if failed else ""),
     )
 
 
@@ -185,11 +229,14 @@ def measured_line(result: dict[str, Any]) -> str:
     failed = int(result.get("failed") or 0)
     sent = int(result.get("completed") or 0) + failed
     rate = failure_rate(result)
+    reasons = reasons_text(result)
     parts = [
         f"output {float(result.get('output_throughput') or 0):.1f} tok/s",
         f"p99 TTFT {_opt(result.get('p99_ttft_ms'), 1)} ms",
         f"p99 TPOT {_opt(result.get('p99_tpot_ms'), 2)} ms",
-        f"failed {failed}/{sent}" + (f" ({rate * 100:.1f} %)" if rate is not None else ""),
+        f"failed {failed}/{sent}"
+        + (f" ({rate * 100:.1f} %)" if rate is not None else "")
+        + (f" [{reasons}]" if reasons else ""),
     ]
     if result.get("goodput") is not None:
         parts.append(f"goodput {float(result['goodput']):.3f}")
@@ -212,6 +259,10 @@ def evaluate(
         failures.append(
             _failure("no_requests", "completed", 0, 0, "the benchmark sent no request at all")
         )
+    else:
+        no_output = _check_output(result)
+        if no_output:
+            failures.append(no_output)
     for name, value in limits.items():
         if name in LIMITS:
             failure = _check_limit(name, value, result)

@@ -12,7 +12,14 @@ mean the same thing. Pass the API key through the environment (``SGLANG_API_KEY`
 ``--api-key``: a command line is visible to every user of the host in ``ps``.
 
 Exit status: 0 when the run completed (even with failed requests: the gate judges), 1 when the
-server could not be reached at all, 2 on bad usage.
+server could not be reached at all, 2 on bad usage (a message naming the flag, no traceback).
+
+A request counts as completed only when its answer is right: a 200 stream that ends with the
+server's final record (``meta_info`` on /generate, ``usage`` on /v1/completions) reporting
+exactly the completion tokens asked for (every request sets ``ignore_eos``). Anything else is
+a failure with a reason (``failure_reasons`` in the result: short_output, long_output,
+no_final_record, http_<status>, timeout, connect_failed, connection_closed,
+malformed_response, server_error).
 
 Speed matters more than usual here: the gate must measure the server, never this client. The
 HTTP/1.1 client is therefore written on ``asyncio.BufferedProtocol`` (the layer under asyncio
@@ -36,11 +43,12 @@ import ssl
 import statistics
 import sys
 import time
-from collections.abc import Iterator
-from typing import Any, Callable
+from collections.abc import Awaitable, Iterator
+from typing import Any, Callable, TypeVar
 from urllib.parse import urlsplit
 
 Clock = Callable[[], float]
+T = TypeVar("T")
 
 # Token ids drawn for random prompts stay below the smallest vocabulary in common use (32000,
 # Llama 2) and above the ids tokenizers reserve for special tokens.
@@ -54,6 +62,15 @@ _WORDS = (  # noqa: SIM905 (a paragraph reads better than a hundred one-word lin
 ).split()
 _READ_BUFFER_BYTES = 64 * 1024
 _GET_TIMEOUT_S = 10.0
+# Bounds on what a server can make this client hold: a response head, one SSE event (a long
+# /generate answer repeats its cumulative text in every event: megabytes, not gigabytes), a
+# GET document (/metrics), an error body (only its start is shown).
+_MAX_HEAD_BYTES = 64 * 1024
+_MAX_EVENT_BYTES = 64 * 1024 * 1024
+_MAX_DOCUMENT_BYTES = 16 * 1024 * 1024
+_MAX_ERROR_BODY_BYTES = 4096
+# Limits on the workload, far above any real one, so a typo fails here, not as a MemoryError.
+_MAX_TOKENS_PER_REQUEST = 1 << 21
 _MAX_DISTRIBUTION_SAMPLES = 10000
 _MAX_ERRORS = 10
 _ERROR_TEXT_LIMIT = 300
@@ -72,8 +89,32 @@ _M_PROMPT_TOKENS = "sglang:prompt_tokens_total"
 _M_MAX_TOTAL_TOKENS = "sglang:max_total_num_tokens"
 
 
+# Why a request failed: the keys of the result's ``failure_reasons`` (plus http_<status>).
+SHORT_OUTPUT = "short_output"
+LONG_OUTPUT = "long_output"
+NO_FINAL_RECORD = "no_final_record"
+TIMEOUT = "timeout"
+CONNECT_FAILED = "connect_failed"
+CONNECTION_CLOSED = "connection_closed"
+MALFORMED = "malformed_response"
+SERVER_ERROR = "server_error"
+# What parsing a response that is not HTTP + SSE + JSON as expected can raise (json raises
+# RecursionError for deeply nested arrays).
+_PARSE_ERRORS = (ValueError, IndexError, KeyError, TypeError, AttributeError, RecursionError)
+
+
 class ServerUnreachable(Exception):
     """The server did not accept a connection at all (exit status 1)."""
+
+
+def _os_reason(err: BaseException) -> str:
+    """An exception as words, also when the system gave none (str(err) is then empty)."""
+    text = str(err).strip()
+    errno = getattr(err, "errno", None)
+    if not text and errno:
+        text = os.strerror(errno)
+    name = type(err).__name__
+    return f"{name}: {text}" if text else f"{name} (no reason given by the system)"
 
 
 # --------------------------------------------------------------------------------------------
@@ -162,6 +203,7 @@ class _Exchange:
         self.status = 0
         self.body = bytearray()
         self.error: str | None = None
+        self.reason: str | None = None
         self.got_bytes = False
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
@@ -170,14 +212,17 @@ class _Exchange:
 
     def on_body(self, data: bytes, t: float) -> None:
         self.body += data
+        if len(self.body) > _MAX_DOCUMENT_BYTES:
+            self.on_error(f"response larger than {_MAX_DOCUMENT_BYTES} bytes", MALFORMED)
 
     def on_end(self, t: float) -> None:
         if not self.done.done():
             self.done.set_result(None)
 
-    def on_error(self, message: str) -> None:
+    def on_error(self, message: str, reason: str) -> None:
         if self.error is None:
             self.error = message
+            self.reason = reason
         if not self.done.done():
             self.done.set_result(None)
 
@@ -229,11 +274,14 @@ class _Connection(asyncio.BufferedProtocol):
         if exchange is None:
             return
         if self._state == _UNTIL_CLOSE:
-            self._finish(self.clock())
+            try:
+                self._finish(self.clock())
+            except _PARSE_ERRORS as err:  # never leave the request waiting for its timeout
+                exchange.on_error(f"malformed response: {type(err).__name__}: {err}", MALFORMED)
         elif exchange.got_bytes:
-            exchange.on_error("connection closed mid-response")
+            exchange.on_error("connection closed mid-response", CONNECTION_CLOSED)
         else:
-            exchange.on_error("connection closed before a response")
+            exchange.on_error("connection closed before a response", CONNECTION_CLOSED)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self._read_buffer
@@ -253,9 +301,9 @@ class _Connection(asyncio.BufferedProtocol):
                 data = self._parse_head(data, t)
             if data and self.exchange is not None:
                 self._feed_body(data, t)
-        except (ValueError, IndexError, KeyError, TypeError, AttributeError) as err:
+        except _PARSE_ERRORS as err:
             # whatever the server sent cannot be read as HTTP + SSE + JSON: fail this request
-            exchange.on_error(f"malformed response: {type(err).__name__}: {err}")
+            exchange.on_error(f"malformed response: {type(err).__name__}: {err}", MALFORMED)
             self.exchange = None
             self.close()
 
@@ -277,6 +325,8 @@ class _Connection(asyncio.BufferedProtocol):
         buf = self._buf + data
         end = buf.find(b"\r\n\r\n")
         if end < 0:
+            if len(buf) > _MAX_HEAD_BYTES:
+                raise ValueError(f"response head larger than {_MAX_HEAD_BYTES} bytes")
             self._buf = buf
             return b""
         lines = buf[:end].decode("latin-1").split("\r\n")
@@ -377,15 +427,57 @@ class _Connection(asyncio.BufferedProtocol):
             exchange.on_end(t)
 
 
+def shown_url(url: str) -> str:
+    """The URL as messages print it: a password in it is never shown."""
+    scheme, sep, rest = url.partition("://")
+    netloc, slash, path = rest.partition("/")
+    if "@" in netloc:
+        netloc = "***@" + netloc.rpartition("@")[2]
+    return f"{scheme}{sep}{netloc}{slash}{path}" if sep else url
+
+
+def _split_url(url: str) -> tuple[Any, int]:
+    """(urlsplit result, port); ValueError with a message that names --url."""
+    shown = shown_url(url)
+    if not url.isascii() or not url.isprintable():
+        raise ValueError(
+            f"--url must be printable ASCII (an international host name in its xn-- form), "
+            f"got {shown!r}"
+        )
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as err:
+        raise ValueError(f"--url {shown!r} cannot be read: {err}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"--url must look like http://HOST:PORT, got {shown!r}")
+    return parts, port or (443 if parts.scheme == "https" else 80)
+
+
+def api_key_problem(key: str) -> str | None:
+    """What keeps the key out of an HTTP header, or None. Never quotes the key."""
+    if key != key.strip():
+        return "begins or ends with white space, which HTTP drops from a header"
+    for position, char in enumerate(key, start=1):
+        code = ord(char)
+        if code > 0xFF or code < 0x20 or 0x7F <= code <= 0x9F:
+            return (
+                f"has a character at position {position} that an HTTP header cannot carry "
+                "(allowed: printable Latin-1 characters)"
+            )
+    return None
+
+
 class HttpClient:
     """Connection pool for one server: connections are reused while the server keeps them."""
 
     def __init__(self, url: str, api_key: str | None, clock: Clock, timeout: float) -> None:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"--url must look like http://HOST:PORT, got {url!r}")
-        self.host = parts.hostname
-        self.port = parts.port or (443 if parts.scheme == "https" else 80)
+        parts, port = _split_url(url)
+        problem = api_key_problem(api_key) if api_key else None
+        if problem:
+            raise ValueError(f"the API key {problem}")
+        self.host = parts.hostname or ""
+        self.port = port
         self.ssl = ssl.create_default_context() if parts.scheme == "https" else None
         self.base_path = parts.path.rstrip("/")
         self.clock = clock
@@ -394,6 +486,18 @@ class HttpClient:
         host_header = parts.netloc.rpartition("@")[2]
         auth = f"Authorization: Bearer {api_key}\r\n" if api_key else ""
         self._common_headers = f"Host: {host_header}\r\n{auth}User-Agent: sglang-fleet-smoke\r\n"
+
+    async def _connect(self) -> _Connection:
+        """A new connection; a host that never answers the SYN fails at the request timeout."""
+        loop = asyncio.get_running_loop()
+        connecting = loop.create_connection(
+            lambda: _Connection(self.clock), self.host, self.port, ssl=self.ssl
+        )
+        try:
+            _, conn = await asyncio.wait_for(connecting, self.timeout)
+        except asyncio.TimeoutError:
+            raise OSError(f"no connection within {self.timeout:g} s") from None
+        return conn
 
     def request_bytes(self, method: str, path: str, body: bytes | None) -> bytes:
         head = f"{method} {self.base_path}{path} HTTP/1.1\r\n{self._common_headers}"
@@ -407,11 +511,7 @@ class HttpClient:
             conn = self._idle.pop()
             if not conn.closed:
                 return conn, True
-        loop = asyncio.get_running_loop()
-        _, conn = await loop.create_connection(
-            lambda: _Connection(self.clock), self.host, self.port, ssl=self.ssl
-        )
-        return conn, False
+        return await self._connect(), False
 
     async def send(
         self, request: bytes, exchange: _Exchange, before_send: Callable[[], None]
@@ -425,7 +525,7 @@ class HttpClient:
             try:
                 conn, reused = await self._connection()
             except OSError as err:
-                exchange.on_error(f"connect failed: {err}")
+                exchange.on_error(f"connect failed: {_os_reason(err)}", CONNECT_FAILED)
                 return
             before_send()
             conn.start(request, exchange)
@@ -437,11 +537,12 @@ class HttpClient:
             finally:
                 timer.cancel()
             stale = reused and exchange.error is not None and not exchange.got_bytes
-            if stale and attempt == 0 and exchange.error != "timeout":
-                exchange.error = None
+            if stale and attempt == 0 and exchange.reason != TIMEOUT:
+                exchange.error = exchange.reason = None
                 exchange.done = asyncio.get_running_loop().create_future()
                 continue
-            if exchange.error is None and conn.keep_alive and not conn.closed:
+            # A wrong answer that ended cleanly (short output, ...) leaves a usable connection.
+            if conn.exchange is None and conn.keep_alive and not conn.closed:
                 self._idle.append(conn)
             elif not conn.closed:
                 conn.close()
@@ -450,19 +551,19 @@ class HttpClient:
     def _expire(self, conn: _Connection, exchange: _Exchange) -> None:
         conn.exchange = None
         conn.close()
-        exchange.on_error("timeout")
+        exchange.on_error("timeout", TIMEOUT)
 
     async def get(self, path: str) -> tuple[int, bytes]:
-        """GET a small document; raises OSError when the server cannot be reached."""
-        loop = asyncio.get_running_loop()
-        _, conn = await loop.create_connection(
-            lambda: _Connection(self.clock), self.host, self.port, ssl=self.ssl
-        )
+        """GET a small document; raises OSError (with a reason) when that fails."""
+        conn = await self._connect()
         exchange = _Exchange()
         conn.start(self.request_bytes("GET", path, None), exchange)
+        # small documents; a server that sits on one must not hold up the run's end
+        wait = min(self.timeout, _GET_TIMEOUT_S)
         try:
-            # small documents; a server that sits on one must not hold up the run's end
-            await asyncio.wait_for(exchange.done, min(self.timeout, _GET_TIMEOUT_S))
+            await asyncio.wait_for(exchange.done, wait)
+        except asyncio.TimeoutError:
+            raise OSError(f"no answer within {wait:g} s") from None
         finally:
             conn.close()
         if exchange.error is not None:
@@ -483,7 +584,16 @@ class HttpClient:
 class RequestRecord:
     """Timings and server-side token counts of one request (seconds, clock units)."""
 
-    __slots__ = ("error", "itl", "latency", "output_tokens", "prompt_tokens", "start", "ttft")
+    __slots__ = (
+        "error",
+        "itl",
+        "latency",
+        "output_tokens",
+        "prompt_tokens",
+        "reason",
+        "start",
+        "ttft",
+    )
 
     def __init__(self) -> None:
         self.start = 0.0
@@ -493,6 +603,7 @@ class RequestRecord:
         self.output_tokens = 0
         self.itl: list[float] = []
         self.error: str | None = None
+        self.reason: str | None = None  # a failure_reasons key when error is set
 
 
 class Timeline:
@@ -512,33 +623,78 @@ class Timeline:
         counts[second] += tokens
 
 
-class _SseStream(_Exchange):
-    """Turns a 200 event stream into a RequestRecord; other statuses are collected as text."""
+class _NoFinalRecord(Exception):
+    """A stream that ended without the server's final count (its message says what is missing)."""
 
-    def __init__(self, record: RequestRecord, timeline: Timeline | None) -> None:
+
+def _count_in(record: dict[str, Any], key: str) -> int | None:
+    value = record.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+class _SseStream(_Exchange):
+    """Turns a 200 event stream into a RequestRecord; other statuses are collected as text.
+
+    ``expected`` is the completion-token count the request asked for (with ``ignore_eos``):
+    an answer with another count is a failure, whatever the stream looked like.
+    """
+
+    def __init__(self, record: RequestRecord, timeline: Timeline | None, expected: int) -> None:
         super().__init__()
         self.record = record
         self.timeline = timeline
-        self.partial = b""
+        self.expected = expected
+        self.partial = bytearray()
+        self.held_cr = False
         self.tokens = 0
         self.last_t = 0.0
         self.end_t: float | None = None
 
     def on_body(self, data: bytes, t: float) -> None:
+        """Cut complete events (a blank line ends one) off the bytes that arrived so far.
+
+        Linear in the bytes received, however large an event is: only the new bytes are
+        searched for its end, and no byte is copied more than a fixed number of times.
+        """
         if self.status != 200:
-            self.body += data
+            room = _MAX_ERROR_BODY_BYTES - len(self.body)
+            if room > 0:
+                self.body += data[:room]
             return
-        if self.partial:
-            data = self.partial + data
-        if b"\r" in data:  # SSE lines may end in CRLF
-            data = data.replace(b"\r\n", b"\n")
-        cut = data.rfind(b"\n\n") + 2  # complete events end with a blank line
-        if cut < 2:
-            self.partial = data
-            return
-        self.partial = data[cut:]
+        if self.held_cr or b"\r" in data:
+            data = self._lf_only(data)
+        partial = self.partial
+        if partial:
+            start = len(partial) - 1  # a blank line may begin with the last byte kept
+            partial += data
+            cut = partial.rfind(b"\n\n", start) + 2
+            if cut < 2:
+                if len(partial) > _MAX_EVENT_BYTES:
+                    self.on_error(f"an SSE event larger than {_MAX_EVENT_BYTES} bytes", MALFORMED)
+                return
+            block = bytes(partial[:cut])
+            del partial[:cut]
+        else:
+            cut = data.rfind(b"\n\n") + 2
+            if cut < 2:
+                partial += data
+                return
+            if cut < len(data):
+                block = data[:cut]
+                partial += data[cut:]
+            else:  # the usual read: whole events only
+                block = data
         if self.error is None:
-            self.on_events(data[:cut] if cut < len(data) else data, t)
+            self.on_events(block, t)
+
+    def _lf_only(self, data: bytes) -> bytes:
+        """SSE lines may end in CRLF, and one CRLF can straddle two reads."""
+        if self.held_cr:
+            data = b"\r" + data
+            self.held_cr = False
+        if data[-1:] == b"\r":
+            data, self.held_cr = data[:-1], True
+        return data.replace(b"\r\n", b"\n")
 
     def on_events(self, block: bytes, t: float) -> None:
         """Complete events that arrived together at ``t``, one at a time."""
@@ -575,31 +731,52 @@ class _SseStream(_Exchange):
             return False
         try:
             obj = json.loads(payload)
-        except ValueError:
+        except (ValueError, RecursionError):
             return False
         if isinstance(obj, dict) and obj.get("error"):
-            self.on_error("server error in stream: {}".format(json.dumps(obj["error"])[:200]))
+            self.fail_with_server_error(obj["error"])
             return True
         return False
 
+    def fail_with_server_error(self, error: Any) -> None:
+        self.on_error(f"server error in stream: {json.dumps(error)[:200]}", SERVER_ERROR)
+
     def on_end(self, t: float) -> None:
-        if self.status == 200 and self.error is None:
+        if self.error is None and self.status == 200:
             self.record.latency = (self.end_t if self.end_t is not None else t) - self.record.start
-            self.finish_counts()
-        elif self.status != 200 and self.error is None:
+            self.judge()
+        elif self.error is None:
             text = bytes(self.body[:_ERROR_TEXT_LIMIT]).decode("utf-8", "replace")
-            self.error = f"HTTP {self.status}: {text.strip()}"
+            self.on_error(f"HTTP {self.status}: {text.strip()}", f"http_{self.status}")
         super().on_end(t)
 
-    def finish_counts(self) -> None:
+    def judge(self) -> None:
+        """Right answer or failure: the final record must count exactly what was asked for."""
+        try:
+            count = self.final_counts()
+        except _NoFinalRecord as missing:
+            self.on_error(str(missing), NO_FINAL_RECORD)
+            return
+        if count < self.expected:
+            self.on_error(
+                f"short output: {count} of the {self.expected} completion tokens asked for",
+                SHORT_OUTPUT,
+            )
+        elif count > self.expected:
+            self.on_error(
+                f"long output: {count} completion tokens, {self.expected} asked for", LONG_OUTPUT
+            )
+
+    def final_counts(self) -> int:
+        """Fill the record's token counts from the final record; return completion tokens."""
         raise NotImplementedError
 
 
 class _GenerateStream(_SseStream):
     """SGLang native /generate: cumulative text, server counts in meta_info."""
 
-    def __init__(self, record: RequestRecord, timeline: Timeline | None) -> None:
-        super().__init__(record, timeline)
+    def __init__(self, record: RequestRecord, timeline: Timeline | None, expected: int) -> None:
+        super().__init__(record, timeline, expected)
         self.last_payload = b""
 
     def on_events(self, block: bytes, t: float) -> None:
@@ -632,66 +809,80 @@ class _GenerateStream(_SseStream):
     def on_event(self, payload: bytes, t: float) -> None:
         key = payload.rfind(_COMPLETION_TOKENS_KEY)
         if key < 0:
-            if not self.fail_if_error(payload):
-                self.on_error("stream chunk without meta_info.completion_tokens")
+            if self.fail_if_error(payload):
+                return
+            if payload[:1] != b"{":
+                self.on_error(f"stream chunk is not JSON: {payload[:100]!r}", MALFORMED)
+            else:
+                self.on_error("stream chunk without meta_info.completion_tokens", NO_FINAL_RECORD)
             return
         self.last_payload = payload
         new = _number_after(payload, key) - self.tokens
         if new > 0:
             self.add_tokens(new, t)
 
-    def finish_counts(self) -> None:
+    def final_counts(self) -> int:
         if not self.last_payload:
-            self.error = "stream ended without any token"
-            return
+            raise _NoFinalRecord("stream ended without a meta_info record (no token count)")
         # the line of the last count: one payload, or a block of events that came together
         last = self.last_payload
         key = last.rfind(_COMPLETION_TOKENS_KEY)
         end = last.find(b"\n", key)
         line = last[last.rfind(b"\n", 0, key) + 1 : end if end >= 0 else len(last)]
-        final = json.loads(line[5:] if line.startswith(b"data:") else line)
-        meta = (final.get("meta_info") if isinstance(final, dict) else None) or {}
-        self.record.prompt_tokens = int(meta.get("prompt_tokens", 0))
-        self.record.output_tokens = int(meta.get("completion_tokens", self.tokens))
+        try:
+            final = json.loads(line[5:] if line.startswith(b"data:") else line)
+        except (ValueError, RecursionError):
+            raise _NoFinalRecord("the last meta_info record is not JSON") from None
+        meta = final.get("meta_info") if isinstance(final, dict) else None
+        count = _count_in(meta, "completion_tokens") if isinstance(meta, dict) else None
+        if count is None:
+            raise _NoFinalRecord("the last record has no meta_info.completion_tokens count")
+        assert isinstance(meta, dict)
+        self.record.prompt_tokens = _count_in(meta, "prompt_tokens") or 0
+        self.record.output_tokens = count
+        return count
 
 
 class _CompletionsStream(_SseStream):
     """OpenAI-compatible /v1/completions: text deltas, then a usage-only chunk."""
 
-    def __init__(self, record: RequestRecord, timeline: Timeline | None) -> None:
-        super().__init__(record, timeline)
+    def __init__(self, record: RequestRecord, timeline: Timeline | None, expected: int) -> None:
+        super().__init__(record, timeline, expected)
         self.usage: dict[str, Any] | None = None
 
     def on_event(self, payload: bytes, t: float) -> None:
         try:
             obj = json.loads(payload)
-        except ValueError:
+        except (ValueError, RecursionError):
             obj = None
         if not isinstance(obj, dict):
-            self.on_error(f"malformed stream chunk: {payload[:100]!r}")
+            self.on_error(f"malformed stream chunk: {payload[:100]!r}", MALFORMED)
             return
         if obj.get("error"):
-            self.on_error("server error in stream: {}".format(json.dumps(obj["error"])[:200]))
+            self.fail_with_server_error(obj["error"])
             return
-        if obj.get("usage"):
+        if isinstance(obj.get("usage"), dict):
             self.usage = obj["usage"]
         choices = obj.get("choices")
-        if choices and choices[0].get("text"):
+        if choices and isinstance(choices[0], dict) and choices[0].get("text"):
             self.add_tokens(1, t)  # a delta chunk; the exact count comes from usage
 
-    def finish_counts(self) -> None:
-        if self.tokens == 0:
-            self.error = "stream ended without any token"
-            return
-        usage = self.usage or {}
+    def final_counts(self) -> int:
+        usage = self.usage
+        if usage is None:
+            raise _NoFinalRecord("stream ended without a usage record (include_usage)")
+        count = _count_in(usage, "completion_tokens")
+        if count is None:
+            raise _NoFinalRecord("the usage record has no completion_tokens count")
         record = self.record
-        record.prompt_tokens = int(usage.get("prompt_tokens", 0))
-        record.output_tokens = int(usage.get("completion_tokens", self.tokens))
+        record.prompt_tokens = _count_in(usage, "prompt_tokens") or 0
+        record.output_tokens = count
         # Chunks can carry several tokens: put the ones the server counted beyond the chunks at
         # the last arrival so the timeline adds up to the server's count.
-        extra = record.output_tokens - self.tokens
+        extra = count - self.tokens
         if extra > 0 and self.timeline is not None:
             self.timeline.add(self.last_t, extra)
+        return count
 
 
 # --------------------------------------------------------------------------------------------
@@ -826,11 +1017,8 @@ class Benchmark:
 
     async def _run(self) -> dict[str, Any]:
         cfg = self.cfg
-        try:
-            metrics_before = await read_metrics(self.client)
-        except (OSError, asyncio.TimeoutError) as err:
-            raise ServerUnreachable(f"cannot reach {cfg.url}: {err or type(err).__name__}") from err
-        model = await self._model_name()
+        metrics_before = await self._first_contact("/metrics", read_metrics(self.client))
+        model = await self._first_contact("/v1/models", self._model_name())
         if cfg.warmup_requests > 0:
             warmup = _bodies(cfg, cfg.seed + 2, model, cfg.warmup_requests)
             await self._dispatch(warmup, None, math.inf, None, None)
@@ -861,16 +1049,28 @@ class Benchmark:
             server = _server_summary(metrics_before, metrics_after, sampler)
         return summarize(cfg, records, duration, timeline, server)
 
+    async def _first_contact(self, path: str, call: Awaitable[T]) -> T:
+        """The requests before the benchmark: failing them means the server is not there."""
+        try:
+            return await call
+        except (OSError, asyncio.TimeoutError) as err:
+            where = shown_url(self.cfg.url)
+            raise ServerUnreachable(
+                f"cannot reach the server at {where} (GET {path}): {_os_reason(err)}"
+            ) from None
+
     async def _model_name(self) -> str:
         """The OpenAI backend needs a model name: --model, else the server's first one."""
         if self.cfg.model or self.cfg.backend == "sglang":
             return self.cfg.model or ""
         status, body = await self.client.get("/v1/models")
-        if status == 200:
+        if status != 200:
+            return "default"
+        try:
             models = json.loads(body).get("data") or []
-            if models:
-                return str(models[0].get("id", "default"))
-        return "default"
+            return str(models[0].get("id", "default"))
+        except _PARSE_ERRORS:
+            return "default"  # a list the server cannot describe: its default model answers
 
     async def _dispatch(
         self,
@@ -904,7 +1104,7 @@ class Benchmark:
         self, body: bytes, limit: asyncio.Semaphore | None, timeline: Timeline | None
     ) -> RequestRecord:
         record = RequestRecord()
-        stream = self.stream_class(record, timeline)
+        stream = self.stream_class(record, timeline, self.cfg.random_output_len)
         clock = self.clock
 
         def stamp_start() -> None:
@@ -914,6 +1114,7 @@ class Benchmark:
             request = self.client.request_bytes("POST", self.path, body)
             await self.client.send(request, stream, stamp_start)
             record.error = stream.error
+            record.reason = stream.reason
         finally:
             if limit is not None:
                 limit.release()
@@ -987,6 +1188,11 @@ def summarize(
     """The result JSON (docs/CONTRACTS.md, "Smoke result JSON")."""
     done = [r for r in records if r.error is None]
     errors = [r.error for r in records if r.error is not None]
+    reasons: dict[str, int] = {}
+    for record in records:
+        if record.error is not None:
+            reason = record.reason or MALFORMED
+            reasons[reason] = reasons.get(reason, 0) + 1
     input_tokens = sum(r.prompt_tokens for r in done)
     output_tokens = sum(r.output_tokens for r in done)
     ttfts = [r.ttft for r in done]
@@ -1028,6 +1234,7 @@ def summarize(
             "timeline": [{"t": i, "output_tokens": n} for i, n in enumerate(timeline.counts)],
             "ttft_ms_all": [t * 1000.0 for t in _capped(ttfts)],
             "itl_ms_all": [t * 1000.0 for t in _capped(itls)],
+            "failure_reasons": dict(sorted(reasons.items())),
             "errors": errors[:_MAX_ERRORS],
         }
     )
@@ -1071,6 +1278,9 @@ def format_summary(result: dict[str, Any]) -> str:
             )
         )
         rows.append(("Peak token usage", server["peak_token_usage"]))
+    if result["failure_reasons"]:
+        reasons = ", ".join(f"{k} {v}" for k, v in result["failure_reasons"].items())
+        rows.append(("Failure reasons", reasons))
     lines = ["{:=^60}".format(" Smoke Benchmark Result ")]
     lines += ["{:<40} {}".format(label + ":", value) for label, value in rows]
     lines += [f"error: {e}" for e in result["errors"][:3]]
@@ -1084,17 +1294,47 @@ def format_summary(result: dict[str, Any]) -> str:
 
 
 def _positive_int(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
     if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def _token_count(text: str) -> int:
+    value = _positive_int(text)
+    if value > _MAX_TOKENS_PER_REQUEST:
+        raise argparse.ArgumentTypeError(
+            f"must be at most {_MAX_TOKENS_PER_REQUEST} tokens per request, got {text!r}"
+        )
+    return value
+
+
+def _positive_number(text: str, allow_inf: bool = False) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}") from None
+    if not value > 0 or (math.isinf(value) and not allow_inf):
+        raise argparse.ArgumentTypeError(f"must be a positive finite number, got {text!r}")
     return value
 
 
 def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
-    return value
+    return _positive_number(text)
+
+
+def _rate(text: str) -> float:
+    return _positive_number(text, allow_inf=True)
+
+
+def _whole_number(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -1112,12 +1352,14 @@ def build_parser() -> argparse.ArgumentParser:
     add("--duration", type=_positive_float, default=None,
         help="send requests for this many seconds instead of a fixed count")  # fmt: skip
     add("--max-concurrency", type=_positive_int, default=None, help="requests in flight at most")
-    add("--request-rate", type=_positive_float, default=math.inf,
+    add("--request-rate", type=_rate, default=math.inf,
         help="requests per second, Poisson arrivals (default inf: all at once)")  # fmt: skip
-    add("--random-input-len", type=_positive_int, default=1024, help="prompt tokens per request")
-    add("--random-output-len", type=_positive_int, default=128, help="output tokens per request")
-    add("--seed", type=int, default=42, help="workload seed (same seed, same requests)")
-    add("--warmup-requests", type=int, default=1, help="requests sent first and not counted")
+    add("--random-input-len", type=_token_count, default=1024, help="prompt tokens per request")
+    add("--random-output-len", type=_token_count, default=128,
+        help="output tokens per request; an answer with another count fails")  # fmt: skip
+    add("--seed", type=_whole_number, default=42, help="workload seed (same seed, same requests)")
+    add("--warmup-requests", type=_whole_number, default=1,
+        help="requests sent first and not counted")  # fmt: skip
     add("--api-key", default=None, help="bearer token (default: $SGLANG_API_KEY)")
     add("--model", default=None, help="model name for sglang-oai (default: the server's first)")
     add("--slo-ttft-ms", type=_positive_float, default=None, help="TTFT SLO for goodput")
@@ -1127,6 +1369,27 @@ def build_parser() -> argparse.ArgumentParser:
     add("--timeout", type=_positive_float, default=600.0, help="seconds allowed per request")
     add("--json", dest="json_out", default=None, help="write the result JSON here")
     return parser
+
+
+def _api_key(args: argparse.Namespace, parser: argparse.ArgumentParser) -> str | None:
+    """--api-key, else $SGLANG_API_KEY; refused (never printed) when a header cannot carry it."""
+    source = "--api-key" if args.api_key else "SGLANG_API_KEY"
+    key = args.api_key or os.environ.get("SGLANG_API_KEY") or None
+    problem = api_key_problem(key) if key else None
+    if problem:
+        parser.error(f"the API key from {source} {problem}; the key itself is not shown")
+    return key
+
+
+def _check_json_path(path: str, parser: argparse.ArgumentParser) -> None:
+    """Fail before the run, not after minutes of benchmarking, when the result cannot be kept."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        parser.error(f"--json {path!r} is a directory; name a file")
+    if not os.path.isdir(folder):
+        parser.error(f"--json {path!r}: the folder {folder!r} does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        parser.error(f"--json {path!r}: the folder {folder!r} is not writable")
 
 
 def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Config:
@@ -1139,9 +1402,11 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
     if num_prompts is None and args.duration is None:
         num_prompts = 1000
     try:
-        HttpClient(args.url, None, time.perf_counter, 1.0)
+        _split_url(args.url)
     except ValueError as err:
         parser.error(str(err))
+    if args.json_out:
+        _check_json_path(args.json_out, parser)
     return Config(
         url=args.url,
         backend=args.backend,
@@ -1153,7 +1418,7 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         random_output_len=args.random_output_len,
         seed=args.seed,
         warmup_requests=args.warmup_requests,
-        api_key=args.api_key or os.environ.get("SGLANG_API_KEY") or None,
+        api_key=_api_key(args, parser),
         model=args.model,
         slo_ttft_ms=args.slo_ttft_ms,
         slo_tpot_ms=args.slo_tpot_ms,
@@ -1181,7 +1446,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"smoke: {err}", file=sys.stderr)
         return 1
     if args.json_out:
-        _write_json(args.json_out, result)
+        try:
+            _write_json(args.json_out, result)
+        except OSError as err:
+            print(
+                f"smoke: cannot write --json {args.json_out!r}: {_os_reason(err)}", file=sys.stderr
+            )
+            return 2
     print(format_summary(result))
     return 0
 

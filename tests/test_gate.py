@@ -103,7 +103,7 @@ def test_low_throughput_says_which_threshold_and_by_how_much() -> None:
         (
             {"completed": 12, "failed": 4},
             "max_failure_rate",
-            "failure_rate 0.250 is above the maximum 0",
+            "failure_rate 0.250 is above the maximum 0 (4 of 16 requests failed)",
         ),
     ],
     ids=["ttft", "tpot", "goodput", "failures"],
@@ -145,8 +145,62 @@ def test_all_requests_failed_reads_as_failure_rate_one() -> None:
     assert failure_rate(result) == 1.0
     verdict = evaluate(result, {"max_failure_rate": 0.01, "max_p99_ttft_ms": 100}, None)
     codes = [f["code"] for f in verdict["failures"]]
-    assert codes == ["max_failure_rate", "metric_missing"]
+    assert codes == ["no_output", "max_failure_rate", "metric_missing"]
     assert "p99 TTFT n/a ms" in verdict["summary"]
+
+
+# What the smoke client reports for a server whose streams end cleanly after 1 of 64 tokens.
+TRUNCATED = {
+    "completed": 0,
+    "failed": 16,
+    "failure_reasons": {"short_output": 16},
+    "output_throughput": 0.0,
+    "total_output_tokens": 0,
+    "p99_ttft_ms": 0.0,
+    "p99_tpot_ms": 0.0,
+    "goodput": None,
+}
+
+
+@pytest.mark.parametrize(
+    "thresholds",
+    [{}, {"max_failure_rate": None, "min_output_tok_s": None}, {"max_failure_rate": 1.0}],
+    ids=["none", "all-null", "failures-allowed"],
+)
+def test_no_output_fails_whatever_the_thresholds(thresholds: dict[str, Any]) -> None:
+    verdict = evaluate(smoke_result(**TRUNCATED), thresholds, None)
+    assert verdict["passed"] is False
+    (failure,) = verdict["failures"]
+    assert failure["code"] == "no_output"
+    assert failure["message"] == (
+        "output_throughput is 0.0 tok/s: no request got the completion tokens it asked for "
+        "(16 of 16 requests failed: short_output 16)"
+    )
+    assert "failed 16/16 (100.0 %) [short_output 16]" in verdict["summary"]
+
+
+def test_missing_output_throughput_fails_too() -> None:
+    result = smoke_result()
+    del result["output_throughput"]
+    (failure,) = evaluate(result, {}, None)["failures"]
+    assert failure["code"] == "no_output"
+    assert failure["value"] is None
+    assert "output_throughput was not measured" in failure["message"]
+    nan = evaluate(smoke_result(output_throughput=float("nan")), {}, None)
+    assert [f["code"] for f in nan["failures"]] == ["no_output"]
+
+
+def test_wrong_answers_count_in_the_failure_rate_with_their_reasons() -> None:
+    result = smoke_result(
+        completed=12, failed=4, failure_reasons={"short_output": 1, "no_final_record": 3}
+    )
+    verdict = evaluate(result, {"max_failure_rate": 0.0}, None)
+    (failure,) = verdict["failures"]
+    assert failure["code"] == "max_failure_rate"
+    assert failure["message"] == (
+        "failure_rate 0.250 is above the maximum 0 "
+        "(4 of 16 requests failed: no_final_record 3, short_output 1)"
+    )
 
 
 def test_regression_against_last_known_good_of_the_same_workload() -> None:

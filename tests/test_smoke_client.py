@@ -12,6 +12,7 @@ import asyncio
 import json
 import random
 import threading
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -255,28 +256,40 @@ def run_against(
 def test_generate_metrics_are_exact() -> None:
     first = generate_script([0.100, 0.120, 0.150, 0.200])
     second = generate_script([0.300, 0.310, 0.320, 0.330, 0.340, 0.400], prompt_tokens=9)
-    result, server = run_against(scripted(first, second), num_prompts=2, random_input_len=5)
+    result, server = run_against(
+        scripted(first, second), num_prompts=2, random_input_len=5, random_output_len=6
+    )
+    # asked for 6 tokens, the first answer has 4: failed, and counted nowhere else
+    assert result["completed"] == 1
+    assert result["failed"] == 1
+    assert result["failure_reasons"] == {"short_output": 1}
+    assert result["errors"] == ["short output: 4 of the 6 completion tokens asked for"]
 
+    first = generate_script([0.100, 0.120, 0.150, 0.200, 0.210, 0.300])
+    result, server = run_against(
+        scripted(first, second), num_prompts=2, random_input_len=5, random_output_len=6
+    )
     assert result["completed"] == 2
     assert result["failed"] == 0
-    assert result["duration"] == pytest.approx(0.6)
+    assert result["failure_reasons"] == {}
+    assert result["duration"] == pytest.approx(0.7)
     # token counts are the server's (7 + 9 prompt tokens), not the 5 ids the client sent
     assert result["total_input_tokens"] == 16
-    assert result["total_output_tokens"] == 10
-    assert result["request_throughput"] == pytest.approx(2 / 0.6)
-    assert result["input_throughput"] == pytest.approx(16 / 0.6)
-    assert result["output_throughput"] == pytest.approx(10 / 0.6)
+    assert result["total_output_tokens"] == 12
+    assert result["request_throughput"] == pytest.approx(2 / 0.7)
+    assert result["input_throughput"] == pytest.approx(16 / 0.7)
+    assert result["output_throughput"] == pytest.approx(12 / 0.7)
     assert result["mean_ttft_ms"] == pytest.approx(200.0)
     assert result["median_ttft_ms"] == pytest.approx(200.0)
     assert result["p99_ttft_ms"] == pytest.approx(100 + 200 * 0.99)
-    tpots = [(0.2 - 0.1) / 3 * 1000, (0.4 - 0.3) / 5 * 1000]
+    tpots = [(0.3 - 0.1) / 5 * 1000, (0.4 - 0.3) / 5 * 1000]
     assert result["mean_tpot_ms"] == pytest.approx(sum(tpots) / 2)
-    itls = [20, 30, 50, 10, 10, 10, 10, 60]
+    itls = [20, 30, 50, 10, 90, 10, 10, 10, 10, 60]
     assert sorted(result["itl_ms_all"]) == pytest.approx(sorted(itls))
     assert result["mean_itl_ms"] == pytest.approx(sum(itls) / len(itls))
     assert result["median_itl_ms"] == pytest.approx(15.0)  # (10 + 20) / 2
-    assert result["mean_e2e_latency_ms"] == pytest.approx(300.0)
-    assert result["concurrency"] == pytest.approx((0.2 + 0.4) / 0.6)
+    assert result["mean_e2e_latency_ms"] == pytest.approx(350.0)
+    assert result["concurrency"] == pytest.approx((0.3 + 0.4) / 0.7)
     assert result["ttft_ms_all"] == pytest.approx([100.0, 300.0])
     assert result["server_metrics"] is None
     assert result["goodput"] is None
@@ -292,7 +305,7 @@ def test_several_tokens_in_one_chunk_spread_the_gap_like_bench_serving() -> None
         Step(chunk(gen_event(4)), 0.4),  # three tokens at once: 0.3 s spread over them
         Step(chunk(gen_event(4)) + chunk(DONE) + LAST_CHUNK, 0.5),  # no new token: no gap
     ]
-    result, _ = run_against(scripted(steps), num_prompts=1)
+    result, _ = run_against(scripted(steps), num_prompts=1, random_output_len=4)
     assert result["total_output_tokens"] == 4
     assert result["itl_ms_all"] == pytest.approx([100.0, 100.0, 100.0])
     assert result["mean_e2e_latency_ms"] == pytest.approx(500.0)
@@ -301,7 +314,7 @@ def test_several_tokens_in_one_chunk_spread_the_gap_like_bench_serving() -> None
 
 def test_timeline_counts_tokens_per_second_of_the_run() -> None:
     script = generate_script([0.5, 0.9, 1.2, 1.4, 2.5])
-    result, _ = run_against(scripted(script), num_prompts=1)
+    result, _ = run_against(scripted(script), num_prompts=1, random_output_len=5)
     assert result["timeline"] == [
         {"t": 0, "output_tokens": 2},
         {"t": 1, "output_tokens": 2},
@@ -317,6 +330,7 @@ def test_goodput_is_the_share_of_all_requests_within_the_slos() -> None:
     result, _ = run_against(
         scripted(fast, slow_first, slow_decode, failed),
         num_prompts=4,
+        random_output_len=3,
         slo_ttft_ms=100,
         slo_tpot_ms=50,
     )
@@ -351,7 +365,7 @@ def test_event_split_across_reads_counts_when_it_completes() -> None:
         Step(chunk(DONE)[3:] + LAST_CHUNK[:2], 0.27),
         Step(LAST_CHUNK[2:], 0.28),
     ]
-    result, _ = run_against(scripted(steps), num_prompts=1)
+    result, _ = run_against(scripted(steps), num_prompts=1, random_output_len=2)
     assert result["failed"] == 0, result["errors"]
     assert result["ttft_ms_all"] == pytest.approx([100.0])
     assert result["itl_ms_all"] == pytest.approx([150.0])
@@ -359,14 +373,18 @@ def test_event_split_across_reads_counts_when_it_completes() -> None:
     assert result["mean_e2e_latency_ms"] == pytest.approx(270.0)
 
 
+@pytest.mark.parametrize("newline", [b"\n", b"\r\n"], ids=["lf", "crlf"])
 @pytest.mark.parametrize("seed", [1, 2, 3, 4])
-def test_any_split_of_the_stream_gives_the_same_result(seed: int) -> None:
+def test_any_split_of_the_stream_gives_the_same_result(seed: int, newline: bytes) -> None:
     """Reads that cut events, chunk headers and CRLFs anywhere: an event counts at the read
     that completes it, and TTFT plus the ITLs add up to the time of the last token."""
-    events = [gen_event(n) for n in range(1, 21)]
-    stream = SSE_CHUNKED + b"".join(chunk(e) for e in events) + chunk(DONE) + LAST_CHUNK
+    events = [gen_event(n).replace(b"\n", newline) for n in range(1, 21)]
+    done = DONE.replace(b"\n", newline)
+    stream = SSE_CHUNKED + b"".join(chunk(e) for e in events) + chunk(done) + LAST_CHUNK
     rng = random.Random(seed)
-    cuts = sorted(rng.sample(range(1, len(stream)), 25))
+    # and one read that ends between the CR and the LF of the blank line ending an event
+    between = stream.index(events[seed]) + len(events[seed]) - 1
+    cuts = sorted({*rng.sample(range(1, len(stream)), 25), between})
     pieces = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)]
     steps = [Step(piece, 0.01 * (i + 1)) for i, piece in enumerate(pieces)]
 
@@ -377,14 +395,14 @@ def test_any_split_of_the_stream_gives_the_same_result(seed: int) -> None:
     def event_end(index: int) -> int:
         return stream.index(events[index]) + len(events[index]) - 1
 
-    result, _ = run_against(scripted(steps), num_prompts=1)
+    result, _ = run_against(scripted(steps), num_prompts=1, random_output_len=20)
     assert result["completed"] == 1, result["errors"]
     assert result["total_output_tokens"] == 20
     assert len(result["itl_ms_all"]) == 19
     ttft = result["ttft_ms_all"][0]
     assert ttft == pytest.approx(arrival(event_end(0)) * 1000)
     assert ttft + sum(result["itl_ms_all"]) == pytest.approx(arrival(event_end(19)) * 1000)
-    done_end = stream.index(DONE) + len(DONE) - 1
+    done_end = stream.index(done) + len(done) - 1
     assert result["mean_e2e_latency_ms"] == pytest.approx(arrival(done_end) * 1000)
 
 
@@ -395,7 +413,7 @@ def test_several_events_in_one_read() -> None:
         Step(chunk(gen_event(4)) + chunk(gen_event(5)), 0.3),  # two chunks in one read
         Step(chunk(gen_event(6) + DONE) + LAST_CHUNK, 0.4),
     ]
-    result, _ = run_against(scripted(steps), num_prompts=1)
+    result, _ = run_against(scripted(steps), num_prompts=1, random_output_len=6)
     assert result["total_output_tokens"] == 6
     assert result["ttft_ms_all"] == pytest.approx([200.0])
     # tokens that arrive in one read arrive at the same time
@@ -420,6 +438,7 @@ def test_streams_without_chunked_encoding(framing: str) -> None:
     result, _ = run_against(
         scripted([Step(response, 0.1)]),
         num_prompts=1,
+        random_output_len=3,
         close_after_response=framing == "until-close",
     )
     assert result["completed"] == 1, result["errors"]
@@ -428,7 +447,9 @@ def test_streams_without_chunked_encoding(framing: str) -> None:
 
 def test_keep_alive_reuses_one_connection_per_concurrent_stream() -> None:
     scripts = [generate_script([0.01, 0.02]) for _ in range(6)]
-    result, server = run_against(scripted(*scripts), num_prompts=6, max_concurrency=2)
+    result, server = run_against(
+        scripted(*scripts), num_prompts=6, max_concurrency=2, random_output_len=2
+    )
     assert result["completed"] == 6
     connections = [r.connection for r in server.generate_requests()]
     assert len(set(connections)) == 2
@@ -438,7 +459,9 @@ def test_keep_alive_reuses_one_connection_per_concurrent_stream() -> None:
 
 def test_server_closing_idle_connections_does_not_fail_requests() -> None:
     scripts = [generate_script([0.01, 0.02]) for _ in range(3)]
-    result, server = run_against(scripted(*scripts), num_prompts=3, close_after_response=True)
+    result, server = run_against(
+        scripted(*scripts), num_prompts=3, close_after_response=True, random_output_len=2
+    )
     assert result["completed"] == 3
     assert result["failed"] == 0
     assert len({r.connection for r in server.generate_requests()}) == 3
@@ -454,7 +477,11 @@ def test_completions_usage_chunk_gives_counts_but_no_token_time() -> None:
         Step(chunk(DONE) + LAST_CHUNK, 0.5),
     ]
     result, server = run_against(
-        scripted(steps), backend="sglang-oai", num_prompts=1, random_input_len=8
+        scripted(steps),
+        backend="sglang-oai",
+        num_prompts=1,
+        random_input_len=8,
+        random_output_len=5,
     )
     assert result["completed"] == 1, result["errors"]
     assert result["total_input_tokens"] == 11
@@ -469,7 +496,8 @@ def test_completions_usage_chunk_gives_counts_but_no_token_time() -> None:
     assert body["model"] == "served-model"  # asked from /v1/models
     assert body["stream"] is True
     assert body["stream_options"] == {"include_usage": True}
-    assert body["max_tokens"] == 128
+    assert body["max_tokens"] == 5
+    assert body["ignore_eos"] is True
     assert len(body["prompt"].split()) == 8
 
 
@@ -499,18 +527,188 @@ def test_failed_requests_are_counted_with_their_reasons() -> None:
             server.close_after_response = script is cut_mid_stream
             return script
 
-    result, _ = run_against(CutHandler(), num_prompts=6)
+    result, _ = run_against(CutHandler(), num_prompts=6, random_output_len=2)
     assert result["completed"] == 2
     assert result["failed"] == 4
     assert result["total_output_tokens"] == 4
+    assert result["failure_reasons"] == {
+        "connection_closed": 1,
+        "http_500": 1,
+        "no_final_record": 1,
+        "server_error": 1,
+    }
     errors = result["errors"]
     assert len(errors) == 4
     assert errors[0] == "HTTP 500: server broke"
     assert errors[1] == "connection closed mid-response"
     assert "out of memory" in errors[2]
-    assert errors[3] == "stream ended without any token"
+    assert errors[3] == "stream ended without a meta_info record (no token count)"
     # failed requests add nothing to the latency figures
     assert result["ttft_ms_all"] == pytest.approx([100.0, 100.0])
+
+
+def _zero_token_generate() -> list[Step]:
+    return [Step(SSE_CHUNKED + chunk(gen_event(0)) + chunk(DONE) + LAST_CHUNK, 0.1)]
+
+
+def _completions(deltas: int, usage: int | None) -> list[Step]:
+    """An OpenAI stream of ``deltas`` one-word chunks and a usage record counting ``usage``."""
+    steps = [Step(SSE_CHUNKED)]
+    steps += [Step(chunk(oai_event(f" w{i}")), 0.1 * (i + 1)) for i in range(deltas)]
+    tail = (chunk(oai_usage(4, usage)) if usage is not None else b"") + chunk(DONE) + LAST_CHUNK
+    return [*steps, Step(tail, 0.1 * (deltas + 1))]
+
+
+@pytest.mark.parametrize(
+    ("backend", "script", "reason", "message"),
+    [
+        (
+            "sglang",
+            generate_script([0.1]),
+            "short_output",
+            "short output: 1 of the 8 completion tokens asked for",
+        ),
+        (
+            "sglang",
+            _zero_token_generate(),
+            "short_output",
+            "short output: 0 of the 8 completion tokens asked for",
+        ),
+        (
+            "sglang",
+            generate_script([0.1 * n for n in range(1, 10)]),
+            "long_output",
+            "long output: 9 completion tokens, 8 asked for",
+        ),
+        (
+            "sglang",
+            [Step(SSE_CHUNKED + chunk(sse({"text": "tok"})) + chunk(DONE) + LAST_CHUNK, 0.1)],
+            "no_final_record",
+            "stream chunk without meta_info.completion_tokens",
+        ),
+        (
+            "sglang-oai",
+            _completions(1, 1),
+            "short_output",
+            "short output: 1 of the 8 completion tokens asked for",
+        ),
+        (
+            "sglang-oai",
+            _completions(0, 0),
+            "short_output",
+            "short output: 0 of the 8 completion tokens asked for",
+        ),
+        (
+            "sglang-oai",
+            _completions(9, 9),
+            "long_output",
+            "long output: 9 completion tokens, 8 asked for",
+        ),
+        (
+            "sglang-oai",
+            _completions(8, None),
+            "no_final_record",
+            "stream ended without a usage record (include_usage)",
+        ),
+    ],
+    ids=[
+        "generate-1-of-8",
+        "generate-0-of-8",
+        "generate-9-of-8",
+        "generate-no-meta",
+        "oai-1-of-8",
+        "oai-0-of-8",
+        "oai-9-of-8",
+        "oai-no-usage",
+    ],
+)
+def test_a_clean_stream_with_the_wrong_count_is_a_failure(
+    backend: str, script: list[Step], reason: str, message: str
+) -> None:
+    """Every request asks for exactly 8 tokens (ignore_eos): any other count is wrong output."""
+    result, server = run_against(
+        scripted(script), backend=backend, num_prompts=1, random_output_len=8
+    )
+    assert (result["completed"], result["failed"]) == (0, 1)
+    assert result["failure_reasons"] == {reason: 1}
+    assert result["errors"] == [message]
+    assert result["total_output_tokens"] == 0
+    assert result["output_throughput"] == 0.0
+    body = server.generate_requests()[0].json()
+    asked = body["sampling_params"] if backend == "sglang" else body
+    assert asked["ignore_eos"] is True
+    assert asked.get("max_new_tokens", asked.get("max_tokens")) == 8
+
+
+@pytest.mark.parametrize(
+    ("last_event", "reason"),
+    [
+        (b'data: {"text":"x","meta_info":{"completion_tokens":8,"prompt_to\n\n', "no_final_record"),
+        (b"data: <html>upstream timed out</html>\n\n", "malformed_response"),
+    ],
+    ids=["truncated-json", "not-json"],
+)
+def test_connection_close_stream_whose_last_event_is_not_json_ends_at_once(
+    last_event: bytes, reason: str
+) -> None:
+    """Framed by the connection's end: the close is the end of the answer, and a final record
+    that cannot be read fails the request then, not when the timeout runs out."""
+    body = b"".join(gen_event(n) for n in range(1, 8)) + last_event
+    response = head(200, "Content-Type: text/event-stream", "Connection: close") + body
+    result, _ = run_against(
+        scripted([Step(response, 0.1)]),
+        num_prompts=1,
+        random_output_len=8,
+        close_after_response=True,
+        timeout=30.0,
+    )
+    assert result["failure_reasons"] == {reason: 1}, result["errors"]
+    assert result["errors"] != ["timeout"]
+
+
+def test_one_huge_event_is_read_correctly() -> None:
+    """A 4 MiB event (a long answer's cumulative text) split across many reads."""
+    big = sse(
+        {
+            "text": "word " * (4 << 18),
+            "meta_info": {"prompt_tokens": 3, "completion_tokens": 8, "finish_reason": None},
+        }
+    )
+    stream = SSE_CHUNKED + chunk(big) + chunk(DONE) + LAST_CHUNK
+    steps = [Step(stream[i : i + 300_000], 0.1) for i in range(0, len(stream), 300_000)]
+    result, _ = run_against(scripted(steps), num_prompts=1, random_output_len=8)
+    assert result["completed"] == 1, result["errors"]
+    assert result["total_output_tokens"] == 8
+    assert result["total_input_tokens"] == 3
+
+
+def _parse_cpu_seconds(event_bytes: int, read_bytes: int = 4096) -> float:
+    """CPU time the /generate stream parser spends on one event of ``event_bytes``, fed in
+    reads of ``read_bytes`` (the best of five, to shed scheduling noise)."""
+    event = sse({"text": "x" * event_bytes, "meta_info": {"completion_tokens": 1}})
+    reads = [event[i : i + read_bytes] for i in range(0, len(event), read_bytes)]
+
+    async def parse() -> float:
+        stream = smoke._GenerateStream(smoke.RequestRecord(), None, expected=1)
+        stream.on_head(200, 0.0)
+        tic = time.process_time()
+        for data in reads:
+            stream.on_body(data, 0.0)
+        stream.on_end(0.0)
+        spent = time.process_time() - tic
+        assert stream.error is None and stream.record.output_tokens == 1
+        return spent
+
+    return min(asyncio.run(parse()) for _ in range(5))
+
+
+def test_parsing_one_event_is_linear_in_its_size() -> None:
+    """Four times the bytes costs about four times the work; the parser that re-joined and
+    re-searched everything kept so far on every read cost fifteen times (measured: 3.2-3.9
+    against 14.4-15.1). A ratio measured in one process, so the machine's speed cancels out;
+    sizes small enough to stay in the CPU caches, so their size does not bend it."""
+    small, large = _parse_cpu_seconds(256 << 10), _parse_cpu_seconds(1 << 20)
+    assert large / small < 8, (small, large)
 
 
 def test_request_timeout_fails_the_request() -> None:
@@ -556,7 +754,9 @@ def test_generate_workload_is_exact_and_repeatable() -> None:
 
 def test_warmup_requests_are_sent_first_and_not_counted() -> None:
     scripts = [generate_script([0.01, 0.02]) for _ in range(5)]
-    result, server = run_against(scripted(*scripts), num_prompts=3, warmup_requests=2)
+    result, server = run_against(
+        scripted(*scripts), num_prompts=3, warmup_requests=2, random_output_len=2
+    )
     assert len(server.generate_requests()) == 5
     assert result["completed"] == 3
     assert result["num_prompts"] == 3
@@ -635,7 +835,12 @@ def test_metrics_cross_check_and_samples() -> None:
         url = await server.start()
         try:
             config = smoke.Config(
-                url=url, num_prompts=3, max_concurrency=1, warmup_requests=1, metrics_interval=0.01
+                url=url,
+                num_prompts=3,
+                max_concurrency=1,
+                warmup_requests=1,
+                metrics_interval=0.01,
+                random_output_len=3,
             )
             return await smoke.Benchmark(config, clock).run()
         finally:
@@ -707,13 +912,16 @@ async def always_two_tokens(request: Request, server: ScriptedServer) -> list[St
     return generate_script([0.0, 0.0])
 
 
+TWO = ["--random-output-len", "2"]  # what always_two_tokens answers
+
+
 def test_main_writes_json_and_sends_the_api_key_from_the_environment(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("SGLANG_API_KEY", "s3cret")
     out = tmp_path / "result.json"
     with ThreadedServer(always_two_tokens) as srv:
-        code = smoke.main(["--url", srv.url, "--num-prompts", "4", "--json", str(out)])
+        code = smoke.main(["--url", srv.url, "--num-prompts", "4", "--json", str(out), *TWO])
     assert code == 0
     result = json.loads(out.read_text())
     assert result["completed"] == 4
@@ -725,14 +933,14 @@ def test_main_writes_json_and_sends_the_api_key_from_the_environment(
 def test_api_key_flag_wins_over_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("SGLANG_API_KEY", raising=False)
     with ThreadedServer(always_two_tokens) as srv:
-        assert smoke.main(["--url", srv.url, "--num-prompts", "1", "--api-key", "k1"]) == 0
+        assert smoke.main(["--url", srv.url, "--num-prompts", "1", "--api-key", "k1", *TWO]) == 0
     assert srv.server.generate_requests()[0].headers["authorization"] == "Bearer k1"
 
 
 def test_no_api_key_sends_no_authorization(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("SGLANG_API_KEY", raising=False)
     with ThreadedServer(always_two_tokens) as srv:
-        assert smoke.main(["--url", srv.url, "--num-prompts", "1"]) == 0
+        assert smoke.main(["--url", srv.url, "--num-prompts", "1", *TWO]) == 0
     assert all("authorization" not in r.headers for r in srv.server.requests)
 
 
@@ -753,7 +961,12 @@ def test_exit_code_zero_even_when_requests_fail(tmp_path: Path) -> None:
 def test_duration_mode_stops_sending_and_counts_everything_it_sent() -> None:
     with ThreadedServer(always_two_tokens) as srv:
         config = smoke.Config(
-            url=srv.url, num_prompts=None, duration=0.3, max_concurrency=2, warmup_requests=0
+            url=srv.url,
+            num_prompts=None,
+            duration=0.3,
+            max_concurrency=2,
+            warmup_requests=0,
+            random_output_len=2,
         )
         result = asyncio.run(smoke.Benchmark(config).run())
     sent = len(srv.server.generate_requests())
@@ -765,7 +978,9 @@ def test_duration_mode_stops_sending_and_counts_everything_it_sent() -> None:
 
 def test_request_rate_sends_every_request() -> None:
     with ThreadedServer(always_two_tokens) as srv:
-        config = smoke.Config(url=srv.url, num_prompts=5, request_rate=500.0, warmup_requests=0)
+        config = smoke.Config(
+            url=srv.url, num_prompts=5, request_rate=500.0, warmup_requests=0, random_output_len=2
+        )
         result = asyncio.run(smoke.Benchmark(config).run())
     assert result["completed"] == 5
     assert result["request_rate"] == 500.0
@@ -775,7 +990,79 @@ def test_unreachable_server_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
     with ThreadedServer(always_two_tokens) as srv:
         url = srv.url  # the port is free again once the server stops
     assert smoke.main(["--url", url, "--num-prompts", "1"]) == 1
-    assert "cannot reach" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"cannot reach the server at {url} (GET /metrics): ConnectionRefusedError" in err
+
+
+def test_unreachable_with_no_reason_from_the_system_still_says_what_and_where(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise ConnectionRefusedError()  # str() of it is empty
+
+    monkeypatch.setattr(asyncio.BaseEventLoop, "create_connection", refuse)
+    assert smoke.main(["--url", "http://10.9.8.7:31234", "--num-prompts", "1"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "smoke: cannot reach the server at http://10.9.8.7:31234 (GET /metrics): "
+        "ConnectionRefusedError (no reason given by the system)"
+    )
+
+
+def test_a_server_that_accepts_but_never_answers_is_unreachable_with_a_reason(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await asyncio.sleep(5)
+        writer.close()
+
+    async def main() -> int:
+        server = await asyncio.start_server(silent, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            argv = ["--url", f"http://127.0.0.1:{port}", "--num-prompts", "1", "--timeout", "0.3"]
+            return await asyncio.get_running_loop().run_in_executor(None, smoke.main, argv)
+        finally:
+            server.close()
+
+    assert asyncio.run(main()) == 1
+    err = capsys.readouterr().err
+    assert "cannot reach the server at http://127.0.0.1:" in err
+    assert "(GET /metrics): OSError: no answer within 0.3 s" in err
+
+
+@pytest.mark.parametrize(
+    ("key", "source"),
+    [("clé-€uro", "env"), ("k\u00e9y\u4e2d", "flag"), ("line\r\nX-Injected: 1", "env")],
+    ids=["non-latin1-env", "non-latin1-flag", "header-injection"],
+)
+def test_an_api_key_no_header_can_carry_is_refused_before_any_request(
+    key: str, source: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("SGLANG_API_KEY", raising=False)
+    argv = ["--num-prompts", "1", *TWO]
+    if source == "env":
+        monkeypatch.setenv("SGLANG_API_KEY", key)
+    else:
+        argv += ["--api-key", key]
+    with ThreadedServer(always_two_tokens) as srv, pytest.raises(SystemExit) as exc:
+        smoke.main(["--url", srv.url, *argv])
+    assert exc.value.code == 2
+    assert srv.server.requests == []
+    out = capsys.readouterr()
+    named = "--api-key" if source == "flag" else "SGLANG_API_KEY"
+    assert f"error: the API key from {named} has a character at position" in out.err
+    assert "Traceback" not in out.err
+    for shown in (out.err, out.out):
+        assert key not in shown and key[:4] not in shown
+
+
+def test_a_latin1_api_key_is_sent(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SGLANG_API_KEY", "clé")
+    with ThreadedServer(always_two_tokens) as srv:
+        assert smoke.main(["--url", srv.url, "--num-prompts", "1", *TWO]) == 0
+    # the scripted server reads headers as Latin-1, as SGLang's (uvicorn's) does
+    assert srv.server.generate_requests()[0].headers["authorization"] == "Bearer clé"
 
 
 @pytest.mark.parametrize(
@@ -786,16 +1073,27 @@ def test_unreachable_server_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
         ["--duration", "5"],  # neither a concurrency limit nor a rate: unbounded
         ["--url", "ftp://host"],
         ["--warmup-requests", "-1"],
+        ["--url", "http://host:99999"],
+        ["--url", "http://[::1"],
+        ["--url", "http://h\u00f6st\u4e2d:80"],
+        ["--timeout", "inf"],
+        ["--num-prompts", "many"],
+        ["--random-output-len", "99999999999"],
+        ["--json", "/nonexistent-folder/r.json"],
     ],
 )
-def test_bad_usage_exits_2(argv: list[str]) -> None:
+def test_bad_usage_exits_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         smoke.main(argv)
     assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "error: " in err and "Traceback" not in err
 
 
 def test_json_keys_follow_the_contract() -> None:
-    result, _ = run_against(scripted(generate_script([0.1, 0.2])), num_prompts=1)
+    result, _ = run_against(
+        scripted(generate_script([0.1, 0.2])), num_prompts=1, random_output_len=2
+    )
     contract = Path(__file__).parent.parent / "docs" / "CONTRACTS.md"
     section = contract.read_text().split("## Smoke result JSON")[1].split("\n## ")[0]
     for key in [
@@ -829,6 +1127,7 @@ def test_json_keys_follow_the_contract() -> None:
         "timeline",
         "ttft_ms_all",
         "itl_ms_all",
+        "failure_reasons",
         "errors",
     ):
         assert f"`{key}`" in section

@@ -8,11 +8,13 @@ defaults.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import signal
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,10 +24,13 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from gpusim import SGLANG_VERSION
 from gpusim.engine import Request, Scheduler
+from gpusim.faults import STALL, Fault, FaultFileError, FaultSwitch
 from gpusim.memory import MemoryPlan
+from gpusim.state import state_dir
 from gpusim.tokenizer import WordTokenizer
 
 HEALTH_POLL_S = 0.05
+STALL_POLL_S = 0.2
 DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's SamplingParams default
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's completions default, as SGLang's protocol
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -46,6 +51,7 @@ class ServerState:
     gracefully_exit: bool = False
     startup_time: float = field(default_factory=time.time)
     metrics: Metrics | None = None
+    faults: FaultSwitch = field(default_factory=lambda: FaultSwitch(state_dir()))
 
 
 class Metrics:
@@ -185,6 +191,55 @@ def _scheduler(state: ServerState) -> Scheduler:
     if state.scheduler is None:
         raise web.HTTPServiceUnavailable(text="The server is starting")
     return state.scheduler
+
+
+# -- faults a test switches on (gpusim/faults.py) -------------------------------------------
+
+
+@contextlib.contextmanager
+def _generation(state: ServerState) -> Iterator[Fault | None]:
+    """Counts a generation request while it runs; yields the fault in force for it."""
+    try:
+        fault = state.faults.current(state.server_args)
+    except FaultFileError as exc:
+        raise web.HTTPInternalServerError(text=f"gpusim: {exc}") from exc
+    switch = state.faults
+    switch.received += 1
+    switch.in_flight += 1
+    try:
+        reason = fault.crash_reason(switch.received, switch.in_flight) if fault else None
+        if reason is not None:
+            _crash(state, reason)
+        yield fault
+    finally:
+        switch.in_flight -= 1
+
+
+def _crash(state: ServerState, reason: str) -> None:
+    """Die as a scheduler that runs out of memory under load does: the whole tree, SIGKILL."""
+    message = (
+        "CUDA out of memory. Tried to allocate 2.00 GiB. "
+        f"(gpusim fault crash, {state.faults.path}: {reason})"
+    )
+    scheduler = state.scheduler
+    if scheduler is not None and scheduler.on_crash is not None:
+        scheduler.crashed = True
+        scheduler.on_crash(message)  # the launcher's: logs SGLang's lines, kills its tree
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+async def _stall(request: web.Request, state: ServerState) -> web.StreamResponse:
+    """200 and the event-stream headers, then nothing until the client gives up."""
+    response = web.StreamResponse(headers=SSE_HEADERS)
+    await response.prepare(request)
+    transport = request.transport
+    while not state.gracefully_exit and transport is not None and not transport.is_closing():
+        await asyncio.sleep(STALL_POLL_S)
+    return response
+
+
+def _max_new(fault: Fault | None, asked: int) -> int:
+    return fault.max_new_tokens(asked) if fault is not None else asked
 
 
 class TextStream:
@@ -380,6 +435,16 @@ def _generate_event(req: Request, text: TextStream, prompt_tokens: int, rid_json
 
 async def generate(request: web.Request) -> web.StreamResponse:
     state = _state(request)
+    _scheduler(state)
+    with _generation(state) as fault:
+        if fault is not None and fault.mode == STALL:
+            return await _stall(request, state)
+        return await _generate(request, state, fault)
+
+
+async def _generate(
+    request: web.Request, state: ServerState, fault: Fault | None
+) -> web.StreamResponse:
     scheduler = _scheduler(state)
     body = await _json_body(request)
     source = body.get("input_ids") if body.get("input_ids") is not None else body.get("text")
@@ -392,7 +457,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     req = _new_request(
         ids,
         count,
-        DEFAULT_MAX_NEW_TOKENS if max_new is None else max_new,
+        _max_new(fault, DEFAULT_MAX_NEW_TOKENS if max_new is None else int(max_new)),
         stream=stream,
         rid=body.get("rid"),
     )
@@ -510,6 +575,24 @@ def _choice(chat: bool, delta: str | None, req: Request, stream: bool) -> dict[s
 
 
 async def _openai(
+    request: web.Request,
+    state: ServerState,
+    body: dict[str, Any],
+    prompt: tuple[list[int], int],
+    max_new: int,
+    *,
+    chat: bool,
+) -> web.StreamResponse:
+    _scheduler(state)
+    with _generation(state) as fault:
+        if fault is not None and fault.mode == STALL:
+            return await _stall(request, state)
+        return await _openai_answer(
+            request, state, body, prompt, _max_new(fault, max_new), chat=chat
+        )
+
+
+async def _openai_answer(
     request: web.Request,
     state: ServerState,
     body: dict[str, Any],

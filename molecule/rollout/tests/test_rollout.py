@@ -34,6 +34,13 @@ KV_BOUND = {"mem_fraction_static": 0.1579}
 # No room left for CUDA graphs: the double dies at start-up with CUDA out of memory.
 CRASH = {"mem_fraction_static": 0.99}
 GOOD = {"chunked_prefill_size": 4096}
+# A server that answers wrongly: every stream ends cleanly after 1 of the 64 tokens asked for.
+# The double's fault file (gpusim/README.md, "Faults") keys the fault to this flag value, so
+# only the new configuration has it and the rollback serves right again; the roles know
+# nothing of it.
+TRUNCATING = {"chunked_prefill_size": 3072}
+FAULTS = "/var/lib/gpusim/faults.yaml"
+TRUNCATE_3072 = "faults: [{mode: truncate, tokens: 1, when: {chunked_prefill_size: 3072}}]"
 
 
 def on(name: str) -> Any:
@@ -141,6 +148,29 @@ def test_kv_bound_change_misses_the_throughput_gate_and_is_rolled_back():
     assert "0.1579" not in canary.file(LAUNCH).content_string
     assert generate(canary, 30000, API_KEY)["meta_info"]["completion_tokens"] == 4
     assert lkg(canary) == before
+
+
+def test_a_server_that_truncates_its_answers_fails_the_gate_and_is_rolled_back():
+    canary = on(CANARY)
+    before = lkg(canary)
+    canary.check_output("printf '%%s\\n' %s > %s", TRUNCATE_3072, FAULTS)
+    try:
+        run = run_playbook("deploy.yml", extravars=overrides(TRUNCATING), limit=CANARY)
+        assert run.rc != 0
+        text = failure_text(run, CANARY)
+        # Clean streams, wrong output: every request failed as short_output, no output at all.
+        assert "no request got the completion tokens it asked for" in text, text
+        assert "(16 of 16 requests failed: short_output 16)" in text, text
+        assert f"Rolled back to the last-known-good configuration {before['config_hash']}" in text
+        line = row(summary_lines(run), CANARY)
+        assert line.endswith("rolled back")
+        print("truncating server:", line)
+        assert "3072" not in canary.file(LAUNCH).content_string
+        # The fault file is still there: last-known-good's flags do not match it.
+        assert generate(canary, 30000, API_KEY)["meta_info"]["completion_tokens"] == 4
+        assert lkg(canary) == before
+    finally:
+        canary.run("rm -f %s", FAULTS)
 
 
 def test_a_bad_change_stops_at_the_canary():
