@@ -52,6 +52,7 @@ demo: $(BIN)/.stamp image wheelhouse
 
 bench: $(BIN)/.stamp
 	@$(BIN)/python bench/smoke_vs_bench_serving.py
+	@$(BIN)/python bench/autotune_vs_grid.py
 
 clean:
 	rm -rf $(VENV) .cache/wheelhouse reports

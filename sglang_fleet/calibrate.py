@@ -10,6 +10,8 @@ Line formats are SGLang 0.5.23's (older forms where they differ are accepted too
               avail mem=X GB.
               (<= 0.5.19: "Capture cuda graph end. Time elapsed: ... avail mem=X GB.")
     [...] max_total_num_tokens=N, chunked_prefill_size=N, ..., available_gpu_mem=X GB
+    [... TP0] KV Cache VA upper bound. ... / Post-capture KV sizing: ...
+              (the KV pool is sized after graph capture: see `post_capture_kv_sizing`)
     [... TP0] Decode batch, #running-req: N, #token: N, token usage: 0.xx, cuda graph: True,
               gen throughput (token/s): X, #queue-req: N
 
@@ -20,6 +22,7 @@ Line formats are SGLang 0.5.23's (older forms where they differ are accepted too
 
 from __future__ import annotations
 
+import ast
 import re
 import statistics
 from collections.abc import Iterable
@@ -32,6 +35,7 @@ _RANK = re.compile(r"\b((?:DP|PP|TP|EP)\d+)\b")
 
 _LOAD_BEGIN = re.compile(rf"Load weight begin\. avail mem={_NUM} GB")
 _LOAD_END = re.compile(rf"Load weight end\..*?avail mem={_NUM} GB, mem usage={_NUM} GB")
+_LOAD_TYPE = re.compile(r"Load weight end\..*?type=(\w+)")
 _KV_ALLOC = re.compile(
     rf"KV Cache is allocated\..*?#tokens: (\d+), "
     rf"(?:KV size: {_NUM} GB|K size: {_NUM} GB, V size: {_NUM} GB)"
@@ -41,7 +45,11 @@ _GRAPH_END = re.compile(rf"Capture .*graph end\..*?avail mem={_NUM} GB", re.IGNO
 _SCHED = re.compile(
     r"max_total_num_tokens=(\d+), chunked_prefill_size=(-?\d+), max_prefill_tokens=(\d+), "
     r"max_running_requests=(\d+), context_len=(\d+)"
+    rf"(?:, available_gpu_mem={_NUM} GB)?"
 )
+# 0.5.23 sizes the KV pool after CUDA graph capture for some hybrid models (and only with
+# SGLANG_ENABLE_POST_CAPTURE_KV_SIZING): its memory then follows another formula.
+_POST_CAPTURE = re.compile(r"KV Cache VA upper bound|Post-capture KV sizing")
 _DECODE = re.compile(
     r"Decode batch(?: \[\d+\])?, #running-req: (\d+), #token: (\d+), token usage: "
     rf"{_NUM}, .*?gen throughput \(token/s\): {_NUM}, #queue-req: (\d+)"
@@ -78,6 +86,12 @@ class Calibration:
     chunked_prefill_size: int | None = None
     max_running_requests: int | None = None
     context_len: int | None = None
+    # available_gpu_mem of the scheduler line: free on rank 0 once start-up is done.
+    startup_avail_gib: float | None = None
+    architecture: str | None = None
+    post_capture_kv_sizing: bool = False
+    # Every value of the server_args line that parses as a Python literal.
+    server_args: dict[str, object] = field(default_factory=dict)
     mem_fraction_static: float | None = None
     kv_cache_dtype: str | None = None
     tp_size: int | None = None
@@ -124,12 +138,25 @@ def _server_args(cal: Calibration, msg: str) -> None:
         found = re.search(_ARG_STR.format(name=name), msg)
         return found[1] if found else None
 
+    cal.server_args = _literal_args(msg)
     cal.mem_fraction_static = num("mem_fraction_static")
     tp, dp = num("tp_size"), num("dp_size")
     cal.tp_size = int(tp) if tp is not None else None
     cal.dp_size = int(dp) if dp is not None else None
     cal.kv_cache_dtype = text("kv_cache_dtype")
     cal.model_path = text("model_path")
+
+
+def _literal_args(msg: str) -> dict[str, object]:
+    """The `server_args={...}` dict of 0.5.20+, when it is made of literals only."""
+    start = msg.find("server_args={")
+    if start < 0:
+        return {}
+    try:
+        value = ast.literal_eval(msg[start + len("server_args=") :].strip())
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return {}
+    return dict(value) if isinstance(value, dict) else {}
 
 
 def _memory_line(cal: Calibration, msg: str) -> bool:
@@ -139,6 +166,8 @@ def _memory_line(cal: Calibration, msg: str) -> bool:
     elif m := _LOAD_END.search(msg):
         cal.post_gib = _min(cal.post_gib, float(m[1]))
         cal.weight_gib = _max(cal.weight_gib, float(m[2]))
+        if kind := _LOAD_TYPE.search(msg):
+            cal.architecture = kind[1]
     elif m := _KV_ALLOC.search(msg):
         cal.kv_tokens = int(_min(cal.kv_tokens, int(m[1])))
         size = float(m[2]) if m[2] else float(m[3]) + float(m[4])
@@ -162,6 +191,8 @@ def _scheduler_line(cal: Calibration, msg: str) -> bool:
     cal.chunked_prefill_size = int(m[2])
     cal.max_running_requests = int(m[4])
     cal.context_len = int(m[5])
+    if m[6] is not None:
+        cal.startup_avail_gib = float(m[6])
     return True
 
 
@@ -205,6 +236,8 @@ def parse_log(text: str) -> Calibration:
             _server_args(cal, msg)
         elif _memory_line(cal, msg) or _scheduler_line(cal, msg):
             continue
+        elif _POST_CAPTURE.search(msg):
+            cal.post_capture_kv_sizing = True
         elif sample := parse_decode_line(line):
             cal.decode_samples.append(sample)
     _derive_fraction(cal)

@@ -13,19 +13,22 @@ inputs, so the Ansible filter reports them as such.
 
 Memory model (SGLang 0.5.23, see kvmath.py): pre = free GiB before weights load, post =
 free GiB after; rest = post - pre * (1 - mem_fraction_static); max_total_num_tokens =
-rest / cell_size. Without a calibration log pre = GPU total - CUDA_CONTEXT_GIB and
-post = pre - weights / tp; a calibration log of an earlier run of the same model on the same
-GPUs replaces both with what SGLang measured, and its token count replaces the estimate
-when fraction and KV dtype are the same.
+rest / cell_size. Without a calibration pre = GPU total - CUDA_CONTEXT_GIB and
+post = pre - weights / tp. A calibration (args `calibration`: records the deploy stored on
+the host, see sglang_fleet/calibration.py and docs/CALIBRATION.md; or `calibration_log`: the
+text of an earlier server log) that matches the flag set replaces the estimates with what
+SGLang measured; one that does not match is a `calibration_mismatch` warning.
 
 Out-of-memory risk of a high mem_fraction_static (the memory left outside the static pool
 must hold CUDA graphs and the activations of the largest prefill):
 - without calibration: warn above the fraction SGLang 0.5.23 would choose for this GPU size,
   model and tp (its own reserve estimate; conservative by design);
-- with calibration: free memory after CUDA graph capture at the new fraction is
-  extrapolated as measured_free - (new - calibrated fraction) * pre (the static pool grows
-  by exactly that; graph memory depends on batch sizes, not on the fraction), and warned
-  about below MIN_FREE_AFTER_GRAPH_GIB.
+- with calibration: free memory after CUDA graph capture is predicted from the measured
+  figure (the static pool grows by (new - calibrated fraction) * pre; graph memory by
+  SGLang's estimate when batch sizes change), and below MIN_FREE_AFTER_GRAPH_GIB it is an
+  **error** naming the prediction, the margin and the highest fraction that keeps it.
+  `calibration_mode: warn` makes it a warning (the operator overrules it), `ignore` plans
+  with estimates only.
 """
 
 from __future__ import annotations
@@ -39,9 +42,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sglang_fleet import kvmath
+from sglang_fleet import calibration, kvmath
 from sglang_fleet.calibrate import Calibration, parse_log
-from sglang_fleet.modelcfg import ModelConfigError, ModelShape, model_shape, read_model_dir
+from sglang_fleet.modelcfg import ModelConfigError, model_shape, read_model_dir
 
 # Free GPU memory that must remain after CUDA graph capture for a large prefill to run:
 # its activations (a few GiB for an 8k-token chunk of a 7k-hidden MoE) plus allocator
@@ -55,8 +58,6 @@ MIN_FREE_AFTER_GRAPH_GIB = 5.0
 DEFAULT_PER_REQUEST_TOK_S = 12.0
 DEFAULT_AVG_INPUT_LEN = 1024
 DEFAULT_AVG_OUTPUT_LEN = 1024
-# Two fractions closer than this are the same setting (SGLang rounds to 3 decimals).
-_SAME_FRACTION = 5e-4
 
 ARG_DEFAULTS: dict[str, Any] = {
     "tp_size": 1,
@@ -75,8 +76,16 @@ ARG_DEFAULTS: dict[str, Any] = {
     "per_request_tok_s": None,
     "calibration_log": None,
     "min_free_after_graph_gib": MIN_FREE_AFTER_GRAPH_GIB,
+    # Calibration records (sglang_fleet.calibration): one, a list, the host's store file as
+    # parsed or as JSON text. server_flags: the server's whole flag set, so that every flag
+    # a record depends on is compared; sglang_version: the installed version.
+    "calibration": None,
+    "calibration_mode": "enforce",
+    "server_flags": None,
+    "sglang_version": None,
+    "cuda_graph_max_bs_decode": None,
 }
-HOST_KEYS = ("gpu_memory_mib", "host_ram_gib", "gpu_count")
+HOST_KEYS = ("gpu_memory_mib", "host_ram_gib", "gpu_count", "gpu_name")
 
 
 class PlanInputError(ValueError):
@@ -267,40 +276,28 @@ def _check_inputs(a: dict[str, Any]) -> None:
         raise PlanInputError(str(exc), "kv_cache_dtype") from exc
 
 
-def _usable_calibration(a: dict[str, Any], warnings: list[dict[str, str]]) -> Calibration | None:
-    if not a["calibration_log"]:
-        return None
-    cal = parse_log(a["calibration_log"])
-    if not cal.has_memory:
-        warnings.append(
-            _issue(
-                "calibration_incomplete",
-                "The calibration log has no 'Load weight begin/end ... avail mem' lines; "
-                "using estimates instead.",
-            )
-        )
-        return None
-    if cal.tp_size is not None and cal.tp_size != int(a["tp_size"]):
-        warnings.append(
-            _issue(
-                "calibration_mismatch",
-                f"The calibration log is from a tp_size={cal.tp_size} run, this plan is for "
-                f"tp_size={a['tp_size']}: per-GPU memory differs, so it is ignored.",
-            )
-        )
-        return None
-    return cal
+def _log_calibration(a: dict[str, Any]) -> Calibration | None:
+    """The calibration log parsed (its Decode batch lines give the per-request speed)."""
+    return parse_log(a["calibration_log"]) if a["calibration_log"] else None
 
 
-def _same_kv_layout(shape: ModelShape, dtype_a: str | None, dtype_b: str, tp: int) -> bool:
-    if dtype_a is None:
-        return False
+def _calibration_records(a: dict[str, Any], warnings: list[dict[str, str]]) -> list[dict]:
+    """Records given as data, plus one built from the calibration log."""
     try:
-        return kvmath.cell_size_bytes(shape, dtype_a, tp) == kvmath.cell_size_bytes(
-            shape, dtype_b, tp
-        )
-    except ValueError:
-        return False
+        records = calibration.load_store(a["calibration"])
+    except (ValueError, TypeError) as exc:
+        raise PlanInputError(f"calibration: {exc}") from exc
+    if a["calibration_log"]:
+        try:
+            records.append(calibration.build_record(a["calibration_log"], None, {}))
+        except calibration.CalibrationError as exc:
+            warnings.append(
+                _issue(
+                    "calibration_incomplete",
+                    f"The calibration log is incomplete: {exc}; using estimates instead.",
+                )
+            )
+    return records
 
 
 class _Planner:
@@ -323,7 +320,7 @@ class _Planner:
         self.gpu_mib = float(self.host["gpu_memory_mib"])
         self.warnings: list[dict[str, str]] = []
         self.errors: list[dict[str, str]] = []
-        self.cal = _usable_calibration(self.a, self.warnings)
+        self.cal = _log_calibration(self.a)
         self.defaults = kvmath.sglang_default_mem_fraction(
             self.gpu_mib,
             self.shape,
@@ -333,31 +330,73 @@ class _Planner:
         )
         given = self.a["mem_fraction_static"]
         self.fraction = float(given) if given is not None else self.defaults.mem_fraction_static
+        self.calibration = self._apply_calibration(config, weight_bytes)
+        self.prediction = self.calibration.prediction if self.calibration else None
         self.pre, self.post = self._free_memory()
 
+    # --- calibration -----------------------------------------------------------------
+    def _calibration_flags(self) -> dict[str, Any]:
+        """The flag set as SGLang will see it: the server's flags under the planner's."""
+        flags = dict(self.a["server_flags"] or {})
+        for key in (
+            "tp_size",
+            "dp_size",
+            "kv_cache_dtype",
+            "chunked_prefill_size",
+            "max_running_requests",
+            "context_length",
+            "page_size",
+            "cuda_graph_max_bs_decode",
+        ):
+            if self.a[key] is not None:
+                flags[key] = self.a[key]
+        flags["mem_fraction_static"] = self.fraction
+        return flags
+
+    def _apply_calibration(
+        self, config: dict[str, Any], weight_bytes: int
+    ) -> calibration.Applied | None:
+        records = _calibration_records(self.a, self.warnings)
+        if not records:
+            return None
+        host = {
+            "gpu_memory_mib": self.gpu_mib,
+            "gpu_name": self.host.get("gpu_name"),
+            "sglang_version": self.a["sglang_version"],
+            "model_fingerprint": calibration.model_fingerprint(config, weight_bytes),
+            "architecture": self.shape.architecture,
+        }
+        try:
+            applied = calibration.apply(
+                records,
+                self._calibration_flags(),
+                host,
+                self.shape,
+                margin_gib=float(self.a["min_free_after_graph_gib"]),
+                mode=str(self.a["calibration_mode"]),
+                flags_complete=self.a["server_flags"] is not None,
+            )
+        except calibration.CalibrationError as exc:
+            raise PlanInputError(str(exc)) from exc
+        self.warnings += applied.warnings
+        self.errors += applied.errors
+        return applied
+
     def _free_memory(self) -> tuple[float, float]:
-        if self.cal is not None:
-            assert self.cal.pre_gib is not None and self.cal.post_gib is not None
-            return self.cal.pre_gib, self.cal.post_gib
+        if self.prediction is not None:
+            return self.prediction.pre_gib, self.prediction.post_gib
         pre = kvmath.estimate_pre_gib(self.gpu_mib)
         return pre, kvmath.estimate_post_gib(pre, self.weight_bytes, self.tp)
 
     # --- KV budget -------------------------------------------------------------------
     def kv_tokens(self, cell: int) -> tuple[float, int]:
-        reserve = kvmath.multimodal_reserve_gib(self.shape)
-        rest = kvmath.rest_gib(self.pre, self.post, self.fraction, reserve)
-        tokens = kvmath.max_total_num_tokens(rest, cell, int(self.a["page_size"]))
-        cal = self.cal
-        if (
-            tokens > 0
-            and cal is not None
-            and cal.max_total_num_tokens
-            and cal.mem_fraction_static is not None
-            and abs(cal.mem_fraction_static - self.fraction) < _SAME_FRACTION
-            and _same_kv_layout(self.shape, cal.kv_cache_dtype or "auto", self.dtype, self.tp)
-        ):
-            # Same run settings: what SGLang actually allocated beats the formula.
-            tokens = cal.max_total_num_tokens
+        if self.prediction is not None:
+            rest = self.prediction.kv_budget_gib
+            tokens = self.prediction.max_total_num_tokens
+        else:
+            reserve = kvmath.multimodal_reserve_gib(self.shape)
+            rest = kvmath.rest_gib(self.pre, self.post, self.fraction, reserve)
+            tokens = kvmath.max_total_num_tokens(rest, cell, int(self.a["page_size"]))
         if rest <= 0:
             self._not_enough_memory(rest)
         return rest, tokens
@@ -375,44 +414,17 @@ class _Planner:
         )
 
     # --- out-of-memory risk ----------------------------------------------------------
-    def graph_calibration(self) -> tuple[float, float] | None:
-        """(free GiB after CUDA graph capture, fraction of that run) when the log has both."""
-        cal = self.cal
-        if cal is None or cal.graph_end_avail_gib is None or cal.mem_fraction_static is None:
-            return None
-        return cal.graph_end_avail_gib, cal.mem_fraction_static
-
     def free_after_graph(self) -> float | None:
-        measured = self.graph_calibration()
-        if measured is None:
-            return None
-        free, fraction = measured
-        return free - (self.fraction - fraction) * self.pre
+        return None if self.prediction is None else self.prediction.free_after_graph_gib
 
     def max_safe_fraction(self) -> float:
-        measured = self.graph_calibration()
-        if measured is None:
+        if self.prediction is None:
             return self.defaults.mem_fraction_static
-        free, fraction = measured
-        return fraction + (free - float(self.a["min_free_after_graph_gib"])) / self.pre
+        return self.prediction.max_safe_mem_fraction_static
 
     def check_oom_risk(self) -> None:
-        margin = float(self.a["min_free_after_graph_gib"])
-        measured = self.graph_calibration()
-        if measured is not None:
-            free = measured[0] - (self.fraction - measured[1]) * self.pre
-            if free < margin:
-                self.warnings.append(
-                    _issue(
-                        "oom_risk_mem_fraction",
-                        f"mem_fraction_static {self.fraction:.3f} leaves about {free:.2f} GiB free "
-                        f"after CUDA graph capture (calibrated: {measured[0]:.2f} GiB at "
-                        f"{measured[1]:.3f}), below the {margin:.1f} GiB safety margin: expect "
-                        "CUDA out of memory during CUDA graph capture or a large prefill. Stay at "
-                        f"or below {self.max_safe_fraction():.3f}.",
-                    )
-                )
-            return
+        if self.prediction is not None:
+            return  # calibration.apply judged the measured figure (error or warning)
         default = self.defaults.mem_fraction_static
         if self.fraction > default + 1e-9:
             self.warnings.append(
@@ -423,7 +435,8 @@ class _Planner:
                     f"model at tp={self.tp} (it keeps {self.defaults.reserved_mib:.0f} MiB for "
                     "activations and CUDA graphs): risk of CUDA out of memory during CUDA graph "
                     "capture or a large prefill. SGLang's estimate is conservative; calibrate "
-                    "with the log of a run (--calibrate-from) for a measured limit.",
+                    "with a run of this model (--calibration or --calibrate-from) for a "
+                    "measured limit.",
                 )
             )
 
@@ -580,7 +593,12 @@ class _Planner:
                 "free_after_graph_gib": None
                 if free_after_graph is None
                 else round(free_after_graph, 2),
-                "calibrated": self.cal is not None,
+                "calibrated": self.prediction is not None,
+                "calibration": None if self.calibration is None else self.calibration.reason,
+                "calibration_notes": [] if self.prediction is None else self.prediction.notes,
+                "free_after_graph_margin_gib": None
+                if self.prediction is None
+                else round(self.prediction.margin_gib, 2),
                 "tokens_per_request": self.a["avg_input_len"] + self.a["avg_output_len"],
                 "per_request_tok_s": round(speed, 2),
                 "per_request_tok_s_source": speed_source,
@@ -622,12 +640,21 @@ def add_plan_arguments(parser: argparse.ArgumentParser, *, model_required: bool)
     )
     parser.add_argument("--host-ram-gib", type=float, default=None)
     parser.add_argument("--gpu-count", type=int, default=None)
+    parser.add_argument("--gpu-name", default=None, help="as nvidia-smi names it")
     parser.add_argument("--avg-input-len", type=int, default=None)
     parser.add_argument("--avg-output-len", type=int, default=None)
     parser.add_argument("--per-request-tok-s", type=float, default=None)
     parser.add_argument(
         "--calibrate-from", metavar="LOG", default=None, help="server log of an earlier run"
     )
+    parser.add_argument(
+        "--calibration",
+        metavar="JSON",
+        default=None,
+        help="calibration record(s) or the host's store file (sglang_fleet.calibration)",
+    )
+    parser.add_argument("--calibration-mode", choices=calibration.MODES, default=None)
+    parser.add_argument("--sglang-version", default=None)
     parser.add_argument("--min-free-after-graph-gib", type=float, default=None)
 
 
@@ -641,6 +668,12 @@ def split_namespace(ns: argparse.Namespace) -> tuple[dict[str, Any], dict[str, A
             args["calibration_log"] = path.read_text(encoding="utf-8", errors="replace")
         except OSError as exc:
             raise PlanInputError(f"cannot read {path}: {exc.strerror}", "calibration_log") from exc
+    if values.get("calibration"):
+        path = Path(values["calibration"])
+        try:
+            args["calibration"] = path.read_text(encoding="utf-8", errors="replace")
+        except OSError as exc:
+            raise PlanInputError(f"cannot read {path}: {exc.strerror}", "calibration") from exc
     host = {k: values[k] for k in HOST_KEYS if values.get(k) is not None}
     return args, host
 

@@ -168,9 +168,10 @@ def test_kv_bound_levers_carry_the_planners_capacity():
     result = diagnose(log_text=STORY_LOG.read_text(), concurrency=150, plan_context=ctx)
     assert result["verdict"] == "kv_cache_bound"
     levers = {lv["code"]: lv["message"] for lv in result["levers"]}
-    # fp8: 24.03 - 94.19 * 0.15 - 100/1024 = 9.8038 GiB / 35136 B = 299601 tokens (now 149800)
-    assert "max_total_num_tokens 299601 (now 149800)" in levers["kv_cache_dtype_fp8"]
-    # 149800 // 2824 = 53 requests now; 299601 // 2824 = 106 with fp8
+    # fp8 halves the cell (70272 -> 35136 B): the pool SGLang allocated, 149800 x 70272 B,
+    # holds 2 x 149800 = 299600 tokens (now 149800)
+    assert "max_total_num_tokens 299600 (now 149800)" in levers["kv_cache_dtype_fp8"]
+    # 149800 // 2824 = 53 requests now; 299600 // 2824 = 106 with fp8
     assert "about 106 concurrent requests (now 53)" in levers["kv_cache_dtype_fp8"]
     # safe limit 0.85 + (11.00 - 5) / 94.19 = 0.9137 -> suggested 0.910 (0.005 steps)
     assert "from 0.85 to 0.910" in levers["mem_fraction_static"]
@@ -292,7 +293,7 @@ def test_cli_with_model_sizes_the_levers(capsys: pytest.CaptureFixture[str]):
     )
     assert rc == 0
     assert "verdict: kv_cache_bound" in out
-    assert "299601" in out
+    assert "299600" in out
 
 
 def test_cli_bad_usage(tmp_path: Path, capsys: pytest.CaptureFixture[str]):

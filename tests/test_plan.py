@@ -112,7 +112,7 @@ def test_story_fp8_doubles_max_total_num_tokens(calibrated: bool):
 
 
 @pytest.mark.parametrize(
-    ("fraction", "free_after_graph", "warns"),
+    ("fraction", "free_after_graph", "fails"),
     [
         # free = 11.00 - (f - 0.85) * 94.19; margin MIN_FREE_AFTER_GRAPH_GIB = 5 GiB
         (0.85, 11.00, False),
@@ -121,23 +121,39 @@ def test_story_fp8_doubles_max_total_num_tokens(calibrated: bool):
         (0.93, 11.00 - 0.08 * 94.19, True),  # 3.46 GiB: OOM in a large prefill
     ],
 )
-def test_story_calibrated_oom_risk(fraction: float, free_after_graph: float, warns: bool):
+def test_story_calibrated_oom_risk(fraction: float, free_after_graph: float, fails: bool):
     result = kimi(True, mem_fraction_static=fraction, kv_cache_dtype="fp8_e4m3")
     assert result["details"]["free_after_graph_gib"] == pytest.approx(free_after_graph, abs=0.01)
-    assert ("oom_risk_mem_fraction" in codes(result["warnings"])) is warns
-    if warns:
-        message = find(result["warnings"], "oom_risk_mem_fraction")["message"]
+    # Calibrated, the finding is an error: the deploy stops before anything stops.
+    assert ("oom_risk_mem_fraction" in codes(result["errors"])) is fails
+    assert "oom_risk_mem_fraction" not in codes(result["warnings"])
+    if fails:
+        message = find(result["errors"], "oom_risk_mem_fraction")["message"]
         assert "CUDA graph capture" in message
         assert "large prefill" in message
-    # Highest safe fraction: 0.85 + (11.00 - 5) / 94.19 = 0.9137
-    assert result["details"]["max_safe_mem_fraction_static"] == pytest.approx(0.9137, abs=1e-4)
+        assert f"predicted {free_after_graph:.2f} GiB free" in message
+        assert "5.0 GiB margin" in message
+        assert "highest fraction that keeps the margin is 0.913" in message
+    # Highest safe fraction: 0.85 + (11.00 - 5) / 94.19 = 0.9137, floored to 0.913
+    assert result["details"]["max_safe_mem_fraction_static"] == 0.913
+
+
+def test_story_calibrated_oom_error_can_be_overruled():
+    result = kimi(True, mem_fraction_static=0.93, calibration_mode="warn")
+    assert result["errors"] == []
+    message = find(result["warnings"], "oom_risk_mem_fraction")["message"]
+    assert "calibration_mode is 'warn'" in message
+    ignored = kimi(True, mem_fraction_static=0.93, calibration_mode="ignore")
+    assert not ignored["details"]["calibrated"]
+    with pytest.raises(PlanInputError, match="calibration_mode must be one of enforce, warn"):
+        kimi(True, mem_fraction_static=0.93, calibration_mode="off")
 
 
 def test_story_margin_is_the_documented_constant():
     assert plan_mod.MIN_FREE_AFTER_GRAPH_GIB == 5.0
-    # A caller may demand more room: with 7 GiB, 0.90 (6.29 GiB free) warns too.
+    # A caller may demand more room: with 7 GiB, 0.90 (6.29 GiB free) fails too.
     result = kimi(True, mem_fraction_static=0.90, min_free_after_graph_gib=7.0)
-    assert "oom_risk_mem_fraction" in codes(result["warnings"])
+    assert "oom_risk_mem_fraction" in codes(result["errors"])
 
 
 def test_story_uncalibrated_warns_above_sglangs_own_default():
@@ -195,9 +211,13 @@ def test_story_calibration_replaces_the_estimates():
 
 def test_story_calibrated_other_fraction_uses_measured_memory():
     result = kimi(True, mem_fraction_static=0.88, kv_cache_dtype="fp8_e4m3")
-    # rest = 24.03 - 94.19 * 0.12 - 100/1024 = 12.6296 GiB -> / 35136 B
+    # The KV pool SGLang allocated (149800 x 70272 B, exact) grows by 0.03 x pre = 0.03 x
+    # 94.19 GiB: 12.6295 GiB -> / 35136 B. The log's GiB figures carry two decimals only.
+    kv_bytes = 149800 * 70272 + round(0.03 * 94.19 * GIB)
+    assert result["max_total_num_tokens"] == kv_bytes // 35136
+    # The same, within rounding, as SGLang's formula on the log's pre/post (24.03, 94.19).
     rest = 24.03 - 94.19 * 0.12 - 100 / 1024
-    assert result["max_total_num_tokens"] == int(rest * GIB) // 35136
+    assert abs(result["max_total_num_tokens"] - int(rest * GIB) // 35136) <= 3
 
 
 def test_calibration_from_another_tp_is_ignored():
@@ -383,8 +403,8 @@ def test_cli_calibrate_from(capsys: pytest.CaptureFixture[str]):
         "--calibrate-from",
         str(STORY_LOG),
     )
-    assert rc == 0  # warnings do not fail the plan
-    assert "WARNING oom_risk_mem_fraction" in out
+    assert rc == 1  # calibrated, 0.93 leaves 3.46 GiB: an error
+    assert "ERROR oom_risk_mem_fraction" in out
     assert "WARNING kv_dtype_quality" in out
 
 

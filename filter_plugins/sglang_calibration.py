@@ -1,0 +1,92 @@
+"""Ansible filters over sglang_fleet.calibration: record a start, keep the host's store.
+
+    {{ journal_text | sglang_calibration_record(server_info, key) }}
+    {{ store_text | sglang_calibration_store(record) }}
+    {{ config_json | sglang_model_fingerprint(index_json_or_weight_bytes) }}
+
+Thin wrappers: the logic lives in sglang_fleet/calibration.py (tested there); docs/
+CALIBRATION.md describes the record and the store. Slurped JSON text is accepted where a
+mapping is expected.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from ansible.errors import AnsibleFilterError
+
+# Ansible loads this file by path, not as part of a package: make the repository root (its
+# parent's parent) importable so the filters use the same sglang_fleet the tests cover.
+_REPO_ROOT = str(Path(__file__).resolve().parent.parent)
+if _REPO_ROOT not in sys.path:
+    sys.path.insert(0, _REPO_ROOT)
+
+from sglang_fleet import calibration  # noqa: E402  (needs the sys.path entry above)
+from sglang_fleet.modelcfg import ModelConfigError, weight_bytes_from_index  # noqa: E402
+
+
+def _parsed(value: Any, what: str) -> Any:
+    if isinstance(value, str | bytes):
+        if not value.strip():
+            return None
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise AnsibleFilterError(f"{what} is not valid JSON: {exc}") from exc
+    return value
+
+
+def _weight_bytes(value: Any) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    try:
+        return weight_bytes_from_index(_parsed(value, "weights") or {})
+    except ModelConfigError as exc:
+        raise AnsibleFilterError(f"sglang_model_fingerprint: {exc}") from exc
+
+
+def sglang_calibration_record(
+    log_text: str | None, server_info: Any = None, key: dict | None = None
+) -> dict:
+    """calibration.build_record(); a start without the memory figures fails the task."""
+    try:
+        return calibration.build_record(
+            log_text or "", _parsed(server_info, "server_info"), dict(key or {})
+        )
+    except calibration.CalibrationError as exc:
+        raise AnsibleFilterError(f"sglang_calibration_record: {exc}") from exc
+
+
+def sglang_calibration_store(
+    store: Any, record: dict, limit: int = calibration.STORE_LIMIT
+) -> dict:
+    """The store with `record` added (newest first, one per flag set), ready to write."""
+    try:
+        records = calibration.load_store(_parsed(store, "calibration store"))
+    except calibration.CalibrationError as exc:
+        raise AnsibleFilterError(f"sglang_calibration_store: {exc}") from exc
+    return calibration.dump_store(calibration.add_record(records, record, int(limit)))
+
+
+def sglang_model_fingerprint(model_config: Any, weights: Any) -> str:
+    """The checkpoint identity a record and the planner compare (config.json + bytes)."""
+    config = _parsed(model_config, "model_config")
+    if not isinstance(config, dict):
+        raise AnsibleFilterError("sglang_model_fingerprint: model_config must be a mapping")
+    return calibration.model_fingerprint(config, _weight_bytes(weights))
+
+
+class FilterModule:
+    """Ansible's entry point for filter plugins."""
+
+    def filters(self) -> dict[str, Any]:
+        return {
+            "sglang_calibration_record": sglang_calibration_record,
+            "sglang_calibration_store": sglang_calibration_store,
+            "sglang_model_fingerprint": sglang_model_fingerprint,
+        }
