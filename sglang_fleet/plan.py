@@ -120,6 +120,7 @@ _INT_RANGES: dict[str, tuple[int, int]] = {
     "avg_input_len": (0, _MAX_COUNT),
     "avg_output_len": (0, _MAX_COUNT),
     "gpu_count": (0, _MAX_COUNT),  # 0 is a host without GPUs: a plan error, not bad usage
+    "cuda_graph_max_bs_decode": (1, _MAX_COUNT),
 }
 
 
@@ -215,12 +216,34 @@ def _as_text(key: str, value: Any) -> str:
     return value
 
 
+def _as_structure(key: str, value: Any) -> Any:
+    """calibration: a record, a list or the store (as data or JSON text; calibration.py reads
+    it); server_flags: the whole flag mapping."""
+    allowed = (dict,) if key == "server_flags" else (dict, list, str)
+    if not isinstance(value, allowed):
+        kinds = "a mapping" if key == "server_flags" else "a record, a list of records or JSON text"
+        raise PlanInputError(f"must be {kinds}, got {_shown(value)}", key)
+    return value
+
+
+def _as_choice(key: str, value: Any) -> str:
+    if value not in calibration.MODES:
+        raise PlanInputError(
+            f"must be one of {', '.join(calibration.MODES)}, got {_shown(value)}", key
+        )
+    return str(value)
+
+
 def _typed(values: dict[str, Any]) -> dict[str, Any]:
     out = {}
     for key, value in values.items():
         if value is None:
             continue
-        if key in _INT_RANGES:
+        if key in ("calibration", "server_flags"):
+            out[key] = _as_structure(key, value)
+        elif key == "calibration_mode":
+            out[key] = _as_choice(key, value)
+        elif key in _INT_RANGES:
             out[key] = _as_int(key, value)
         elif key in _FLOAT_RANGES:
             out[key] = _as_float(key, value)
