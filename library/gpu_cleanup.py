@@ -14,21 +14,33 @@ description:
   - Finds every process holding a GPU, from C(nvidia-smi --query-compute-apps) and from the
     processes that hold NVIDIA device files open (nvidia-smi misses some, for example processes
     in other PID namespaces or ones that hold a device without a context yet).
-  - Classifies each one as I(ours) (a process of the SGLang service being deployed, by systemd
-    unit cgroup, process title, launch module or listening port) or I(foreign).
+  - Classifies each one as I(ours) (a leftover of the SGLang service being deployed) or
+    I(foreign). A process in one of I(ours.units) is ours, whatever user it runs as. A process
+    matching I(ours.process_titles) or I(ours.launch_modules) is ours only when its real and
+    effective uids are those of I(ours.users) and it runs in no container and in no login or
+    systemd unit of somebody else. A port of I(ours.ports) only adds evidence; alone it makes
+    nothing ours. The rules, their order and why are in docs/GPU-CLEANUP.md.
   - Only processes on the GPUs the deployment needs (I(gpus)) matter. A host may run two servers
     on disjoint GPU sets, so processes on other GPUs are reported and never touched, even when
     they look like SGLang, because the title and module rules recognise any SGLang, not just ours.
   - If a foreign process holds a needed GPU, the module fails with a table naming each one and
     kills nothing at all, unless I(allow_kill_foreign) is set. Everything is decided before the
     first signal is sent.
-  - With I(state=clean) it stops the active systemd units of I(ours.units), then kills the
-    remaining process groups (SIGTERM, bounded wait, SIGKILL), then polls until no process holds
-    a needed GPU and each needed GPU's used memory is at most I(max_used_mib).
+  - With I(state=clean) it stops the active systemd units of I(ours.units), then signals the
+    planned processes one by one (SIGTERM, bounded wait, SIGKILL), then polls until no process
+    holds a needed GPU and each needed GPU's used memory is at most I(max_used_mib).
+  - A process group is never signalled as a whole. Besides the GPU holders it kills, a group's
+    members that hold no GPU are signalled only when they are ours by the same rules (SGLang's
+    launcher, its detokenizer); a shell or a C(sleep) in the same group is left alone.
+  - Each signal goes only to the process that was classified. Its start time is read again
+    right before the signal (through a pidfd where the kernel has them), and a pid that now
+    belongs to another process is skipped and reported.
   - A GPU that stays above the threshold with no process on it is reported in C(stuck_gpus);
     resetting it (C(nvidia-smi -r)) happens only when I(reset_stuck_gpus) is set.
-  - A process that lives in a systemd service unit other than I(ours.units) is foreign even when
-    its title or command line look like SGLang (it belongs to another server deployed as a unit).
+  - A process in a systemd unit other than I(ours.units) is foreign even when its title or
+    command line look like SGLang (it belongs to another server deployed as a unit, or to a
+    transient C(run-*.scope) somebody made), and so is one inside a container (C(docker-*.scope),
+    C(cri-containerd-*.scope), C(crio-*), C(libpod-*), C(kubepods), C(machine.slice), C(lxc)).
 version_added: "0.1.0"
 author: sglang-fleet
 options:
@@ -81,10 +93,24 @@ options:
         elements: str
         default: []
       ports:
-        description: TCP ports; a process listening on one of them is ours.
+        description:
+          - TCP ports of the service. Listening on one adds evidence to a process that is ours
+            by title or launch module; a port alone never makes a process ours.
         type: list
         elements: int
         default: []
+      users:
+        description:
+          - Owner users, as names or numeric uids. A title or launch-module match makes a
+            process ours only when its real and effective uids are among these, and a login
+            (C(user-N.slice), such as an ssh C(session-N.scope)) of another user makes every
+            process in it foreign.
+          - Root launches SGLang by hand with C(nohup), so the default is C(root); pass the
+            service user too (the gpu_cleanup role passes C(gpu_cleanup_owner_users)).
+          - A name this host does not know fails the module, naming this option.
+        type: list
+        elements: str
+        default: [root]
   ignore_names:
     description:
       - Driver daemons and monitors that keep device files open without being workloads. Matched
@@ -139,6 +165,7 @@ EXAMPLES = r"""
       process_titles: ["sglang::"]
       launch_modules: [sglang.launch_server]
       ports: [8000]
+      users: [root, sglang]
   become: true
   register: cleanup
 
@@ -185,18 +212,44 @@ processes:
   type: list
   elements: dict
   sample:
-    - {pid: 4242, pgid: 4230, user: ml, uid: 1000, cmdline: "sglang::scheduler_TP0",
+    - {pid: 4242, pgid: 4230, user: root, uid: 0, cmdline: "sglang::scheduler_TP0",
        gpus: [0], any_gpu: false, used_mib: 81234, sources: [nvidia-smi, device],
-       ours: true, reasons: ["process_title:sglang::"], on_needed_gpus: true, action: kill}
+       ours: true, reasons: ["process_title:sglang::", "port:8000"], on_needed_gpus: true,
+       action: kill}
+    - {pid: 5150, pgid: 5150, user: nobody, uid: 65534, cmdline: "sglang::scheduler_TP0",
+       gpus: [1], any_gpu: false, used_mib: 20000, sources: [nvidia-smi, device],
+       ours: false, on_needed_gpus: true, action: block,
+       reasons: ["looks like ours (process_title:sglang::) but runs as nobody (uid 65534),
+                  not an owner user"]}
 blockers:
   description: Foreign processes on needed GPUs (the module failed unless allow_kill_foreign).
   returned: always
   type: list
   elements: dict
 table:
-  description: Fixed-width table (PID, PGID, USER, GPU, MiB, COMMAND) of the blockers.
+  description:
+    - Fixed-width table (PID, PGID, USER, GPU, MiB, COMMAND) of the blockers. The failure
+      message prints it, then one line per blocker saying why it is not ours.
   returned: always
   type: str
+owner_uids:
+  description: The uids I(ours.users) resolved to on this host.
+  returned: always
+  type: list
+  elements: int
+  sample: [0, 998]
+port_holders:
+  description:
+    - Every process listening on a port of I(ours.ports), GPU holder or not, classified by the
+      same rules (C(ours), C(reasons)). A check that a port is free, or held only by leftovers
+      of ours, reads this.
+  returned: always
+  type: list
+  elements: dict
+  sample:
+    - {pid: 4242, pgid: 4230, user: root, uid: 0, cmdline: "sglang::scheduler_TP0",
+       cgroup: /user.slice/user-0.slice/session-4.scope, ports: [8000], ours: true,
+       reasons: ["process_title:sglang::", "port:8000"]}
 would_stop_units:
   description: Units of ours.units that are active and would be (or were) stopped.
   returned: always
@@ -204,13 +257,17 @@ would_stop_units:
   elements: str
 would_kill:
   description:
-    - Process groups that a clean run kills (or would kill in check mode / inspect).
-    - C(pgid) is null when members are signalled one by one (their group holds a protected or
-      foreign process).
+    - Per process group, the processes (C(pids)) a clean run signals, or would signal in check
+      mode and inspect. Each is signalled by pid, never the group as a whole.
+    - C(spared) lists the group's other members that are left alone, with the reason (not ours,
+      a GPU holder kept or blocked, protected, or the group keeps a GPU process elsewhere).
   returned: always
   type: list
   elements: dict
-  sample: [{pgid: 4230, pids: [4242, 4243], commands: ["sglang::scheduler_TP0", "sglang::..."]}]
+  sample:
+    - {pgid: 4230, pids: [4230, 4242, 4243],
+       commands: ["python3 -m sglang.launch_server ...", "sglang::scheduler_TP0", "..."],
+       spared: [{pid: 4231, command: "sleep 3600", reason: "matches no rule of ours"}]}
 stopped_units:
   description: Units that were stopped.
   returned: always
@@ -218,11 +275,17 @@ stopped_units:
   elements: str
 killed:
   description:
-    - Groups (or single processes) signalled; C(signal) is the last one sent (C(SIGTERM) or
+    - Per process group, the C(pids) signalled; C(signal) is the last one sent (C(SIGTERM) or
       C(SIGKILL)), C(survived) lists pids still alive after SIGKILL (uninterruptible sleep).
+    - C(skipped) lists planned pids that were not signalled because the pid now belongs to
+      another process (its start time changed since it was classified), with the reason.
   returned: always
   type: list
   elements: dict
+  sample:
+    - {pgid: 4230, pids: [4242], signal: SIGTERM, survived: [],
+       skipped: [{pid: 4243, reason: "pid reused: start time 9120 now, 500 when classified
+                  (bash runs there now); not signalled"}]}
 clear:
   description:
     - Whether every needed GPU ended clear. With I(state=inspect), whether they are clear now.
@@ -257,6 +320,7 @@ waited_s:
   type: float
 """
 
+import errno
 import fnmatch
 import os
 import pwd
@@ -282,12 +346,27 @@ PROC = "/proc"
 _NUMBERED_DEVICE = re.compile(r"^nvidia(\d+)$")
 _SOCKET_LINK = re.compile(r"^socket:\[(\d+)\]$")
 _TCP_LISTEN = "0A"
-# Container runtimes name their cgroup scopes like this; see owning_unit().
 _UNIT_SUFFIXES = (".service", ".scope")
 _ACTIVE_STATES = {"active", "activating", "deactivating", "reloading", "refreshing"}
 COMMAND_WIDTH = 90
 
+# How container runtimes name their cgroups (docs/GPU-CLEANUP.md, "Containers"): a systemd scope
+# per container (systemd cgroup driver) ...
+_CONTAINER_SCOPE = re.compile(r"^(docker|cri-containerd|crio|containerd|libpod|machine)-.+\.scope$")
+# ... or a runtime directory holding one directory per container (cgroupfs driver) ...
+_CONTAINER_DIRS = frozenset({"docker", "containerd", "crio", "lxc", "libpod_parent"})
+# ... or whole subtrees that hold nothing but containers, pods and virtual machines.
+_CONTAINER_TREES = ("kubepods", "lxc.payload.", "lxc.monitor.", "machine.slice")
+_KUBE_POD = re.compile(r"^pod[0-9a-fA-F_-]+$")
+# logind puts every login of user N (its session scopes, its user manager) under user-N.slice.
+_USER_SLICE = re.compile(r"^user-(\d+)\.slice$")
+_GONE = "gone"
+
 Runner = Callable[[list[str], float], tuple[int, str, str]]
+
+
+class OwnerError(ValueError):
+    """ours.users names a user this host does not know."""
 
 
 def run_command(argv: list[str], timeout: float) -> tuple[int, str, str]:
@@ -316,6 +395,7 @@ class ProcInfo:
     cmdline: list[str]
     comm: str
     cgroup: str
+    euid: int | None = None
 
 
 def parse_stat(text: str) -> tuple[str, int, int, int]:
@@ -328,11 +408,13 @@ def parse_stat(text: str) -> tuple[str, int, int, int]:
     return rest[0], int(rest[1]), int(rest[2]), int(rest[19])
 
 
-def parse_status_uid(text: str) -> int | None:
+def parse_status_uids(text: str) -> tuple[int | None, int | None]:
+    """(real uid, effective uid) from the ``Uid:`` line of /proc/PID/status."""
     for line in text.splitlines():
         if line.startswith("Uid:"):
-            return int(line.split()[1])
-    return None
+            fields = line.split()
+            return int(fields[1]), int(fields[2])
+    return None, None
 
 
 def parse_cgroup(text: str) -> str:
@@ -354,14 +436,74 @@ def parse_cgroup(text: str) -> str:
     return unified
 
 
+def _parts(cgroup_path: str) -> list[str]:
+    return [part for part in cgroup_path.split("/") if part]
+
+
 def owning_unit(cgroup_path: str) -> str | None:
     """The innermost systemd unit (service or scope) in a cgroup path, or None.
 
     Sub-cgroups a delegated unit makes for itself carry no unit suffix and are skipped.
     """
-    for part in reversed(cgroup_path.strip("/").split("/")):
+    for part in reversed(_parts(cgroup_path)):
         if part.endswith(_UNIT_SUFFIXES):
             return part
+    return None
+
+
+def _is_container_part(parts: list[str], i: int) -> bool:
+    part = parts[i]
+    if part in _CONTAINER_DIRS:
+        return i + 1 < len(parts)
+    return bool(_CONTAINER_SCOPE.match(part)) or part.startswith(_CONTAINER_TREES)
+
+
+def container_cgroup(cgroup_path: str) -> str | None:
+    """The path from the first container cgroup on (``docker-ID.scope``, ``docker/ID``,
+    ``kubepods.slice/...``), or None when the path is in no container."""
+    parts = _parts(cgroup_path)
+    for i in range(len(parts)):
+        if _is_container_part(parts, i):
+            return "/".join(parts[i:])
+    return None
+
+
+def container_root(cgroup_path: str) -> str:
+    """The cgroup of the innermost container that cgroup_path lies in; "" outside containers.
+
+    Applied to this module's own cgroup: run inside a container (a system container, a test
+    host), the module sees that container's processes as a host sees its own. A path whose
+    container cannot be delimited gives "", so that everything in it stays foreign.
+    """
+    parts = _parts(cgroup_path)
+    end, i, in_kubepods = 0, 0, False
+    while i < len(parts):
+        part = parts[i]
+        in_kubepods = in_kubepods or part.startswith("kubepods")
+        if part in _CONTAINER_DIRS or (in_kubepods and _KUBE_POD.match(part)):
+            # The next part is the container (cgroupfs: docker/ID, kubepods/QOS/podUID/ID).
+            if i + 1 < len(parts):
+                end = i + 2
+            i += 2
+            continue
+        if _CONTAINER_SCOPE.match(part) or part.startswith(("lxc.payload.", "lxc.monitor.")):
+            end = i + 1
+        i += 1
+    return "/" + "/".join(parts[:end]) if end else ""
+
+
+def relative_cgroup(cgroup_path: str, root: str) -> str:
+    """cgroup_path below root when it lies there (root "" leaves it as it is)."""
+    if root and (cgroup_path == root or cgroup_path.startswith(root + "/")):
+        return cgroup_path[len(root) :] or "/"
+    return cgroup_path
+
+
+def login_uid(cgroup_path: str) -> int | None:
+    """N when the path lies in user-N.slice (a login of user N), else None."""
+    for part in _parts(cgroup_path):
+        if matched := _USER_SLICE.match(part):
+            return int(matched.group(1))
     return None
 
 
@@ -386,16 +528,22 @@ def read_proc(pid: int, proc_root: str = PROC) -> ProcInfo | None:
         state, ppid, pgid, starttime = parse_stat(_read(os.path.join(base, "stat")))
         raw_cmdline = _read(os.path.join(base, "cmdline"))
         comm = _read(os.path.join(base, "comm")).strip()
-        uid = parse_status_uid(_read(os.path.join(base, "status")))
+        uid, euid = parse_status_uids(_read(os.path.join(base, "status")))
+        # Unreadable only when the process is gone: without its cgroup nothing can be proven.
+        cgroup = parse_cgroup(_read(os.path.join(base, "cgroup")))
     except (OSError, ValueError, IndexError):
         return None
-    try:
-        cgroup = parse_cgroup(_read(os.path.join(base, "cgroup")))
-    except OSError:
-        cgroup = ""
     # setproctitle rewrites argv in place, so a title shows up as one padded argument.
     cmdline = raw_cmdline.rstrip("\0 ").split("\0") if raw_cmdline else []
-    return ProcInfo(pid, ppid, pgid, state, starttime, uid, user_name(uid), cmdline, comm, cgroup)
+    return ProcInfo(
+        pid, ppid, pgid, state, starttime, uid, user_name(uid), cmdline, comm, cgroup, euid
+    )
+
+
+def own_cgroup(proc_root: str = PROC) -> str:
+    """This module's own cgroup path ("" when proc_root does not show this process)."""
+    info = read_proc(os.getpid(), proc_root)
+    return info.cgroup if info else ""
 
 
 def list_pids(proc_root: str = PROC) -> list[int]:
@@ -458,16 +606,24 @@ def socket_inodes(targets: Iterable[str]) -> set[int]:
     return {int(m.group(1)) for t in targets if (m := _SOCKET_LINK.match(t))}
 
 
-def scan_device_holders(device_glob: str, proc_root: str = PROC) -> dict[int, set[int | str]]:
-    """{pid: {gpu index or "any"}} for every process holding a matching device file."""
-    holders: dict[int, set[int | str]] = {}
+def scan_fds(
+    device_glob: str, listen: dict[int, int], proc_root: str = PROC
+) -> tuple[dict[int, set[int | str]], dict[int, set[int]]]:
+    """({pid: GPU index or "any" per device file held}, {pid: ports of ours it listens on}).
+
+    One pass over every process's open files serves both.
+    """
+    devices: dict[int, set[int | str]] = {}
+    ports: dict[int, set[int]] = {}
     for pid in list_pids(proc_root):
-        gpus = {
-            g for t in fd_targets(pid, proc_root) if (g := device_gpu(t, device_glob)) is not None
-        }
+        targets = fd_targets(pid, proc_root)
+        gpus = {g for t in targets if (g := device_gpu(t, device_glob)) is not None}
         if gpus:
-            holders[pid] = gpus
-    return holders
+            devices[pid] = gpus
+        held = {listen[i] for i in socket_inodes(targets) if i in listen}
+        if held:
+            ports[pid] = held
+    return devices, ports
 
 
 def ancestors(pid: int, proc_root: str = PROC) -> list[ProcInfo]:
@@ -493,17 +649,41 @@ class OursRules:
     process_titles: list[str] = field(default_factory=list)
     launch_modules: list[str] = field(default_factory=list)
     ports: list[int] = field(default_factory=list)
+    users: list[str] = field(default_factory=lambda: ["root"])
 
     @classmethod
     def from_params(cls, params: dict[str, Any] | None) -> OursRules:
         params = params or {}
         units = [u if "." in u else f"{u}.service" for u in params.get("units") or []]
+        users = params.get("users")
         return cls(
             units=units,
             process_titles=list(params.get("process_titles") or []),
             launch_modules=list(params.get("launch_modules") or []),
             ports=[int(p) for p in params.get("ports") or []],
+            users=["root"] if users is None else [str(u) for u in users],
         )
+
+
+def resolve_owner_uids(users: Iterable[str]) -> set[int]:
+    """uids of ours.users (names or numeric uids); an unknown name is an error, not a skip."""
+    uids, unknown = set(), []
+    for user in users:
+        text = str(user).strip()
+        if text.isdigit():
+            uids.add(int(text))
+            continue
+        try:
+            uids.add(pwd.getpwnam(text).pw_uid)
+        except KeyError:
+            unknown.append(text)
+    if unknown:
+        raise OwnerError(
+            f"ours.users: no user {', '.join(repr(u) for u in unknown)} on this host. List the "
+            "users whose leftover SGLang processes may be killed, as user names or numeric uids "
+            "(the gpu_cleanup role's gpu_cleanup_owner_users: root and the service user)."
+        )
+    return uids
 
 
 def runs_module(argv: list[str], module: str) -> bool:
@@ -522,24 +702,80 @@ def has_title(info: ProcInfo, prefix: str) -> bool:
     return joined.startswith(prefix) or (bool(info.comm) and info.comm.startswith(prefix[:15]))
 
 
-def classify(
-    info: ProcInfo, rules: OursRules, listen: dict[int, int], targets: list[str]
-) -> tuple[bool, list[str]]:
-    """(ours, reasons). Reasons name the rule that matched, or why the process is foreign."""
-    unit = owning_unit(info.cgroup)
-    if unit in rules.units:
-        return True, [f"unit:{unit}"]
-    if unit and unit.endswith(".service"):
-        # Title/module rules recognise any SGLang; one inside another service unit is another
-        # deployment's server, not a leftover of ours.
-        return False, [f"in another systemd service: {unit}"]
-    reasons = [f"process_title:{p}" for p in rules.process_titles if has_title(info, p)]
-    reasons += [f"launch_module:{m}" for m in rules.launch_modules if runs_module(info.cmdline, m)]
-    ports = sorted({listen[i] for i in socket_inodes(targets) if i in listen})
-    reasons += [f"port:{p}" for p in ports]
-    if reasons:
-        return True, reasons
-    return False, ["matches no rule of ours"]
+Verdict = tuple[bool, list[str]]
+
+
+@dataclass
+class Ownership:
+    """Decides whether a process is a leftover of the service; rules in docs/GPU-CLEANUP.md.
+
+    In order: a container cgroup makes it foreign; a login slice (user-N.slice) of a user who is
+    not an owner makes it foreign; one of ours.units makes it ours, whatever its uid; any other
+    systemd unit makes it foreign. Then a title or launch-module match makes it ours only when
+    its real and effective uids are owner uids. A port of ours only adds evidence: alone it
+    proves nothing, since anything may listen on a free port.
+    """
+
+    rules: OursRules
+    owner_uids: set[int]
+    # Cgroup of the container this module runs in ("" on a host): see container_root().
+    own_container: str = ""
+
+    def classify(self, info: ProcInfo, ports: Iterable[int] = ()) -> Verdict:
+        """(ours, reasons): the rule that matched, or why the process is foreign."""
+        port_reasons = [f"port:{p}" for p in sorted(set(ports))]
+        by_scope = self._by_scope(relative_cgroup(info.cgroup, self.own_container))
+        if by_scope is not None:
+            return by_scope
+        matched = [f"process_title:{p}" for p in self.rules.process_titles if has_title(info, p)]
+        matched += [
+            f"launch_module:{m}" for m in self.rules.launch_modules if runs_module(info.cmdline, m)
+        ]
+        if not matched and port_reasons:
+            listed = ", ".join(r.removeprefix("port:") for r in port_reasons)
+            return False, [
+                f"listens on port {listed} of ours but has no title or launch module of ours "
+                "(a port alone proves nothing)"
+            ]
+        if not matched:
+            return False, ["matches no rule of ours"]
+        stranger = self._not_owner(info)
+        if stranger:
+            return False, [f"looks like ours ({', '.join(matched + port_reasons)}) but {stranger}"]
+        return True, matched + port_reasons
+
+    def _by_scope(self, cgroup_path: str) -> Verdict | None:
+        """The verdict the cgroup alone gives, or None when it leaves the question open."""
+        container = container_cgroup(cgroup_path)
+        if container:
+            return False, [f"inside container {container}"]
+        unit = owning_unit(cgroup_path)
+        uid = login_uid(cgroup_path)
+        if uid is not None:
+            # A login of an owner (root's ssh session that ran nohup) proves nothing either
+            # way; a login of anyone else is theirs, whatever uid the process runs as.
+            if uid in self.owner_uids:
+                return None
+            where = unit or f"user-{uid}.slice"
+            return False, [
+                f"inside {where} of user {user_name(uid)} (uid {uid}), not an owner user"
+            ]
+        if unit in self.rules.units:
+            return True, [f"unit:{unit}"]
+        if unit:
+            return False, [f"inside systemd unit {unit}, not one of ours.units"]
+        return None
+
+    def _not_owner(self, info: ProcInfo) -> str:
+        """Why the process's uids disqualify it, or "" when both are owner uids."""
+        if info.uid is None:
+            return "its uid could not be read"
+        if info.uid not in self.owner_uids:
+            return f"runs as {info.user} (uid {info.uid}), not an owner user"
+        if info.euid is not None and info.euid not in self.owner_uids:
+            name = user_name(info.euid)
+            return f"runs with effective uid {info.euid} ({name}), not an owner user"
+        return ""
 
 
 def is_ignored(info: ProcInfo, ignore_names: list[str]) -> bool:
@@ -554,6 +790,10 @@ def is_ignored(info: ProcInfo, ignore_names: list[str]) -> bool:
 class Snapshot:
     gpus: list[dict[str, Any]]
     processes: list[dict[str, Any]]
+    # Every process listening on a port of ours, GPU holder or not, classified.
+    port_holders: list[dict[str, Any]] = field(default_factory=list)
+    # {pid: ports of ours it listens on}, for classifying the members of a group to kill.
+    listeners: dict[int, set[int]] = field(default_factory=dict)
 
 
 def query_gpus(nvidia_smi: str, runner: Runner) -> tuple[list[dict[str, Any]], list[dict]]:
@@ -572,6 +812,8 @@ def query_gpus(nvidia_smi: str, runner: Runner) -> tuple[list[dict[str, Any]], l
 
 
 def _record(pid: int | None, info: ProcInfo | None) -> dict[str, Any]:
+    """A process record. ``starttime`` is the one read here, where the process is classified:
+    the kill compares it with the start time read right before each signal."""
     return {
         "pid": pid,
         "pgid": info.pgid if info else None,
@@ -587,6 +829,7 @@ def _record(pid: int | None, info: ProcInfo | None) -> dict[str, Any]:
         "used_mib": None,
         "sources": [],
         "visible": info is not None,
+        "_info": info,
     }
 
 
@@ -613,7 +856,7 @@ def _add_device_gpus(rec: dict[str, Any], held: set[int | str]) -> None:
 def discover(
     nvidia_smi: str,
     device_glob: str,
-    rules: OursRules,
+    ownership: Ownership,
     *,
     ignore_names: list[str],
     runner: Runner,
@@ -635,31 +878,30 @@ def discover(
             rec["used_mib"] = (rec["used_mib"] or 0) + app["used_mib"]
         if "nvidia-smi" not in rec["sources"]:
             rec["sources"].append("nvidia-smi")
-    for pid, held in scan_device_holders(device_glob, proc_root).items():
+    ports = ownership.rules.ports
+    listen = listening_inodes(ports, proc_root) if ports else {}
+    held, listeners = scan_fds(device_glob, listen, proc_root)
+    for pid, gpus_held in held.items():
         rec = records.get(pid)
         if rec is None:
             rec = records[pid] = _record(pid, read_proc(pid, proc_root))
         rec["sources"].append("device")
         if "nvidia-smi" not in rec["sources"]:
-            _add_device_gpus(rec, held)
-    listen = listening_inodes(rules.ports, proc_root) if rules.ports else {}
+            _add_device_gpus(rec, gpus_held)
     processes = []
     for rec in records.values():
-        _classify_record(rec, rules, ignore_names, listen, proc_root)
+        _classify_record(rec, ownership, ignore_names, listeners.get(rec["pid"], set()))
         rec["gpus"] = sorted(rec["gpus"])
         processes.append(rec)
     processes.sort(key=lambda r: (r["pid"] is None, r["pid"] or 0))
-    return Snapshot(gpus, processes)
+    port_holders = _port_holders(listeners, ownership, proc_root)
+    return Snapshot(gpus, processes, port_holders, listeners)
 
 
 def _classify_record(
-    rec: dict[str, Any],
-    rules: OursRules,
-    ignore_names: list[str],
-    listen: dict[int, int],
-    proc_root: str,
+    rec: dict[str, Any], ownership: Ownership, ignore_names: list[str], ports: set[int]
 ) -> None:
-    info = read_proc(rec["pid"], proc_root) if rec["pid"] is not None else None
+    info = rec["_info"]
     rec["ignored"] = False
     if info is None:
         rec["ours"] = False
@@ -670,8 +912,32 @@ def _classify_record(
         rec["ours"] = False
         rec["reasons"] = ["ignore_names"]
         return
-    targets = fd_targets(info.pid, proc_root) if listen else []
-    rec["ours"], rec["reasons"] = classify(info, rules, listen, targets)
+    rec["ours"], rec["reasons"] = ownership.classify(info, ports)
+
+
+def _port_holders(
+    listeners: dict[int, set[int]], ownership: Ownership, proc_root: str
+) -> list[dict[str, Any]]:
+    holders = []
+    for pid, ports in sorted(listeners.items()):
+        info = read_proc(pid, proc_root)
+        if info is None:
+            continue
+        ours, reasons = ownership.classify(info, ports)
+        holders.append(
+            {
+                "pid": pid,
+                "pgid": info.pgid,
+                "user": info.user,
+                "uid": info.uid,
+                "cmdline": " ".join(info.cmdline) or info.comm,
+                "cgroup": info.cgroup,
+                "ports": sorted(ports),
+                "ours": ours,
+                "reasons": reasons,
+            }
+        )
+    return holders
 
 
 # --------------------------------------------------------------------------- decision
@@ -687,17 +953,14 @@ class Plan:
     blockers: list[dict[str, Any]]
 
 
-def protected_pgids(proc_root: str = PROC) -> tuple[set[int], set[int]]:
-    """(pgids, pids) that must never be signalled: ours, our ancestors', PID 1's."""
-    chain = ancestors(os.getpid(), proc_root)
-    pids = {0, 1, os.getpid()} | {p.pid for p in chain}
-    pgids = {0, 1, os.getpgid(0)} | {p.pgid for p in chain}
-    return pgids, pids
+def protected_pids(proc_root: str = PROC) -> set[int]:
+    """Pids that must never be signalled: this module's, its ancestors', PID 1's."""
+    return {0, 1, os.getpid()} | {p.pid for p in ancestors(os.getpid(), proc_root)}
 
 
 def group_members(pgid: int, proc_root: str = PROC) -> list[ProcInfo]:
     members = []
-    for pid in list_pids(proc_root):
+    for pid in sorted(list_pids(proc_root)):
         info = read_proc(pid, proc_root)
         if info is not None and info.pgid == pgid:
             members.append(info)
@@ -705,21 +968,17 @@ def group_members(pgid: int, proc_root: str = PROC) -> list[ProcInfo]:
 
 
 def decide(
-    processes: list[dict[str, Any]],
+    snapshot: Snapshot,
     needed: set[int],
+    *,
     allow_kill_foreign: bool,
-    protected: tuple[set[int], set[int]],
+    ownership: Ownership,
+    protected: set[int],
     proc_root: str = PROC,
 ) -> Plan:
-    """Set each record's action and group what is to be killed. Sends no signal.
-
-    A process group is killed whole (a TP server's ranks and its launcher share one) unless it
-    holds a protected process or a foreign GPU holder that is not itself to be killed; then its
-    targets are signalled one by one.
-    """
-    prot_pgids, prot_pids = protected
+    """Set each record's action and plan, per process group, whom to signal. Sends no signal."""
     blockers, targets = [], []
-    for rec in processes:
+    for rec in snapshot.processes:
         needed_here = on_needed(rec, needed)
         rec["on_needed_gpus"] = needed_here
         if rec["ignored"]:
@@ -732,44 +991,109 @@ def decide(
             rec["action"] = "block"
         if rec["action"] == "block":
             blockers.append(rec)
-        elif rec["action"] == "kill" and rec["pid"] in prot_pids:
+        elif rec["action"] == "kill" and rec["pid"] in protected:
             rec["action"] = "keep"
             rec["reasons"] = [*rec["reasons"], "protected: this module or its ancestor"]
         elif rec["action"] == "kill":
             targets.append(rec)
-    spared = {r["pid"] for r in processes if r["action"] in ("keep", "block") and r["pid"]}
-    return Plan(_group_targets(targets, spared, prot_pgids, prot_pids, proc_root), blockers)
+    groups = _plan_groups(targets, snapshot, ownership, protected, proc_root)
+    return Plan(groups, blockers)
 
 
-def _group_targets(
+def _plan_groups(
     targets: list[dict[str, Any]],
-    spared: set[int],
-    prot_pgids: set[int],
-    prot_pids: set[int],
+    snapshot: Snapshot,
+    ownership: Ownership,
+    protected: set[int],
     proc_root: str,
 ) -> list[dict[str, Any]]:
-    groups: dict[int, list[dict[str, Any]]] = {}
+    """Per process group holding a target: the members to signal, and those spared, with why.
+
+    A group is never signalled as a whole: a shell that launched the server by hand shares its
+    group with whatever else it started (a `sleep`, a log tail), and a group id can be reused as
+    well as a pid. The GPU targets are signalled, plus the members that hold no GPU and are ours
+    by the same rules (SGLang's launcher and detokenizer), unless the group keeps a GPU process:
+    a launcher takes its whole tree down, including ranks on GPUs this deployment does not need.
+    """
+    by_group: dict[int, list[dict[str, Any]]] = {}
     for rec in targets:
-        groups.setdefault(rec["pgid"], []).append(rec)
+        by_group.setdefault(rec["pgid"], []).append(rec)
     plan = []
-    for pgid, recs in sorted(groups.items()):
-        members = group_members(pgid, proc_root)
-        whole = pgid not in prot_pgids and not any(
-            m.pid in spared or m.pid in prot_pids for m in members
+    for pgid, recs in sorted(by_group.items()):
+        group = _plan_group(
+            pgid,
+            recs,
+            snapshot=snapshot,
+            ownership=ownership,
+            protected=protected,
+            proc_root=proc_root,
         )
-        chosen = members if whole else [read_proc(r["pid"], proc_root) for r in recs]
-        chosen = [m for m in chosen if m is not None]
-        if not chosen:
-            continue
-        plan.append(
-            {
-                "pgid": pgid if whole else None,
-                "pids": [m.pid for m in chosen],
-                "starttimes": [m.starttime for m in chosen],
-                "commands": [" ".join(m.cmdline)[:COMMAND_WIDTH] or m.comm for m in chosen],
-            }
-        )
+        plan.append(group)
     return plan
+
+
+def _plan_group(
+    pgid: int,
+    targets: list[dict[str, Any]],
+    *,
+    snapshot: Snapshot,
+    ownership: Ownership,
+    protected: set[int],
+    proc_root: str,
+) -> dict[str, Any]:
+    holders = {r["pid"]: r for r in snapshot.processes if r["pid"] is not None}
+    chosen = [(r["pid"], r["starttime"], r["cmdline"]) for r in targets]
+    target_pids = {r["pid"] for r in targets}
+    # Zombies have nothing left to signal: they only wait to be reaped.
+    others = [
+        m
+        for m in group_members(pgid, proc_root)
+        if m.pid not in target_pids and m.state not in ("Z", "X")
+    ]
+    keeps_gpu = any(holders.get(m.pid, {}).get("action") in ("keep", "block") for m in others)
+    spared = []
+    for member in others:
+        ours, why = _member_verdict(
+            member,
+            holders,
+            keeps_gpu=keeps_gpu,
+            ownership=ownership,
+            listeners=snapshot.listeners,
+            protected=protected,
+        )
+        command = " ".join(member.cmdline) or member.comm
+        if ours:
+            chosen.append((member.pid, member.starttime, command))
+        else:
+            spared.append({"pid": member.pid, "command": command[:COMMAND_WIDTH], "reason": why})
+    chosen.sort()
+    return {
+        "pgid": pgid,
+        "pids": [pid for pid, _, _ in chosen],
+        "starttimes": [start for _, start, _ in chosen],
+        "commands": [command[:COMMAND_WIDTH] for _, _, command in chosen],
+        "spared": spared,
+    }
+
+
+def _member_verdict(
+    member: ProcInfo,
+    holders: dict[int, dict[str, Any]],
+    *,
+    keeps_gpu: bool,
+    ownership: Ownership,
+    listeners: dict[int, set[int]],
+    protected: set[int],
+) -> tuple[bool, str]:
+    """(signal it, why not) for a group member that is not itself a GPU target."""
+    if member.pid in protected:
+        return False, "protected: this module or its ancestor"
+    if member.pid in holders:
+        return False, f"holds a GPU and is not killed here (action {holders[member.pid]['action']})"
+    if keeps_gpu:
+        return False, "its group keeps a GPU process that is not killed here"
+    ours, reasons = ownership.classify(member, listeners.get(member.pid, ()))
+    return ours, "; ".join(reasons)
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
@@ -786,6 +1110,13 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def format_reasons(rows: list[dict[str, Any]]) -> str:
+    """One line per row saying why it is foreign, to print under the table."""
+    return "\n".join(
+        f"  pid {'?' if r['pid'] is None else r['pid']}: {'; '.join(r['reasons'])}" for r in rows
+    )
+
+
 # --------------------------------------------------------------------------- killing
 
 
@@ -798,39 +1129,89 @@ def alive(pid: int, starttime: int, proc_root: str = PROC) -> bool:
     return info is not None and info.starttime == starttime and info.state not in ("Z", "X")
 
 
-def _survivors(group: dict[str, Any], proc_root: str) -> list[int]:
-    return [
-        pid
-        for pid, start in zip(group["pids"], group["starttimes"], strict=True)
-        if alive(pid, start, proc_root)
-    ]
+def _same_process(pid: int, starttime: int, proc_root: str) -> str | None:
+    """None when pid is still the process classified, else _GONE or why it is another one."""
+    info = read_proc(pid, proc_root)
+    if info is None or info.state in ("Z", "X"):
+        return _GONE
+    if info.starttime != starttime:
+        return (
+            f"pid reused: start time {info.starttime} now, {starttime} when classified "
+            f"({' '.join(info.cmdline)[:60] or info.comm} runs there now); not signalled"
+        )
+    return None
 
 
-def _signal(group: dict[str, Any], sig: signal.Signals, proc_root: str) -> None:
-    living = _survivors(group, proc_root)
-    if not living:
-        return
+def send_checked(
+    pid: int, starttime: int, sig: signal.Signals, proc_root: str = PROC
+) -> str | None:
+    """Signal pid only if it is still the process classified. None when sent, else why not.
+
+    A pidfd pins the process: the start time read after opening it belongs to the process the
+    signal goes to, so a pid reused between the check and the signal is never hit. Without
+    pidfd support (kernels before 5.3) the re-read just before os.kill is the guard.
+    """
+    why = _same_process(pid, starttime, proc_root)
+    if why is not None:
+        return why
     try:
-        if group["pgid"] is not None:
-            os.killpg(group["pgid"], sig)
-            return
+        pidfd = os.pidfd_open(pid)
     except ProcessLookupError:
-        return
-    for pid in living:
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            continue
+        return _GONE
+    except OSError as exc:
+        if exc.errno == errno.ENOSYS:
+            return _kill_plain(pid, sig)
+        return f"not signalled: pidfd_open failed ({exc.strerror})"
+    try:
+        return _send_pinned(pidfd, pid, starttime, sig, proc_root)
+    finally:
+        os.close(pidfd)
+
+
+def _send_pinned(
+    pidfd: int, pid: int, starttime: int, sig: signal.Signals, proc_root: str
+) -> str | None:
+    why = _same_process(pid, starttime, proc_root)
+    if why is not None:
+        return why
+    try:
+        signal.pidfd_send_signal(pidfd, sig)
+    except ProcessLookupError:
+        return _GONE
+    return None
+
+
+def _kill_plain(pid: int, sig: signal.Signals) -> str | None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        return _GONE
+    return None
+
+
+def _signal_members(
+    entry: dict[str, Any], members: list[tuple[int, int]], sig: signal.Signals, proc_root: str
+) -> list[tuple[int, int]]:
+    """Signal each member; returns those signalled, notes the skipped ones in entry."""
+    sent = []
+    for pid, start in members:
+        why = send_checked(pid, start, sig, proc_root)
+        if why is None:
+            sent.append((pid, start))
+        elif why != _GONE and pid not in {s["pid"] for s in entry["skipped"]}:
+            entry["skipped"].append({"pid": pid, "reason": why})
+    return sent
+
+
+def _survivors(members: list[tuple[int, int]], proc_root: str) -> list[tuple[int, int]]:
+    return [(pid, start) for pid, start in members if alive(pid, start, proc_root)]
 
 
 def _wait_gone(
-    groups: list[dict[str, Any]], timeout: float, poll: float, proc_root: str
-) -> list[dict[str, Any]]:
+    groups: list[list[tuple[int, int]]], timeout: float, poll: float, proc_root: str
+) -> None:
     deadline = time.monotonic() + timeout
-    while True:
-        left = [g for g in groups if _survivors(g, proc_root)]
-        if not left or time.monotonic() >= deadline:
-            return left
+    while any(_survivors(g, proc_root) for g in groups) and time.monotonic() < deadline:
         time.sleep(min(poll, max(0.0, deadline - time.monotonic())))
 
 
@@ -841,23 +1222,30 @@ def terminate(
     proc_root: str = PROC,
     kill_wait: float = 10.0,
 ) -> list[dict[str, Any]]:
-    """SIGTERM every group, wait up to term_timeout, SIGKILL the survivors. Returns a report.
+    """SIGTERM each planned member, wait up to term_timeout, SIGKILL the survivors. A report.
 
-    Groups already gone (a stopped unit took them) are left out of the report.
+    Each member is signalled by pid after checking its start time (send_checked); a group whose
+    members were all gone already (a stopped unit took them) is left out of the report.
     """
-    report = []
-    live = [g for g in groups if _survivors(g, proc_root)]
-    for group in live:
-        _signal(group, signal.SIGTERM, proc_root)
-        report.append({"pgid": group["pgid"], "pids": group["pids"], "signal": "SIGTERM"})
-    stubborn = _wait_gone(live, term_timeout, poll_interval, proc_root)
-    for group in stubborn:
-        _signal(group, signal.SIGKILL, proc_root)
-    left = _wait_gone(stubborn, kill_wait, min(poll_interval, 0.2), proc_root)
-    for entry, group in zip(report, live, strict=True):
-        if group in stubborn:
+    report, signalled = [], []
+    for group in groups:
+        entry: dict[str, Any] = {"pgid": group["pgid"], "pids": [], "signal": "SIGTERM"}
+        entry["skipped"] = []
+        planned = list(zip(group["pids"], group["starttimes"], strict=True))
+        sent = _signal_members(entry, planned, signal.SIGTERM, proc_root)
+        entry["pids"] = [pid for pid, _ in sent]
+        if sent or entry["skipped"]:
+            report.append(entry)
+            signalled.append(sent)
+    _wait_gone(signalled, term_timeout, poll_interval, proc_root)
+    stubborn = [_survivors(sent, proc_root) for sent in signalled]
+    for entry, left in zip(report, stubborn, strict=True):
+        if left:
             entry["signal"] = "SIGKILL"
-        entry["survived"] = _survivors(group, proc_root) if group in left else []
+            _signal_members(entry, left, signal.SIGKILL, proc_root)
+    _wait_gone(stubborn, kill_wait, min(poll_interval, 0.2), proc_root)
+    for entry, left in zip(report, stubborn, strict=True):
+        entry["survived"] = [pid for pid, _ in _survivors(left, proc_root)]
     return report
 
 
@@ -944,7 +1332,7 @@ def reset_gpus(gpus: list[int], nvidia_smi: str, runner: Runner) -> tuple[list[i
 
 def public(rec: dict[str, Any]) -> dict[str, Any]:
     """A process record as returned to Ansible (internal bookkeeping left out)."""
-    return {k: v for k, v in rec.items() if k not in ("starttime", "visible")}
+    return {k: v for k, v in rec.items() if k not in ("starttime", "visible", "_info")}
 
 
 def cleanup(
@@ -955,16 +1343,19 @@ def cleanup(
 ) -> tuple[bool, dict[str, Any]]:
     """Do the whole job. Returns (failed, result); result carries msg and changed.
 
-    Raises NvidiaSmiError when nvidia-smi cannot be used.
+    Raises NvidiaSmiError when nvidia-smi cannot be used, OwnerError for an unknown owner user.
     """
     rules = OursRules.from_params(params.get("ours"))
+    ownership = Ownership(
+        rules, resolve_owner_uids(rules.users), container_root(own_cgroup(proc_root))
+    )
     ignore = list(params.get("ignore_names") or [])
 
     def snap() -> Snapshot:
         return discover(
             params["nvidia_smi"],
             params["device_glob"],
-            rules,
+            ownership,
             ignore_names=ignore,
             runner=runner,
             proc_root=proc_root,
@@ -977,6 +1368,7 @@ def cleanup(
     result: dict[str, Any] = {
         "changed": False,
         "needed_gpus": sorted(needed),
+        "owner_uids": sorted(ownership.owner_uids),
         "would_stop_units": [],
         "stopped_units": [],
         "killed": [],
@@ -989,18 +1381,20 @@ def cleanup(
     }
     missing = sorted(needed - indexes)
     plan = decide(
-        before.processes,
+        before,
         needed,
-        params["allow_kill_foreign"],
-        protected_pgids(proc_root),
-        proc_root,
+        allow_kill_foreign=params["allow_kill_foreign"],
+        ownership=ownership,
+        protected=protected_pids(proc_root),
+        proc_root=proc_root,
     )
     result["processes"] = [public(p) for p in before.processes if not p["ignored"]]
     result["ignored"] = [public(p) for p in before.processes if p["ignored"]]
+    result["port_holders"] = before.port_holders
     result["blockers"] = [public(p) for p in plan.blockers]
     result["table"] = format_table(plan.blockers) if plan.blockers else ""
     result["would_kill"] = [
-        {k: g[k] for k in ("pgid", "pids", "commands")} for g in plan.kill_groups
+        {k: g[k] for k in ("pgid", "pids", "commands", "spared")} for g in plan.kill_groups
     ]
     result["gpus"] = _gpu_view(before.gpus, needed)
     if missing:
@@ -1020,6 +1414,8 @@ def cleanup(
             f"Foreign processes hold GPUs this deployment needs ({_gpu_list(needed)}); "
             "nothing was killed. Stop them, or set allow_kill_foreign to kill them.\n"
             + result["table"]
+            + "\nWhy each one is not ours (docs/GPU-CLEANUP.md):\n"
+            + format_reasons(plan.blockers)
         )
         return True, result
     if check_mode:
@@ -1055,6 +1451,9 @@ def _clean(
     result["killed"] = terminate(
         plan.kill_groups, params["term_timeout"], params["poll_interval"], proc_root
     )
+    result["warnings"] += [
+        f"pid {s['pid']} skipped: {s['reason']}" for k in result["killed"] for s in k["skipped"]
+    ]
     gate = wait_clear(
         snap, needed, params["max_used_mib"], params["clear_timeout"], params["poll_interval"]
     )
@@ -1065,7 +1464,9 @@ def _clean(
         gate = wait_clear(
             snap, needed, params["max_used_mib"], params["clear_timeout"], params["poll_interval"]
         )
-    result["changed"] = bool(result["stopped_units"] or result["killed"] or result["reset_gpus"])
+    result["changed"] = bool(
+        result["stopped_units"] or any(k["pids"] for k in result["killed"]) or result["reset_gpus"]
+    )
     result["clear"] = gate.clear
     result["remaining"] = [public(p) for p in gate.remaining]
     result["stuck_gpus"] = gate.stuck_gpus
@@ -1107,6 +1508,9 @@ def _done_message(result: dict[str, Any], needed: set[int]) -> str:
     did = f"killed pids {pids}" if pids else "nothing to kill"
     if result["stopped_units"]:
         did = f"stopped {result['stopped_units']}, {did}"
+    skipped = [s["pid"] for k in result["killed"] for s in k["skipped"]]
+    if skipped:
+        did = f"{did}; skipped pids {skipped} (pid reused since classified)"
     return f"GPUs {_gpu_list(needed)} clear; {did}"
 
 
@@ -1141,6 +1545,7 @@ ARGUMENT_SPEC: dict[str, Any] = {
             "process_titles": {"type": "list", "elements": "str", "default": []},
             "launch_modules": {"type": "list", "elements": "str", "default": []},
             "ports": {"type": "list", "elements": "int", "default": []},
+            "users": {"type": "list", "elements": "str", "default": ["root"]},
         },
     },
     "ignore_names": {
@@ -1167,7 +1572,7 @@ def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     try:
         failed, result = cleanup(module.params, module.check_mode)
-    except NvidiaSmiError as exc:
+    except (NvidiaSmiError, OwnerError) as exc:
         module.fail_json(msg=str(exc), changed=False)
     if os.geteuid() != 0:
         result["warnings"].append(

@@ -1,8 +1,9 @@
 """Tests for library/gpu_cleanup.py and module_utils/nvidia_smi.py.
 
 Parsing is tested on real nvidia-smi output (tests/fixtures/nvidia_smi/, sources in SOURCES.md),
-classification and the kill decision on fake /proc trees, killing on real process groups, and the
-packaged module once through ansible-playbook.
+classification and the kill decision on fake /proc trees built from real /proc samples
+(tests/fixtures/proc/, sources in SOURCES.md), killing on real process groups, and the packaged
+module once through ansible-playbook. The ownership rules under test are in docs/GPU-CLEANUP.md.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "nvidia_smi"
+PROC_FIXTURES = ROOT / "tests" / "fixtures" / "proc"
 
 
 def _load(name: str, path: Path) -> Any:
@@ -45,6 +47,14 @@ GPU_UUIDS = [f"GPU-0000000{i}-aaaa-bbbb-cccc-00000000000{i}" for i in range(4)]
 
 def fixture(name: str) -> str:
     return (FIXTURES / name).read_text(encoding="utf-8")
+
+
+def proc_fixture(name: str) -> str:
+    return (PROC_FIXTURES / name).read_text(encoding="utf-8")
+
+
+def cgroup_fixture(name: str) -> str:
+    return proc_fixture(f"cgroup/{name}.txt")
 
 
 # --------------------------------------------------------------------------- nvidia-smi parsing
@@ -214,6 +224,104 @@ def test_owning_unit_is_the_innermost_unit(path: str, unit: str | None) -> None:
     assert gc.owning_unit(path) == unit
 
 
+@pytest.mark.parametrize(
+    ("name", "uids"),
+    [
+        ("root", (0, 0)),
+        ("nobody", (65534, 65534)),
+        # setresuid(0, 65534, 0): real root, effective nobody
+        ("real_root_effective_nobody", (0, 65534)),
+    ],
+)
+def test_parse_status_uids_real_and_effective(name: str, uids: tuple[int, int]) -> None:
+    assert gc.parse_status_uids(proc_fixture(f"status/{name}.txt")) == uids
+
+
+# Each container runtime's cgroup as /proc/PID/cgroup shows it from the host: the part of the
+# path that marks the container.
+CONTAINER_LAYOUTS = {
+    "docker_systemd_v2": "docker-",
+    "docker_cgroupfs_v1": "docker/",
+    "kubepods_cri_containerd_v1": "kubepods.slice/",
+    "kubepods_crio_v2": "kubepods.slice/",
+    "kubepods_cgroupfs_v1": "kubepods/",
+    "podman_v2": "machine.slice/libpod-",
+    "podman_rootless_root_v2": "libpod-",
+    "lxc_v2": "lxc.payload.trainer/",
+    "nspawn_v2": "machine.slice/machine-trainer.scope",
+}
+
+
+# The Molecule test host: a Docker container (cgroupfs driver, cgroup v1 hybrid, host cgroup
+# namespace) running systemd. Captured there: a process started by `docker exec` (as Ansible's
+# modules are) and one of a systemd unit.
+TESTHOST_ROOT = gc.container_root(gc.parse_cgroup(cgroup_fixture("testhost_exec_v1")))
+
+
+@pytest.mark.parametrize(("name", "marker"), sorted(CONTAINER_LAYOUTS.items()))
+def test_container_cgroups_are_recognised(name: str, marker: str) -> None:
+    path = gc.parse_cgroup(cgroup_fixture(name))
+    container = gc.container_cgroup(path)
+    assert container is not None and container.startswith(marker), container
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "session_root_v2",
+        "session_other_user_v2",
+        "run_scope_v2",
+        "our_unit_v2",
+        "other_unit_v2",
+        "testhost_exec_v1",
+        "testhost_unit_v1",
+    ],
+)
+def test_host_cgroups_are_no_container(name: str) -> None:
+    path = gc.relative_cgroup(gc.parse_cgroup(cgroup_fixture(name)), TESTHOST_ROOT)
+    assert gc.container_cgroup(path) is None
+
+
+@pytest.mark.parametrize(
+    ("path", "root"),
+    [
+        ("/docker/abc", "/docker/abc"),
+        ("/docker/abc/system.slice/ansible.service", "/docker/abc"),
+        ("/docker/abc/docker/def", "/docker/abc/docker/def"),
+        ("/system.slice/docker-abc.scope/system.slice/x.service", "/system.slice/docker-abc.scope"),
+        ("/machine.slice/libpod-abc.scope/container", "/machine.slice/libpod-abc.scope"),
+        ("/kubepods/besteffort/pod1a-2b/c0ffee", "/kubepods/besteffort/pod1a-2b/c0ffee"),
+        ("/lxc.payload.trainer/system.slice/trainer.service", "/lxc.payload.trainer"),
+        ("/user.slice/user-0.slice/session-7.scope", ""),
+        ("/", ""),
+        ("", ""),
+    ],
+)
+def test_container_root_of_the_modules_own_cgroup(path: str, root: str) -> None:
+    assert gc.container_root(path) == root
+
+
+def test_relative_cgroup_only_strips_a_whole_prefix() -> None:
+    assert gc.relative_cgroup("/docker/abc/system.slice/x.service", "/docker/abc") == (
+        "/system.slice/x.service"
+    )
+    assert gc.relative_cgroup("/docker/abc", "/docker/abc") == "/"
+    assert gc.relative_cgroup("/docker/abcd", "/docker/abc") == "/docker/abcd"
+    assert gc.relative_cgroup("/docker/abc", "") == "/docker/abc"
+
+
+@pytest.mark.parametrize(
+    ("path", "uid"),
+    [
+        ("/user.slice/user-1000.slice/session-3.scope", 1000),
+        ("/user.slice/user-0.slice/user@0.service/app.slice/tmux-spawn-1.scope", 0),
+        ("/system.slice/sshd.service", None),
+    ],
+)
+def test_login_uid_from_the_user_slice(path: str, uid: int | None) -> None:
+    assert gc.login_uid(path) == uid
+
+
 TCP = (
     "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout "
     "inode\n"
@@ -248,8 +356,16 @@ def test_runs_module(argv: list[str], expected: bool) -> None:
 # --------------------------------------------------------------------------- fake /proc trees
 
 
+# root's ssh login, where a hand-started server (nohup) lives.
+ROOT_SESSION = "/user.slice/user-0.slice/session-3.scope"
+
+
 class FakeProc:
-    """A /proc look-alike: stat, status, cmdline, comm, cgroup and fd links per pid."""
+    """A /proc look-alike: stat, status, cmdline, comm, cgroup and fd links per pid.
+
+    ``status`` and ``cgroup_text`` take whole files (real samples from tests/fixtures/proc/);
+    otherwise a process runs as ``uid`` (real and effective) in the cgroup path ``cgroup``.
+    """
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -264,21 +380,29 @@ class FakeProc:
         *,
         pgid: int | None = None,
         uid: int = 0,
-        cgroup: str = "/user.slice/user-1000.slice/session-3.scope",
+        status: str | None = None,
+        cgroup: str = ROOT_SESSION,
+        cgroup_text: str | None = None,
         fds: list[str] = (),
         comm: str | None = None,
+        starttime: int = 500,
     ) -> None:
         d = self.root / str(pid)
         (d / "fd").mkdir(parents=True)
         comm = comm or os.path.basename(cmdline[0])[:15]
-        rest = " ".join(["0"] * 13)
-        (d / "stat").write_text(f"{pid} ({comm}) S 1 {pgid or pid} {pgid or pid} 0 -1 {rest} 500 0")
-        (d / "status").write_text(f"Name:\t{comm}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n")
+        self.set_start(pid, starttime, comm=comm, pgid=pgid or pid)
+        (d / "status").write_text(status or f"Name:\t{comm}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n")
         (d / "cmdline").write_text("\0".join(cmdline) + "\0")
         (d / "comm").write_text(comm + "\n")
-        (d / "cgroup").write_text(f"0::{cgroup}\n")
+        (d / "cgroup").write_text(cgroup_text or f"0::{cgroup}\n")
         for n, target in enumerate(fds):
             os.symlink(target, d / "fd" / str(n))
+
+    def set_start(self, pid: int, starttime: int, *, comm: str, pgid: int) -> None:
+        """Write pid's stat; a new start time is what a reused pid looks like."""
+        rest = " ".join(["0"] * 13)
+        stat = f"{pid} ({comm}) S 1 {pgid} {pgid} 0 -1 {rest} {starttime} 0"
+        (self.root / str(pid) / "stat").write_text(stat)
 
 
 def smi_runner(gpus: int = 4, used: dict[int, int] | None = None, apps: str = "") -> Any:
@@ -310,6 +434,9 @@ RULES = gc.OursRules.from_params(
     }
 )
 IGNORE = ["nvidia-persistenced", "nvidia-smi"]
+# Owners: root and a service user with uid 998 (user names are resolved in cleanup()).
+SERVICE_UID = 998
+OWNERSHIP = gc.Ownership(RULES, {0, SERVICE_UID})
 
 
 @pytest.fixture
@@ -318,11 +445,17 @@ def fake(tmp_path: Path) -> FakeProc:
 
 
 def _host(fake: FakeProc) -> None:
-    """Orphaned ranks of a hand-started server, a foreign job, another server, a daemon."""
-    launcher = BASE + 100
-    fake.add(launcher, ["bash", "run.sh"], pgid=launcher)
-    fake.add(BASE + 101, ["sglang::scheduler_TP0"], pgid=launcher, fds=["/dev/nvidia0"])
-    fake.add(BASE + 102, ["sglang::scheduler_TP1"], pgid=launcher, fds=["/dev/nvidia1"])
+    """Orphaned ranks of a server root started by hand, a foreign job, another server, a daemon.
+
+    The server's process group is the shell that launched it: the shell, SGLang's launcher, the
+    ranks, and a `sleep` the shell also started.
+    """
+    shell = BASE + 100
+    fake.add(shell, ["bash", "run.sh"], pgid=shell)
+    fake.add(BASE + 101, ["sglang::scheduler_TP0"], pgid=shell, fds=["/dev/nvidia0"])
+    fake.add(BASE + 102, ["sglang::scheduler_TP1"], pgid=shell, fds=["/dev/nvidia1"])
+    fake.add(BASE + 103, ["python3", "-m", "sglang.launch_server", "--tp", "2"], pgid=shell)
+    fake.add(BASE + 104, ["sleep", "600"], pgid=shell)
     fake.add(BASE + 200, ["python3", "train.py"], uid=4242, fds=["/dev/nvidia3", "/dev/nvidiactl"])
     fake.add(
         BASE + 300,
@@ -336,11 +469,11 @@ def _host(fake: FakeProc) -> None:
     fake.add(BASE + 500, ["python3", "-c", "x"], cgroup="/system.slice/sglang-a.service")
 
 
-def _snapshot(fake: FakeProc, apps: str = "") -> Any:
+def _snapshot(fake: FakeProc, apps: str = "", ownership: Any = OWNERSHIP) -> Any:
     return gc.discover(
         "nvidia-smi",
         "/dev/nvidia*",
-        RULES,
+        ownership,
         ignore_names=IGNORE,
         runner=smi_runner(apps=apps),
         proc_root=str(fake.root),
@@ -372,24 +505,225 @@ def test_classification_reasons(fake: FakeProc) -> None:
     assert procs[BASE + 101]["ours"] and procs[BASE + 101]["reasons"] == ["process_title:sglang::"]
     assert procs[BASE + 500]["reasons"] == ["unit:sglang-a.service"]
     assert procs[BASE + 300]["ours"] is False
-    assert procs[BASE + 300]["reasons"] == ["in another systemd service: sglang-b.service"]
+    assert procs[BASE + 300]["reasons"] == [
+        "inside systemd unit sglang-b.service, not one of ours.units"
+    ]
     assert procs[BASE + 200]["reasons"] == ["matches no rule of ours"]
     assert procs[BASE + 400]["ignored"] is True
 
 
 def test_port_and_launch_module_rules(fake: FakeProc) -> None:
-    fake.add(BASE + 600, ["python3", "serve.py"], fds=["/dev/nvidia0", "socket:[55501]"])
+    fake.add(BASE + 600, ["sglang::scheduler_TP0"], fds=["/dev/nvidia0", "socket:[55501]"])
     fake.add(BASE + 601, ["python3", "-m", "sglang.launch_server"], fds=["/dev/nvidia0"])
     (fake.root / "net" / "tcp").write_text(TCP)
-    procs = _by_pid(_snapshot(fake).processes)
-    assert procs[BASE + 600]["reasons"] == ["port:8000"]
+    snap = _snapshot(fake)
+    procs = _by_pid(snap.processes)
+    assert procs[BASE + 600]["reasons"] == ["process_title:sglang::", "port:8000"]
     assert procs[BASE + 601]["reasons"] == ["launch_module:sglang.launch_server"]
+    assert [(h["pid"], h["ports"], h["ours"]) for h in snap.port_holders] == [
+        (BASE + 600, [8000], True)
+    ]
 
 
-def _decide(fake: FakeProc, needed: set[int], allow: bool = False, apps: str = "") -> Any:
-    snap = _snapshot(fake, apps)
-    protected = ({0, 1}, {0, 1})
-    return snap, gc.decide(snap.processes, needed, allow, protected, str(fake.root))
+def test_a_port_alone_never_makes_a_process_ours(fake: FakeProc) -> None:
+    # Root's own program on our port, holding a GPU, but neither titled nor launched like SGLang.
+    fake.add(BASE + 600, ["python3", "serve.py"], fds=["/dev/nvidia0", "socket:[55501]"])
+    (fake.root / "net" / "tcp").write_text(TCP)
+    snap, plan = _decide(fake, {0})
+    (proc,) = snap.processes
+    assert proc["ours"] is False and proc["action"] == "block"
+    assert proc["reasons"] == [
+        "listens on port 8000 of ours but has no title or launch module of ours "
+        "(a port alone proves nothing)"
+    ]
+    assert [b["pid"] for b in plan.blockers] == [BASE + 600] and plan.kill_groups == []
+    assert snap.port_holders[0]["ours"] is False
+
+
+# --------------------------------------------------------------------------- who is ours
+
+
+def _one(fake: FakeProc, pid: int, needed: set[int] = frozenset({0}), **kwargs: Any) -> Any:
+    """The decision about one GPU holder: (record, plan)."""
+    snap, plan = _decide(fake, set(needed), **kwargs)
+    return _by_pid(snap.processes)[pid], plan
+
+
+def test_another_users_hand_started_sglang_blocks(fake: FakeProc) -> None:
+    # nobody started an SGLang by hand (runuser) from root's ssh login: titled, on our port.
+    fake.add(
+        BASE + 700,
+        ["sglang::scheduler_TP0"],
+        status=proc_fixture("status/nobody.txt"),
+        fds=["/dev/nvidia0", "socket:[55501]"],
+    )
+    (fake.root / "net" / "tcp").write_text(TCP)
+    rec, plan = _one(fake, BASE + 700)
+    assert (rec["ours"], rec["action"], rec["uid"], rec["user"]) == (
+        False, "block", 65534, "nobody",
+    )  # fmt: skip
+    assert rec["reasons"] == [
+        "looks like ours (process_title:sglang::, port:8000) but runs as nobody (uid 65534), "
+        "not an owner user"
+    ]
+    assert plan.kill_groups == []
+
+
+def test_effective_uid_must_be_an_owner_too(fake: FakeProc) -> None:
+    fake.add(
+        BASE + 701,
+        ["sglang::scheduler_TP0"],
+        status=proc_fixture("status/real_root_effective_nobody.txt"),
+        fds=["/dev/nvidia0"],
+    )
+    rec, _ = _one(fake, BASE + 701)
+    assert rec["action"] == "block"
+    assert rec["reasons"][0].endswith(
+        "but runs with effective uid 65534 (nobody), not an owner user"
+    )
+
+
+@pytest.mark.parametrize(
+    ("uid", "cgroup"),
+    [
+        (0, ROOT_SESSION),  # root's nohup from an ssh login
+        (0, "/"),  # a session-less start (setsid from a container's exec)
+        (SERVICE_UID, ROOT_SESSION),  # the service user's rank, started by root with runuser
+        (0, "/user.slice/user-0.slice/user@0.service/app.slice/tmux-spawn-1.scope"),
+    ],
+)
+def test_orphans_of_owner_users_are_killed(fake: FakeProc, uid: int, cgroup: str) -> None:
+    fake.add(BASE + 702, ["sglang::scheduler_TP0"], uid=uid, cgroup=cgroup, fds=["/dev/nvidia0"])
+    rec, plan = _one(fake, BASE + 702)
+    assert (rec["ours"], rec["action"], rec["reasons"]) == (
+        True, "kill", ["process_title:sglang::"],
+    )  # fmt: skip
+    assert plan.kill_groups[0]["pids"] == [BASE + 702]
+
+
+@pytest.mark.parametrize("layout", sorted(CONTAINER_LAYOUTS))
+def test_sglang_inside_a_container_blocks(fake: FakeProc, layout: str) -> None:
+    # Root's SGLang in a container: same title and uid as ours, but not ours to kill.
+    text = cgroup_fixture(layout)
+    fake.add(BASE + 703, ["sglang::scheduler_TP0"], cgroup_text=text, fds=["/dev/nvidia0"])
+    rec, plan = _one(fake, BASE + 703)
+    assert (rec["ours"], rec["action"]) == (False, "block")
+    assert rec["reasons"] == [f"inside container {gc.container_cgroup(gc.parse_cgroup(text))}"]
+    assert plan.kill_groups == []
+
+
+@pytest.mark.parametrize(
+    ("layout", "reason"),
+    [
+        (
+            "run_scope_v2",
+            "inside systemd unit run-r3c1f0e9b2a4d4e6f8a0b1c2d3e4f5a6b.scope, "
+            "not one of ours.units",
+        ),
+        (
+            "session_other_user_v2",
+            f"inside session-3.scope of user {gc.user_name(1000)} (uid 1000), not an owner user",
+        ),
+        (
+            "other_unit_v2",
+            "inside systemd unit sglang@other.service, not one of ours.units",
+        ),
+    ],
+)
+def test_sglang_in_someone_elses_unit_or_login_blocks(
+    fake: FakeProc, layout: str, reason: str
+) -> None:
+    # Runs as root and is titled like ours, so only the scope tells it apart.
+    text = cgroup_fixture(layout)
+    fake.add(BASE + 704, ["sglang::scheduler_TP0"], cgroup_text=text, fds=["/dev/nvidia0"])
+    rec, _ = _one(fake, BASE + 704)
+    assert (rec["ours"], rec["action"], rec["reasons"]) == (False, "block", [reason])
+
+
+def test_a_unit_of_ours_proves_ownership_whatever_the_uid(fake: FakeProc) -> None:
+    rules = gc.OursRules.from_params({"units": ["sglang@kimi"], "process_titles": ["sglang::"]})
+    ownership = gc.Ownership(rules, {0})
+    fake.add(
+        BASE + 705,
+        ["sglang::scheduler_TP0"],
+        uid=SERVICE_UID,
+        cgroup_text=cgroup_fixture("our_unit_v2"),
+        fds=["/dev/nvidia0"],
+    )
+    rec, _ = _one(fake, BASE + 705, ownership=ownership)
+    assert (rec["ours"], rec["reasons"]) == (True, ["unit:sglang@kimi.service"])
+
+
+def test_a_container_of_the_same_unit_name_is_not_ours(fake: FakeProc) -> None:
+    rules = gc.OursRules.from_params({"units": ["sglang@kimi"]})
+    path = "/system.slice/docker-0a1b.scope/system.slice/system-sglang.slice/sglang@kimi.service"
+    fake.add(BASE + 706, ["sglang::scheduler_TP0"], cgroup=path, fds=["/dev/nvidia0"])
+    rec, _ = _one(fake, BASE + 706, ownership=gc.Ownership(rules, {0}))
+    assert rec["action"] == "block"
+    assert rec["reasons"] == [
+        "inside container docker-0a1b.scope/system.slice/system-sglang.slice/sglang@kimi.service"
+    ]
+
+
+def test_run_inside_a_container_the_module_judges_that_containers_processes(
+    fake: FakeProc,
+) -> None:
+    # As on the Molecule test host: the module, the orphans and the units share one container;
+    # another container on the same machine stays foreign.
+    exec_text, unit_text = (cgroup_fixture(f"testhost_{n}_v1") for n in ("exec", "unit"))
+    rules = gc.OursRules.from_params({"units": ["sglang@kimi"], "process_titles": ["sglang::"]})
+    ownership = gc.Ownership(rules, {0}, own_container=TESTHOST_ROOT)
+    fake.add(BASE + 707, ["sglang::scheduler_TP0"], cgroup_text=exec_text, fds=["/dev/nvidia0"])
+    fake.add(BASE + 708, ["sglang::scheduler_TP1"], cgroup_text=unit_text, fds=["/dev/nvidia1"])
+    fake.add(BASE + 709, ["sglang::scheduler_TP0"], cgroup="/docker/f00d", fds=["/dev/nvidia1"])
+    snap, plan = _decide(fake, {0, 1}, ownership=ownership)
+    procs = _by_pid(snap.processes)
+    assert procs[BASE + 707]["reasons"] == ["process_title:sglang::"]
+    assert procs[BASE + 708]["reasons"] == ["unit:sglang@kimi.service"]
+    assert procs[BASE + 709]["reasons"] == ["inside container docker/f00d"]
+    assert [b["pid"] for b in plan.blockers] == [BASE + 709]
+    # Seen from the machine running Docker, all three are inside containers.
+    snap, _ = _decide(fake, {0, 1}, ownership=gc.Ownership(rules, {0}))
+    assert all(p["reasons"][0].startswith("inside container docker/") for p in snap.processes)
+
+
+def test_owner_users_resolve_names_and_uids() -> None:
+    assert gc.resolve_owner_uids(["root", "65534", 7]) == {0, 65534, 7}
+    with pytest.raises(gc.OwnerError, match=r"ours\.users: no user 'no-such-user-x'"):
+        gc.resolve_owner_uids(["root", "no-such-user-x"])
+
+
+def test_unknown_owner_user_fails_before_anything_is_looked_at(fake: FakeProc) -> None:
+    params = _params(gpus=[0])
+    params["ours"] = {**params["ours"], "users": ["root", "sglnag"]}
+    with pytest.raises(gc.OwnerError, match="sglnag"):
+        gc.cleanup(params, False, smi_runner(), str(fake.root))
+
+
+def test_owner_users_default_to_root() -> None:
+    assert gc.OursRules.from_params({}).users == ["root"]
+    assert gc.OursRules.from_params({"users": []}).users == []
+
+
+def _decide(
+    fake: FakeProc,
+    needed: set[int],
+    *,
+    allow: bool = False,
+    apps: str = "",
+    protected: set[int] = frozenset({0, 1}),
+    ownership: Any = OWNERSHIP,
+) -> Any:
+    snap = _snapshot(fake, apps, ownership)
+    plan = gc.decide(
+        snap,
+        needed,
+        allow_kill_foreign=allow,
+        ownership=ownership,
+        protected=set(protected),
+        proc_root=str(fake.root),
+    )
+    return snap, plan
 
 
 def test_decision_kills_ours_on_needed_gpus_only(fake: FakeProc) -> None:
@@ -404,9 +738,15 @@ def test_decision_kills_ours_on_needed_gpus_only(fake: FakeProc) -> None:
         BASE + 400: "ignore",
     }
     assert plan.blockers == []
-    # The whole group goes, launcher included: it is the hand-started server's process group.
-    assert plan.kill_groups[0]["pgid"] == BASE + 100
-    assert sorted(plan.kill_groups[0]["pids"]) == [BASE + 100, BASE + 101, BASE + 102]
+    # The ranks and SGLang's launcher are signalled; the shell and its sleep are not ours.
+    (group,) = plan.kill_groups
+    assert group["pgid"] == BASE + 100
+    assert group["pids"] == [BASE + 101, BASE + 102, BASE + 103]
+    assert group["starttimes"] == [500, 500, 500]
+    assert group["spared"] == [
+        {"pid": BASE + 100, "command": "bash run.sh", "reason": "matches no rule of ours"},
+        {"pid": BASE + 104, "command": "sleep 600", "reason": "matches no rule of ours"},
+    ]
 
 
 def test_foreign_on_other_gpu_is_left_alone(fake: FakeProc) -> None:
@@ -425,28 +765,45 @@ def test_allow_kill_foreign_turns_blockers_into_targets(fake: FakeProc) -> None:
     assert plan.kill_groups[0]["pids"] == [BASE + 200]
 
 
-def test_group_with_a_spared_member_is_signalled_per_process(fake: FakeProc) -> None:
-    # Same process group, but one member is a foreign GPU holder: never killpg that group.
+def test_group_keeping_a_gpu_process_loses_only_its_targets(fake: FakeProc) -> None:
+    # One group: a rank on a needed GPU, a job on GPU 3 (not needed, kept) and SGLang's launcher.
+    # Signalling the launcher would take down its whole tree, GPU 3 included: only the rank goes.
     fake.add(BASE + 101, ["sglang::scheduler_TP0"], pgid=BASE + 100, fds=["/dev/nvidia0"])
     fake.add(BASE + 102, ["python3", "eval.py"], pgid=BASE + 100, fds=["/dev/nvidia3"])
+    fake.add(BASE + 103, ["python3", "-m", "sglang.launch_server"], pgid=BASE + 100)
     _, plan = _decide(fake, {0})
     assert plan.kill_groups == [
         {
-            "pgid": None,
+            "pgid": BASE + 100,
             "pids": [BASE + 101],
             "starttimes": [500],
             "commands": ["sglang::scheduler_TP0"],
+            "spared": [
+                {
+                    "pid": BASE + 102,
+                    "command": "python3 eval.py",
+                    "reason": "holds a GPU and is not killed here (action keep)",
+                },
+                {
+                    "pid": BASE + 103,
+                    "command": "python3 -m sglang.launch_server",
+                    "reason": "its group keeps a GPU process that is not killed here",
+                },
+            ],
         }
     ]
 
 
-def test_protected_group_is_never_signalled_whole(fake: FakeProc) -> None:
+def test_protected_processes_are_never_signalled(fake: FakeProc) -> None:
+    # The module's own ancestor shares the group (it launched the server): spared.
+    fake.add(BASE + 100, ["python3", "-m", "sglang.launch_server"], pgid=BASE + 100)
     fake.add(BASE + 101, ["sglang::scheduler_TP0"], pgid=BASE + 100, fds=["/dev/nvidia0"])
-    snap = _snapshot(fake)
-    plan = gc.decide(snap.processes, {0}, False, ({0, 1, BASE + 100}, {0, 1}), str(fake.root))
-    assert plan.kill_groups[0]["pgid"] is None
-    plan = gc.decide(snap.processes, {0}, False, ({0, 1}, {0, 1, BASE + 101}), str(fake.root))
+    _, plan = _decide(fake, {0}, protected={0, 1, BASE + 100})
+    assert plan.kill_groups[0]["pids"] == [BASE + 101]
+    assert plan.kill_groups[0]["spared"][0]["reason"] == "protected: this module or its ancestor"
+    snap, plan = _decide(fake, {0}, protected={0, 1, BASE + 101})
     assert plan.kill_groups == []
+    assert _by_pid(snap.processes)[BASE + 101]["action"] == "keep"
 
 
 def test_process_hidden_by_nvidia_smi_blocks(fake: FakeProc) -> None:
@@ -478,6 +835,7 @@ def test_foreign_blocker_fails_with_table_and_kills_nothing(fake: FakeProc) -> N
     _host(fake)
     fake.add(BASE + 201, ["python3", "train.py"], uid=4242, fds=["/dev/nvidia1", "/dev/nvidiactl"])
     params = _params(gpus=[0, 1])
+    params["ours"]["launch_modules"] = ["sglang.launch_server"]
     failed, result = gc.cleanup(params, False, smi_runner(), str(fake.root))
     assert failed
     assert result["killed"] == [] and result["stopped_units"] == []
@@ -493,8 +851,10 @@ def test_foreign_blocker_fails_with_table_and_kills_nothing(fake: FakeProc) -> N
         "python3",
         "train.py",
     ]
+    # Under the table, why it is not ours.
+    assert result["msg"].endswith(f"  pid {BASE + 201}: matches no rule of ours")
     # It still says what a clean run would have killed, for the operator.
-    assert sorted(result["would_kill"][0]["pids"]) == [BASE + 100, BASE + 101, BASE + 102]
+    assert result["would_kill"][0]["pids"] == [BASE + 101, BASE + 102, BASE + 103]
 
 
 def test_check_mode_reports_would_kill(fake: FakeProc) -> None:
@@ -503,7 +863,12 @@ def test_check_mode_reports_would_kill(fake: FakeProc) -> None:
     assert not failed
     assert result["changed"] is True
     assert result["would_kill"] == [
-        {"pgid": BASE + 101, "pids": [BASE + 101], "commands": ["sglang::scheduler_TP0"]}
+        {
+            "pgid": BASE + 101,
+            "pids": [BASE + 101],
+            "commands": ["sglang::scheduler_TP0"],
+            "spared": [],
+        }
     ]
     assert result["killed"] == [] and result["clear"] is None
 
@@ -598,7 +963,14 @@ def _params(**overrides: Any) -> dict[str, Any]:
         "gpus": [],
         "nvidia_smi": "nvidia-smi",
         "device_glob": "/dev/nvidia*",
-        "ours": {"process_titles": ["sglang::"], "units": [], "launch_modules": [], "ports": []},
+        "ours": {
+            "process_titles": ["sglang::"],
+            "units": [],
+            "launch_modules": [],
+            "ports": [],
+            # root owns the fake trees' processes; the real ones run as whoever runs the tests.
+            "users": ["root", str(os.getuid())],
+        },
         "ignore_names": IGNORE,
         "allow_kill_foreign": False,
         "term_timeout": 5,
@@ -657,14 +1029,20 @@ def _group(pgid: int) -> dict[str, Any]:
 
 
 @pytest.mark.slow
-def test_sigterm_kills_the_whole_process_group() -> None:
+def test_sigterm_reaches_every_planned_member() -> None:
     proc = spawn("fleet-test::launcher")
     try:
         group = _group(proc.pid)
         assert len(group["pids"]) == 2  # the launcher and its child share the group
         report = gc.terminate([group], term_timeout=10, poll_interval=0.05)
         assert report == [
-            {"pgid": proc.pid, "pids": group["pids"], "signal": "SIGTERM", "survived": []}
+            {
+                "pgid": proc.pid,
+                "pids": group["pids"],
+                "signal": "SIGTERM",
+                "skipped": [],
+                "survived": [],
+            }
         ]
         assert proc.wait(timeout=5) == -signal.SIGTERM
         assert not any(
@@ -686,12 +1064,119 @@ def test_process_ignoring_sigterm_gets_sigkill_after_the_timeout() -> None:
         _reap(proc)
 
 
+@pytest.mark.slow
+def test_a_pid_whose_start_time_changed_is_not_signalled() -> None:
+    proc = spawn("fleet-test::bystander")
+    try:
+        group = _group(proc.pid)
+        # As if the process classified had exited and its pid gone to this one.
+        group["starttimes"] = [group["starttimes"][0] - 1]
+        report = gc.terminate([group], term_timeout=0.2, poll_interval=0.05)
+        assert report[0]["pids"] == [] and report[0]["survived"] == []
+        (skipped,) = report[0]["skipped"]
+        assert skipped["pid"] == proc.pid
+        assert skipped["reason"].startswith("pid reused: start time ")
+        assert proc.poll() is None
+    finally:
+        _reap(proc)
+
+
+def test_pid_reused_since_classification_is_skipped_and_reported(fake: FakeProc) -> None:
+    fake.add(BASE + 101, ["sglang::scheduler_TP0"], fds=["/dev/nvidia0"])
+    _, plan = _decide(fake, {0})
+    # Between classification and the signal the rank exits and its pid goes to a new shell.
+    fake.set_start(BASE + 101, 777, comm="bash", pgid=BASE + 101)
+    (fake.root / str(BASE + 101) / "cmdline").write_text("bash\0")
+    report = gc.terminate(plan.kill_groups, 0, 0, proc_root=str(fake.root))
+    assert report == [
+        {
+            "pgid": BASE + 101,
+            "pids": [],
+            "signal": "SIGTERM",
+            "skipped": [
+                {
+                    "pid": BASE + 101,
+                    "reason": "pid reused: start time 777 now, 500 when classified "
+                    "(bash runs there now); not signalled",
+                }
+            ],
+            "survived": [],
+        }
+    ]
+
+
+def test_clean_run_reports_a_skipped_pid(fake: FakeProc) -> None:
+    target = BASE + 101
+    fake.add(target, ["sglang::scheduler_TP0"], fds=["/dev/nvidia0"])
+    smi = smi_runner()
+
+    def runner(argv: list[str], timeout: float) -> tuple[int, str, str]:
+        if argv[:2] == ["systemctl", "is-active"]:
+            return 0, "active\n", ""
+        if argv[:2] == ["systemctl", "stop"]:
+            # While the unit stops, the rank exits and a new process gets its pid.
+            shutil.rmtree(fake.root / str(target) / "fd")
+            (fake.root / str(target) / "fd").mkdir()
+            fake.set_start(target, 901, comm="bash", pgid=target)
+            return 0, "", ""
+        return smi(argv, timeout)
+
+    params = _params(gpus=[0])
+    params["ours"]["units"] = ["sglang-a"]
+    failed, result = gc.cleanup(params, False, runner, str(fake.root))
+    assert not failed, result["msg"]
+    (entry,) = result["killed"]
+    assert entry["pids"] == [] and entry["skipped"][0]["pid"] == target
+    assert result["warnings"] == [f"pid {target} skipped: {entry['skipped'][0]['reason']}"]
+    assert result["msg"].endswith(f"skipped pids [{target}] (pid reused since classified)")
+
+
+def _require_no_unit() -> None:
+    """Skip when the tests run inside a systemd unit: processes they spawn belong to that unit,
+    which the module rightly takes for somebody else's."""
+    own = gc.own_cgroup()
+    unit = gc.owning_unit(gc.relative_cgroup(own, gc.container_root(own)))
+    if unit and gc.login_uid(own) is None:
+        pytest.skip(f"the tests run inside systemd unit {unit}")
+
+
+@pytest.mark.slow
+def test_clean_leaves_the_launching_shells_sleep_alone(tmp_path: Path) -> None:
+    _require_no_unit()
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    (dev / "nvidia0").write_text("")
+    # A shell starts a rank in the background, then becomes a `sleep` (same process group).
+    shell = subprocess.Popen(
+        ["sh", "-c", '"$0" -c "$1" sglang::scheduler_TP0 "$2" 0 & exec sleep 60',
+         sys.executable, TITLED, str(dev / "nvidia0")],
+        stdout=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        assert shell.stdout is not None and shell.stdout.readline().strip() == "ready"
+        params = _params(gpus=[0], device_glob=f"{dev}/nvidia*")
+        failed, result = gc.cleanup(params, False, _device_runner())
+        assert not failed, result["msg"]
+        (killed,) = result["killed"]
+        assert killed["pgid"] == shell.pid and shell.pid not in killed["pids"]
+        assert len(killed["pids"]) == 1 and killed["signal"] == "SIGTERM"
+        (spared,) = result["would_kill"][0]["spared"]
+        assert (spared["pid"], spared["command"]) == (shell.pid, "sleep 60")
+        assert shell.poll() is None  # the sleep lives on
+        # The rank is dead: a zombie, since its parent (now the sleep) never reaps it.
+        rank = gc.read_proc(killed["pids"][0])
+        assert rank is None or rank.state == "Z"
+    finally:
+        _reap(shell)
+
+
 def _device_runner(gpus: int = 2) -> Any:
     return smi_runner(gpus=gpus)
 
 
 @pytest.mark.slow
 def test_clean_kills_ours_on_needed_gpu_and_spares_the_rest(tmp_path: Path) -> None:
+    _require_no_unit()
     dev = tmp_path / "dev"
     dev.mkdir()
     for name in ("nvidia0", "nvidia1", "nvidiactl"):
@@ -743,7 +1228,7 @@ def test_module_through_ansible_playbook(tmp_path: Path) -> None:
         "gpus": [0],
         "nvidia_smi": str(smi),
         "device_glob": f"{dev}/nvidia*",
-        "ours": {"process_titles": ["fleet-test::"]},
+        "ours": {"process_titles": ["fleet-test::"], "users": [str(os.getuid())]},
         "term_timeout": 5,
         "clear_timeout": 5,
         "poll_interval": 0.1,
@@ -807,6 +1292,7 @@ def test_active_unit_is_stopped_before_any_signal(fake: FakeProc) -> None:
         return smi(argv, timeout)
 
     ours = {"units": ["sglang-a"], "process_titles": [], "launch_modules": [], "ports": []}
+    ours["users"] = ["root"]
     failed, checked = gc.cleanup(_params(gpus=[0], ours=ours), True, runner, str(fake.root))
     assert not failed and checked["would_stop_units"] == ["sglang-a.service"]
     assert calls == [["systemctl", "is-active", "sglang-a.service"]]  # check mode stops nothing
