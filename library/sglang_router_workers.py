@@ -1,0 +1,509 @@
+#!/usr/bin/python
+"""Ansible module: list, add or remove a worker of sglang-router through the router's own API."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ansible.module_utils.basic import AnsibleModule
+
+DOCUMENTATION = r"""
+module: sglang_router_workers
+short_description: List, add or remove a worker of sglang-router (the SGLang model gateway)
+description:
+  - Talks to the worker API of sglang-router 0.3.2 (C(GET/POST /workers), C(DELETE
+    /workers/{id})); see docs/ROUTER.md for the facts it relies on. The router queues additions
+    and removals and answers 202 at once, so the module waits until the router's list shows the
+    result.
+  - C(state=absent) can then wait until the removed replica has finished the requests it was
+    running (C(drain_metrics_url), the replica's Prometheus C(/metrics)), bounded by
+    C(drain_timeout).
+  - Removing a worker fails, before anything is removed, when fewer than C(min_healthy_others)
+    other healthy workers would be left to serve.
+  - Check mode reports what would change without adding, removing or draining.
+options:
+  router_url:
+    description: Base URL of the router (scheme, host, port), for example C(http://127.0.0.1:30000).
+    type: str
+    required: true
+  api_key:
+    description:
+      - The router's API key (its C(--api-key)); sent as C(Authorization Bearer). The worker API
+        answers 401 without it when the router has a key.
+    type: str
+  state:
+    description:
+      - C(present) adds the worker unless the router lists it, then waits until it is healthy.
+      - C(absent) removes it if listed, waits until the list no longer shows it, then drains.
+      - C(list) only reads the router's workers.
+    type: str
+    choices: [present, absent, list]
+    default: present
+  worker_url:
+    description:
+      - The worker's URL exactly as the router lists it, C(http://host:port) without a path or a
+        trailing slash (the router does not normalise URLs; C(http://host:port/) never becomes
+        healthy).
+      - Required unless C(state=list).
+    type: str
+  worker_api_key:
+    description:
+      - Key the router sends to the worker (C(api_key) of the registration). Workers the router
+        started with inherit its own key, dynamically added ones do not, so this defaults to
+        C(api_key). Give an empty string to register the worker without a key.
+    type: str
+  wait:
+    description: Wait for the router to finish the addition or removal.
+    type: bool
+    default: true
+  timeout:
+    description: Seconds to wait for the addition (registered and healthy) or the removal.
+    type: float
+    default: 120
+  min_healthy_others:
+    description:
+      - With C(state=absent), the least number of other healthy workers that must stay in the
+        router. Set 0 to allow taking out the last one (a single-replica fleet).
+    type: int
+    default: 1
+  drain_metrics_url:
+    description:
+      - With C(state=absent), the removed replica's C(/metrics) URL (the server needs
+        C(--enable-metrics)). The module waits until C(sglang:num_running_reqs) plus
+        C(sglang:num_queue_reqs), summed over all label sets, reads 0 twice in a row.
+    type: str
+  drain_timeout:
+    description:
+      - Seconds to wait for the drain. When it passes, the module does not fail; it returns
+        C(drained=false) with the last counts and warns (SGLang's own SIGTERM drain, bounded by
+        the unit's TimeoutStopSec, takes over).
+    type: float
+    default: 600
+  poll_interval:
+    description: Seconds between polls of the router and of the metrics.
+    type: float
+    default: 1
+  request_timeout:
+    description: Seconds one HTTP request may take.
+    type: float
+    default: 10
+author: sglang-fleet
+"""
+
+EXAMPLES = r"""
+- name: Take replica 1 out of the router and wait for its running requests
+  sglang_router_workers:
+    router_url: http://127.0.0.1:30000
+    api_key: "{{ sglang_router_api_key }}"
+    worker_url: http://10.0.0.11:8000
+    state: absent
+    drain_metrics_url: http://10.0.0.11:8000/metrics
+    drain_timeout: 300
+
+- name: Put it back after its gate passed
+  sglang_router_workers:
+    router_url: http://127.0.0.1:30000
+    api_key: "{{ sglang_router_api_key }}"
+    worker_url: http://10.0.0.11:8000
+    state: present
+
+- name: Read the router's workers
+  sglang_router_workers:
+    router_url: http://127.0.0.1:30000
+    api_key: "{{ sglang_router_api_key }}"
+    state: list
+  register: router_workers
+"""
+
+RETURN = r"""
+workers:
+  description: The router's workers after the action, each {id, url, is_healthy, load, model_id}.
+  type: list
+  returned: always
+worker:
+  description: The entry of worker_url in that list, or null when the router does not list it.
+  type: dict
+  returned: unless state is list
+drained:
+  description: Whether the replica reached 0 running and queued requests within drain_timeout
+    (null when no drain was asked for, or in check mode).
+  type: bool
+  returned: when state is absent
+running_reqs:
+  description: Running plus queued requests of the replica at the last metrics read.
+  type: float
+  returned: when a drain ran
+drain_seconds:
+  description: Seconds the drain took (or waited before giving up).
+  type: float
+  returned: when a drain ran
+"""
+
+DRAIN_METRICS = ("sglang:num_running_reqs", "sglang:num_queue_reqs")
+_WORKER_URL_RE = re.compile(r"(?i)^https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(:[0-9]{1,5})?$")
+# One Prometheus sample line: name, optional labels (quoted values may hold any character), value.
+_SAMPLE_RE = re.compile(r'^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?:[^"}]|"(?:[^"\\]|\\.)*")*\})?\s+(\S+)')
+_LISTED_FIELDS = ("id", "url", "is_healthy", "load", "model_id")
+# Two zero readings in a row: one could fall between a request leaving the router and the
+# replica's scheduler admitting it.
+_ZERO_READINGS = 2
+
+
+class RouterError(Exception):
+    """A failure to report to the operator as is."""
+
+
+@dataclass
+class Clock:
+    """Time functions, injected so tests can run the polling loops without real waits."""
+
+    monotonic: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+
+
+def normalize_url(url: str) -> str:
+    """Scheme and host in lower case; the router compares the rest as written."""
+    parts = urllib.parse.urlsplit(url)
+    return urllib.parse.urlunsplit(
+        (parts.scheme.lower(), parts.netloc.lower(), parts.path, parts.query, parts.fragment)
+    )
+
+
+def check_worker_url(url: str) -> str | None:
+    """Why a worker URL cannot work with the router, or None."""
+    if _WORKER_URL_RE.match(url):
+        return None
+    return (
+        f"worker_url {url!r} must be http(s)://host[:port] with no path and no trailing slash "
+        "(sglang-router 0.3.2 does not normalise URLs: 'http://host:port/' never gets healthy)"
+    )
+
+
+@dataclass
+class RouterClient:
+    """The worker API of sglang-router (docs/ROUTER.md, "Worker API")."""
+
+    base_url: str
+    api_key: str | None = None
+    timeout: float = 10.0
+    opener: Callable[..., Any] = field(default=urllib.request.urlopen)
+
+    def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        url = self.base_url.rstrip("/") + path
+        headers = {"Accept": "application/json"}
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode("utf-8")
+            headers["Content-Type"] = "application/json"
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        request = urllib.request.Request(url, data=data, method=method, headers=headers)
+        try:
+            with self.opener(request, timeout=self.timeout) as response:
+                return _decode(response.read())
+        except urllib.error.HTTPError as err:
+            raise RouterError(_http_error_message(method, url, err)) from None
+        except (OSError, ValueError) as err:
+            raise RouterError(f"cannot reach the router at {url}: {err}") from None
+
+    def list_workers(self) -> list[dict[str, Any]]:
+        answer = self._request("GET", "/workers")
+        if not isinstance(answer, dict) or not isinstance(answer.get("workers"), list):
+            raise RouterError(f"GET {self.base_url}/workers answered {answer!r}, not a worker list")
+        return [w for w in answer["workers"] if isinstance(w, dict)]
+
+    def add_worker(self, url: str, worker_api_key: str | None) -> dict[str, Any]:
+        body: dict[str, Any] = {"url": url}
+        if worker_api_key:
+            body["api_key"] = worker_api_key
+        return _as_dict(self._request("POST", "/workers", body))
+
+    def remove_worker(self, worker_id: str) -> dict[str, Any]:
+        return _as_dict(self._request("DELETE", f"/workers/{urllib.parse.quote(worker_id)}"))
+
+    def get_worker(self, worker_id: str) -> dict[str, Any]:
+        return _as_dict(self._request("GET", f"/workers/{urllib.parse.quote(worker_id)}"))
+
+
+def _decode(raw: bytes) -> Any:
+    text = raw.decode("utf-8", errors="replace")
+    try:
+        return json.loads(text) if text.strip() else {}
+    except ValueError:
+        return text
+
+
+def _as_dict(answer: Any) -> dict[str, Any]:
+    return answer if isinstance(answer, dict) else {"message": answer}
+
+
+def _http_error_message(method: str, url: str, err: urllib.error.HTTPError) -> str:
+    detail = err.read().decode("utf-8", errors="replace").strip()[:300]
+    if err.code == 401:
+        return (
+            f"{method} {url}: the router answered 401 (unauthorized): set api_key to the "
+            "router's --api-key"
+        )
+    return f"{method} {url}: the router answered {err.code}: {detail or err.reason}"
+
+
+def find_worker(workers: list[dict[str, Any]], url: str) -> dict[str, Any] | None:
+    wanted = normalize_url(url)
+    for worker in workers:
+        if normalize_url(str(worker.get("url", ""))) == wanted:
+            return worker
+    return None
+
+
+def summarize(workers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{key: worker.get(key) for key in _LISTED_FIELDS} for worker in workers]
+
+
+def healthy_others(workers: list[dict[str, Any]], url: str) -> int:
+    wanted = normalize_url(url)
+    return sum(
+        1
+        for w in workers
+        if w.get("is_healthy") is True and normalize_url(str(w.get("url", ""))) != wanted
+    )
+
+
+@dataclass
+class Request:
+    """The module's parameters."""
+
+    state: str
+    worker_url: str = ""
+    worker_api_key: str | None = None
+    wait: bool = True
+    timeout: float = 120.0
+    min_healthy_others: int = 1
+    drain_metrics_url: str | None = None
+    drain_timeout: float = 600.0
+    poll_interval: float = 1.0
+    request_timeout: float = 10.0
+    check_mode: bool = False
+
+
+def wait_until_healthy(
+    client: RouterClient, req: Request, job_id: str | None, clock: Clock
+) -> list[dict[str, Any]]:
+    """Poll until the router lists the worker as healthy; a failed registration job ends it."""
+    deadline = clock.monotonic() + req.timeout
+    last_state = "not listed yet"
+    while True:
+        workers = client.list_workers()
+        worker = find_worker(workers, req.worker_url)
+        if worker is not None and worker.get("is_healthy") is True:
+            return workers
+        if worker is not None:
+            last_state = "listed but not healthy"
+        elif job_id:
+            job = client.get_worker(job_id).get("job_status") or {}
+            if job.get("status") == "failed":
+                raise RouterError(
+                    f"the router could not register {req.worker_url}: "
+                    f"{job.get('message') or 'its registration job failed'}"
+                )
+            if job.get("status"):
+                last_state = f"registration job {job['status']}"
+        if clock.monotonic() >= deadline:
+            raise RouterError(
+                f"{req.worker_url} is not a healthy worker of the router after "
+                f"{req.timeout:g} s ({last_state})"
+            )
+        clock.sleep(req.poll_interval)
+
+
+def wait_until_gone(client: RouterClient, req: Request, clock: Clock) -> list[dict[str, Any]]:
+    deadline = clock.monotonic() + req.timeout
+    while True:
+        workers = client.list_workers()
+        if find_worker(workers, req.worker_url) is None:
+            return workers
+        if clock.monotonic() >= deadline:
+            raise RouterError(
+                f"the router still lists {req.worker_url} {req.timeout:g} s after its removal"
+            )
+        clock.sleep(req.poll_interval)
+
+
+def parse_in_flight(metrics_text: str) -> float | None:
+    """Running plus queued requests over every label set, or None when neither gauge is there."""
+    total = 0.0
+    found = False
+    for line in metrics_text.splitlines():
+        match = _SAMPLE_RE.match(line)
+        if not match or match.group(1) not in DRAIN_METRICS:
+            continue
+        try:
+            total += float(match.group(2))
+        except ValueError:
+            continue
+        found = True
+    return total if found else None
+
+
+def read_in_flight(url: str, timeout: float, opener: Callable[..., Any]) -> float:
+    try:
+        with opener(urllib.request.Request(url), timeout=timeout) as response:
+            text = response.read().decode("utf-8", errors="replace")
+    except urllib.error.HTTPError as err:
+        raise RouterError(
+            f"drain_metrics_url {url} answered {err.code}: the replica must run with "
+            "--enable-metrics (sglang_server flag enable_metrics: true)"
+        ) from None
+    except (OSError, ValueError) as err:
+        raise RouterError(f"cannot read drain_metrics_url {url}: {err}") from None
+    in_flight = parse_in_flight(text)
+    if in_flight is None:
+        raise RouterError(
+            f"drain_metrics_url {url} has neither {' nor '.join(DRAIN_METRICS)}: is it an "
+            "SGLang server's /metrics?"
+        )
+    return in_flight
+
+
+def drain(req: Request, clock: Clock, opener: Callable[..., Any]) -> dict[str, Any]:
+    """Wait until the replica runs and queues nothing (two readings in a row), bounded."""
+    url = req.drain_metrics_url or ""
+    start = clock.monotonic()
+    zeros = 0
+    while True:
+        in_flight = read_in_flight(url, req.request_timeout, opener)
+        zeros = zeros + 1 if in_flight == 0 else 0
+        elapsed = round(clock.monotonic() - start, 2)
+        if zeros >= _ZERO_READINGS:
+            return {"drained": True, "running_reqs": in_flight, "drain_seconds": elapsed}
+        if elapsed >= req.drain_timeout:
+            return {"drained": False, "running_reqs": in_flight, "drain_seconds": elapsed}
+        clock.sleep(req.poll_interval)
+
+
+def ensure_present(client: RouterClient, req: Request, clock: Clock) -> dict[str, Any]:
+    workers = client.list_workers()
+    worker = find_worker(workers, req.worker_url)
+    changed = worker is None
+    if req.check_mode:
+        return {"changed": changed, "workers": workers}
+    job_id = None
+    if changed:
+        job_id = client.add_worker(req.worker_url, req.worker_api_key).get("worker_id")
+    healthy = worker is not None and worker.get("is_healthy") is True
+    if req.wait and not healthy:
+        workers = wait_until_healthy(client, req, job_id, clock)
+    elif changed:
+        workers = client.list_workers()
+    return {"changed": changed, "workers": workers}
+
+
+def ensure_absent(
+    client: RouterClient, req: Request, clock: Clock, opener: Callable[..., Any]
+) -> dict[str, Any]:
+    workers = client.list_workers()
+    worker = find_worker(workers, req.worker_url)
+    if worker is not None:
+        others = healthy_others(workers, req.worker_url)
+        if others < req.min_healthy_others:
+            healthy = [w.get("url") for w in workers if w.get("is_healthy") is True]
+            raise RouterError(
+                f"refusing to remove {req.worker_url}: {others} other healthy worker(s) would be "
+                f"left, min_healthy_others is {req.min_healthy_others} (healthy now: {healthy})"
+            )
+    result: dict[str, Any] = {"changed": worker is not None, "drained": None}
+    if req.check_mode:
+        return {**result, "workers": workers}
+    if worker is not None:
+        client.remove_worker(str(worker.get("id")))
+        workers = wait_until_gone(client, req, clock) if req.wait else client.list_workers()
+    result["workers"] = workers
+    if req.drain_metrics_url:
+        result.update(drain(req, clock, opener))
+    return result
+
+
+def run(
+    client: RouterClient,
+    req: Request,
+    clock: Clock | None = None,
+    opener: Callable[..., Any] = urllib.request.urlopen,
+) -> dict[str, Any]:
+    """Carry out one request; raises RouterError with the operator's message."""
+    clock = clock or Clock()
+    if req.state == "list":
+        return {"changed": False, "workers": summarize(client.list_workers())}
+    if not req.worker_url:
+        raise RouterError(f"worker_url is required with state={req.state}")
+    problem = check_worker_url(req.worker_url)
+    if problem:
+        raise RouterError(problem)
+    if req.state == "present":
+        result = ensure_present(client, req, clock)
+    else:
+        result = ensure_absent(client, req, clock, opener)
+    worker = find_worker(result["workers"], req.worker_url)
+    result["worker"] = {key: worker.get(key) for key in _LISTED_FIELDS} if worker else None
+    result["workers"] = summarize(result["workers"])
+    return result
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "router_url": {"type": "str", "required": True},
+            "api_key": {"type": "str", "no_log": True},
+            "state": {
+                "type": "str",
+                "choices": ["present", "absent", "list"],
+                "default": "present",
+            },
+            "worker_url": {"type": "str"},
+            "worker_api_key": {"type": "str", "no_log": True},
+            "wait": {"type": "bool", "default": True},
+            "timeout": {"type": "float", "default": 120.0},
+            "min_healthy_others": {"type": "int", "default": 1},
+            "drain_metrics_url": {"type": "str"},
+            "drain_timeout": {"type": "float", "default": 600.0},
+            "poll_interval": {"type": "float", "default": 1.0},
+            "request_timeout": {"type": "float", "default": 10.0},
+        },
+        required_if=[("state", "present", ["worker_url"]), ("state", "absent", ["worker_url"])],
+        supports_check_mode=True,
+    )
+    p = module.params
+    client = RouterClient(p["router_url"], p["api_key"] or None, p["request_timeout"])
+    req = Request(
+        state=p["state"],
+        worker_url=p["worker_url"] or "",
+        worker_api_key=p["api_key"] if p["worker_api_key"] is None else p["worker_api_key"],
+        wait=p["wait"],
+        timeout=p["timeout"],
+        min_healthy_others=p["min_healthy_others"],
+        drain_metrics_url=p["drain_metrics_url"],
+        drain_timeout=p["drain_timeout"],
+        poll_interval=p["poll_interval"],
+        request_timeout=p["request_timeout"],
+        check_mode=module.check_mode,
+    )
+    try:
+        result = run(client, req)
+    except RouterError as err:
+        module.fail_json(msg=str(err))
+    if result.get("drained") is False:
+        module.warn(
+            f"{p['worker_url']} still had {result['running_reqs']:g} running or queued requests "
+            f"after drain_timeout {p['drain_timeout']:g} s"
+        )
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()
