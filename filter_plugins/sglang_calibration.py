@@ -4,7 +4,7 @@
     {{ store_text | sglang_calibration_store(record) }}
     {{ config_json | sglang_model_fingerprint(index_json_or_weight_bytes) }}
 
-Thin wrappers: the logic lives in sglang_fleet/calibration.py (tested there); docs/
+Thin wrappers over the installed sglang_fleet package (calibration.py, tested there); docs/
 CALIBRATION.md describes the record and the store. Slurped JSON text is accepted where a
 mapping is expected.
 """
@@ -12,20 +12,12 @@ mapping is expected.
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
 
-# Ansible loads this file by path, not as part of a package: make the repository root (its
-# parent's parent) importable so the filters use the same sglang_fleet the tests cover.
-_REPO_ROOT = str(Path(__file__).resolve().parent.parent)
-if _REPO_ROOT not in sys.path:
-    sys.path.insert(0, _REPO_ROOT)
-
-from sglang_fleet import calibration  # noqa: E402  (needs the sys.path entry above)
-from sglang_fleet.modelcfg import ModelConfigError, weight_bytes_from_index  # noqa: E402
+from sglang_fleet import calibration
+from sglang_fleet.modelcfg import ModelConfigError, weight_bytes_from_index
 
 
 def _parsed(value: Any, what: str) -> Any:

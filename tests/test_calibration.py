@@ -10,15 +10,14 @@ gpusim double for real and compares a prediction with what the next start report
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
-import sys
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 from ansible.errors import AnsibleFilterError
+from conftest import load_plugin
 
 from sglang_fleet import calibration, kvmath
 from sglang_fleet.calibration import CalibrationError
@@ -418,8 +417,7 @@ def test_store_text_is_accepted():
 # --- on the double: planned max_total_num_tokens within 2 % of what the server reports -------
 @pytest.mark.slow
 def test_prediction_matches_the_next_start_of_the_double(tmp_path: Path):
-    sys.path.insert(0, str(ROOT / "tests" / "gpusim"))
-    import gpusim_helpers as helpers  # noqa: PLC0415  (puts gpusim on sys.path)
+    import gpusim_helpers as helpers  # noqa: PLC0415  (only this test starts the double)
 
     root = helpers.init_root(tmp_path / "gpusim")
     config, weight_bytes = read_model_dir(helpers.KIMI)
@@ -470,12 +468,7 @@ def test_prediction_matches_the_next_start_of_the_double(tmp_path: Path):
 
 # --- Ansible filters ------------------------------------------------------------------------
 def load_filters() -> Any:
-    path = ROOT / "filter_plugins" / "sglang_calibration.py"
-    spec = importlib.util.spec_from_file_location("sglang_calibration_filters", path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.FilterModule().filters()
+    return load_plugin("filter_plugins/sglang_calibration.py").FilterModule().filters()
 
 
 def test_filters_record_store_and_fingerprint():

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
-import importlib.util
 import json
 import multiprocessing
 import os
@@ -26,22 +25,14 @@ from typing import Any
 
 import pytest
 import yaml
+from conftest import load_plugin
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _load(name: str, path: Path) -> Any:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-mod = _load("fleet_lock_module", ROOT / "library" / "fleet_lock.py")
-act = _load("fleet_lock_action", ROOT / "action_plugins" / "fleet_lock.py")
-wait = _load("sglang_wait_healthy_action", ROOT / "action_plugins" / "sglang_wait_healthy.py")
+mod = load_plugin("library/fleet_lock.py")
+act = load_plugin("action_plugins/fleet_lock.py")
+wait = load_plugin("action_plugins/sglang_wait_healthy.py")
 
 BOOT = "11111111-2222-3333-4444-555555555555"
 OWNER = {

@@ -6,13 +6,13 @@ passing result and checks the failure names the threshold, the measured value an
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 from ansible.errors import AnsibleFilterError
+from conftest import load_plugin
 
 from sglang_fleet.gate import (
     GateInputError,
@@ -251,13 +251,7 @@ def test_compact_keeps_metrics_workload_verdict_and_report() -> None:
 
 
 def _filter_module() -> Any:
-    spec = importlib.util.spec_from_file_location(
-        "sglang_gate_filters", ROOT / "filter_plugins" / "sglang_gate.py"
-    )
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_plugin("filter_plugins/sglang_gate.py")
 
 
 def test_filter_accepts_json_text_and_reports_bad_thresholds() -> None:

@@ -8,7 +8,6 @@ module once through ansible-playbook. The ownership rules under test are in docs
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -21,24 +20,16 @@ from typing import Any
 
 import pytest
 import yaml
+from conftest import load_plugin
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "nvidia_smi"
 PROC_FIXTURES = ROOT / "tests" / "fixtures" / "proc"
 
 
-def _load(name: str, path: Path) -> Any:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 # The module imports its parser as Ansible packages it (ansible.module_utils.nvidia_smi).
-nvsmi = _load("ansible.module_utils.nvidia_smi", ROOT / "module_utils" / "nvidia_smi.py")
-gc = _load("gpu_cleanup", ROOT / "library" / "gpu_cleanup.py")
+nvsmi = load_plugin("module_utils/nvidia_smi.py")
+gc = load_plugin("library/gpu_cleanup.py")
 
 # Fake pids beyond any kernel's pid_max (2**22), so they never collide with real ones.
 BASE = 9_000_000

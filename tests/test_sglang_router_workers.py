@@ -29,22 +29,14 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from conftest import load_plugin
 
 ROOT = Path(__file__).resolve().parent.parent
 LAUNCHER = ROOT / "roles" / "sglang_router" / "files" / "sglang-router-launch.py"
 KEY = "router-key-7f3a"
 
 
-def _load(name: str, path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-mod = _load("sglang_router_workers", ROOT / "library" / "sglang_router_workers.py")
+mod = load_plugin("library/sglang_router_workers.py")
 
 
 # --------------------------------------------------------------------------- fake router
@@ -688,7 +680,9 @@ def test_launcher_needs_its_credential(tmp_path: Path) -> None:
 
 
 def _gpusim_helpers() -> ModuleType:
-    return _load("gpusim_helpers", ROOT / "tests" / "gpusim" / "gpusim_helpers.py")
+    import gpusim_helpers  # noqa: PLC0415  (only the real-router tests start doubles)
+
+    return gpusim_helpers
 
 
 @dataclass
