@@ -64,9 +64,18 @@ def sglang_smoke_compact(result: Any, diagnosis: Any = None, report: str | None 
 
 def _host_entry(host: str, hostvars: Mapping[str, Any]) -> dict[str, Any]:
     """What the rollout recorded on one host: the sglang_server role's documented output facts
-    (sglang_server_servers, sglang_server_rollout_results); absent when it never got there."""
+    (sglang_server_servers, sglang_server_rollout_results); absent when it never got there. A
+    host the `check` entry point found in need of a rollout (sglang_server_rollout_needed) that
+    the rollout did not reach (sglang_server_rollout_reached) counts as never got there."""
     facts = hostvars.get(host) or {}
-    servers = facts.get("sglang_server_servers") if "sglang_server_servers" in facts else None
+    pending = bool(facts.get("sglang_server_rollout_needed")) and not facts.get(
+        "sglang_server_rollout_reached"
+    )
+    servers = (
+        facts.get("sglang_server_servers")
+        if "sglang_server_servers" in facts and not pending
+        else None
+    )
     return {
         "host": host,
         "servers": None

@@ -1,12 +1,13 @@
 """Ansible filters of the sglang_server role: the inventory's servers, resolved once, and checks.
 
     {{ sglang_server_instances | sglang_server_describe(profiles, overrides, defaults,
-                                                         nccl_env, runtime) }}
+                                                         nccl_env, runtime, hostname) }}
     {{ servers | sglang_host_errors(host) }}         host: {gpu_count, ram_mib}
     {{ servers | map('sglang_server_errors', host) }}
     {{ servers | sglang_not_last_known_good(lkg_slurps) }}
     {{ servers | sglang_servers_on_gpus([0, 1]) }}          the servers using any of those GPUs
     {{ sglang_server_instances | sglang_server_api_keys }}   {name: key}: only for no_log tasks
+    {{ router_list_results | sglang_router_missing }}        servers their router does not list
 
 Thin wrappers over the installed sglang_fleet package (docs/ARCHITECTURE.md): bad input fails
 the task with the variable to fix.
@@ -48,8 +49,10 @@ def sglang_server_describe(  # noqa: PLR0917 (Jinja passes filter arguments by p
     defaults: dict | None = None,
     nccl_env: dict | None = None,
     runtime: dict | None = None,
+    hostname: str | None = None,
 ) -> list[dict]:
-    """sglang_fleet.servers.describe_servers(): every server with what the role writes."""
+    """sglang_fleet.servers.describe_servers(): every server with what the role writes;
+    hostname (inventory_hostname) is the default host of a router's worker URL."""
     try:
         return _servers.describe_servers(
             _plain(servers),
@@ -58,6 +61,7 @@ def sglang_server_describe(  # noqa: PLR0917 (Jinja passes filter arguments by p
             _plain(defaults or {}),
             nccl_env=_plain(nccl_env or {}),
             runtime=_plain(runtime or {}),
+            hostname=str(hostname) if hostname else None,
         )
     except (_servers.ServerConfigError, ValueError) as exc:
         raise AnsibleFilterError(str(exc)) from exc
@@ -102,6 +106,12 @@ def sglang_server_api_keys(servers: Any) -> dict[str, str]:
     return _servers.api_keys(_plain(servers))
 
 
+def sglang_router_missing(listings: list) -> list[str]:
+    """Names of the servers their router does not list (results of sglang_router_workers
+    state=list looped over the described servers)."""
+    return _wrap(_servers.missing_from_router, listings)
+
+
 class FilterModule:
     """Filters of the sglang_server role."""
 
@@ -113,4 +123,5 @@ class FilterModule:
             "sglang_not_last_known_good": sglang_not_last_known_good,
             "sglang_servers_on_gpus": sglang_servers_on_gpus,
             "sglang_server_api_keys": sglang_server_api_keys,
+            "sglang_router_missing": sglang_router_missing,
         }

@@ -13,6 +13,10 @@ A server in `sglang_server_instances`::
       host: 127.0.0.1                 # optional: loopback unless the inventory opens it
       api_key: "{{ vault_kimi_api_key }}"   # optional secret: never in flags, argv or the result
                                       # (leave it out to serve without a key; '' is an error)
+      router:                         # optional: a replica behind SGLang's router (docs/ROUTER.md)
+        url: http://gateway-01:30000  # the router's API as this host reaches it
+        worker_url: http://gpu-node-01:8000   # optional: this server as the router lists it;
+                                      # default http://<inventory_hostname>:<port>
 
 Precedence (later wins; nested mappings such as json_model_override_args combine key by key; a
 value of null removes the key set by an earlier layer):
@@ -44,7 +48,10 @@ for an input the renderers or systemd would mangle:
 - environment values are strings or numbers without control characters other than TAB
   (an EnvironmentFile line cannot hold a newline, and systemd drops other control bytes);
 - api_key, when present, is a non-empty string of printable ASCII without surrounding spaces
-  or a leading dash, at most MAX_API_KEY_CHARS long; messages about it never quote it.
+  or a leading dash, at most MAX_API_KEY_CHARS long; messages about it never quote it;
+- router.url and router.worker_url are http(s)://host[:port] with no path and no trailing slash
+  (sglang-router 0.3.2 compares worker URLs as written, docs/ROUTER.md), and worker_url names
+  the server's own port. The router is no flag: it changes neither argv nor the config hash.
 """
 
 from __future__ import annotations
@@ -55,6 +62,7 @@ import json
 import math
 import re
 import unicodedata
+import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
@@ -88,7 +96,15 @@ SERVER_KEYS = (
     "env",
     "host",
     "api_key",
+    "router",
 )
+ROUTER_KEYS = ("url", "worker_url")
+# What sglang-router 0.3.2 accepts as a worker URL (docs/ROUTER.md, "Worker API"): scheme, host
+# and port, nothing after them; the same shape for the router's own URL.
+ROUTER_URL_RE = re.compile(r"(?i)(https?)://(\[[0-9a-f:.]+\]|[a-z0-9.-]+)(?::([0-9]{1,5}))?")
+ROUTER_URL_RULE = "http(s)://host[:port] with no path and no trailing slash"
+# Addresses that mean "every interface": the host itself reaches such a server on loopback.
+WILDCARD_HOSTS = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "[::1]", "[::]": "[::1]"}
 # Flags the description sets from its own fields (or keeps secret): setting them in a flag layer
 # would make two places disagree, so the error says which field to use instead.
 MANAGED_FLAGS = {
@@ -350,6 +366,65 @@ def _check_text(value: Any, variable: str, required: bool) -> str | None:
     return value
 
 
+def _url_port(match: re.Match[str]) -> int:
+    return (
+        int(match.group(3))
+        if match.group(3)
+        else (443 if match.group(1).lower() == "https" else 80)
+    )
+
+
+def local_address(host: str) -> str:
+    """Where the server's own host reaches it: loopback for a wildcard address, else the address
+    (bracketed when it is IPv6)."""
+    if host in WILDCARD_HOSTS:
+        return WILDCARD_HOSTS[host]
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def _check_router(
+    value: Any, where: str, port: int, host: str, hostname: str | None
+) -> dict[str, str] | None:
+    """The server's router: {url, worker_url, metrics_url}, or None when it has none."""
+    if value is None:
+        return None
+    variable = f"{where}.router"
+    router = _mapping(value, variable)
+    _check_keys(router, variable, ROUTER_KEYS)
+    url = router.get("url")
+    if not isinstance(url, str) or not ROUTER_URL_RE.fullmatch(url):
+        raise ServerConfigError(
+            f"{variable}.url",
+            f"{url!r} must be the router's URL as this host reaches it, {ROUTER_URL_RULE}",
+        )
+    worker_url = router.get("worker_url")
+    if worker_url is None:
+        if not hostname:
+            raise ServerConfigError(
+                f"{variable}.worker_url",
+                "is required here: no host name to build http://<host>:<port> from",
+            )
+        worker_url = f"http://{hostname}:{port}"
+    match = ROUTER_URL_RE.fullmatch(worker_url) if isinstance(worker_url, str) else None
+    if match is None:
+        raise ServerConfigError(
+            f"{variable}.worker_url",
+            f"{worker_url!r} must be {ROUTER_URL_RULE} (sglang-router compares worker URLs as "
+            "written: 'http://host:port/' never becomes healthy)",
+        )
+    if _url_port(match) != port:
+        raise ServerConfigError(
+            f"{variable}.worker_url",
+            f"{worker_url!r} names port {_url_port(match)}, but the server listens on port {port}",
+        )
+    return {
+        "url": url,
+        "worker_url": worker_url,
+        # Read on the server's own host while it drains (needs enable_metrics, validate.py).
+        "metrics_url": f"http://{local_address(host)}:{port}/metrics",
+    }
+
+
 def _profile_layer(
     server: Mapping[str, Any], profiles: Mapping[str, Any], where: str
 ) -> tuple[str | None, dict[str, Any]]:
@@ -394,8 +469,11 @@ def resolve_server(
     profiles: Mapping[str, Any],
     overrides: Mapping[str, Any],
     defaults: Mapping[str, Any],
+    *,
+    hostname: str | None = None,
 ) -> dict[str, Any]:
-    """One resolved server description (see the module docstring)."""
+    """One resolved server description (see the module docstring); hostname (the inventory
+    name of the host) is the default host of router.worker_url."""
     if not isinstance(server, Mapping):
         raise ServerConfigError(f"{SERVERS_VAR}[{index}]", "must be a mapping")
     name = _check_name(server, index)
@@ -411,6 +489,7 @@ def resolve_server(
     )
     gpus = _check_gpus(server.get("gpus"), where)
     port = _check_port(server.get("port"), where)
+    router = _check_router(server.get("router"), where, port, host, hostname)
     profile, profile_flags = _profile_layer(server, profiles, where)
     override = _mapping(overrides.get(name), f"{OVERRIDES_VAR}.{name}")
     _check_keys(override, f"{OVERRIDES_VAR}.{name}", OVERRIDE_KEYS)
@@ -466,11 +545,17 @@ def resolve_server(
         "environment": {**env, "CUDA_VISIBLE_DEVICES": cuda_visible_devices},
         # The key itself stays out of the description, which Ansible prints and diffs.
         "api_key_set": api_key_set,
+        "router": router,
     }
 
 
 def resolve_servers(
-    servers: list[dict], profiles: dict, overrides: dict, defaults: dict
+    servers: list[dict],
+    profiles: dict,
+    overrides: dict,
+    defaults: dict,
+    *,
+    hostname: str | None = None,
 ) -> list[dict]:
     """Resolve every server of a host; errors raise ServerConfigError naming the variable."""
     if servers is None:
@@ -482,7 +567,7 @@ def resolve_servers(
     defaults = _mapping(defaults, DEFAULTS_VAR)
     _check_keys(defaults, DEFAULTS_VAR, DEFAULTS_KEYS)
     resolved = [
-        resolve_server(server, index, profiles, overrides, defaults)
+        resolve_server(server, index, profiles, overrides, defaults, hostname=hostname)
         for index, server in enumerate(servers)
     ]
     names = [server["name"] for server in resolved]
@@ -623,11 +708,13 @@ def describe_servers(
     *,
     nccl_env: dict | None = None,
     runtime: dict | None = None,
+    hostname: str | None = None,
 ) -> list[dict]:
     """The one call the role makes: inventory -> resolved servers with everything it writes.
 
     nccl_env (the host family's NCCL settings) is the lowest environment layer, under
-    defaults.env. runtime: {python, launch_module, config_dir, state_dir}. Each server is
+    defaults.env. runtime: {python, launch_module, config_dir, state_dir}. hostname: the
+    host's inventory name, the default host of router.worker_url. Each server is
     resolve_server()'s description plus flag_argv (the flags as SGLang's parser reads them),
     argv (the whole command), exec_start (the ExecStart= value), env_lines (the EnvironmentFile),
     logging_config and load_credential (servers with an API key), paths, plan_args (the
@@ -637,7 +724,7 @@ def describe_servers(
     base_env = _env_layer(nccl_env, "sglang_server_nccl_env")
     defaults["env"] = combine(base_env, _env_layer(defaults.get("env"), f"{DEFAULTS_VAR}.env"))
     checked_runtime = _runtime(runtime or {})
-    resolved = resolve_servers(servers, profiles, overrides, defaults)
+    resolved = resolve_servers(servers, profiles, overrides, defaults, hostname=hostname)
     return [{**server, **_rendered(server, checked_runtime)} for server in resolved]
 
 
@@ -651,3 +738,28 @@ def api_keys(servers: Any) -> dict[str, str]:
         for server in servers
         if isinstance(server, Mapping) and server.get("api_key") not in (None, "")
     }
+
+
+def _url_key(url: str) -> str:
+    """A worker URL as sglang-router compares it: scheme and host case-insensitive, the rest as
+    written (docs/ROUTER.md, "Worker API")."""
+    parts = urllib.parse.urlsplit(url)
+    return urllib.parse.urlunsplit(
+        (parts.scheme.lower(), parts.netloc.lower(), parts.path, parts.query, parts.fragment)
+    )
+
+
+def missing_from_router(listings: list[Mapping[str, Any]]) -> list[str]:
+    """Names of the servers their router does not list.
+
+    listings: one entry per server that was asked about, {item: <described server>, workers:
+    [{url, ...}]} (the registered results of sglang_router_workers with state=list).
+    """
+    missing = []
+    for listing in listings:
+        server = listing.get("item") or {}
+        router = server.get("router") or {}
+        listed = {_url_key(str(w.get("url", ""))) for w in listing.get("workers") or []}
+        if router.get("worker_url") and _url_key(router["worker_url"]) not in listed:
+            missing.append(str(server.get("name")))
+    return missing

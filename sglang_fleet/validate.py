@@ -18,10 +18,14 @@ Rules (SGLang checks some of them only after loading weights, or per rank, or no
 - Every GPU index exists on the host; mem_fraction_static in (0, 1) (SGLang does not check it);
   port in 1..65535; servers on one host share no GPU and no port, and their HiCache pools fit
   the host RAM together.
+- A server behind a router (its `router` field, docs/ROUTER.md) runs with enable_metrics: the
+  drain before its restart reads its /metrics; and it listens where the router reaches it: a
+  server on loopback only cannot be a worker of a router that reaches it by another address.
 """
 
 from __future__ import annotations
 
+import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
@@ -232,6 +236,43 @@ def _check_port(server: Mapping[str, Any]) -> list[Problem]:
     ]
 
 
+LOOPBACK_HOSTS = ("127.", "localhost", "::1", "[::1]")
+
+
+def _is_loopback(host: str) -> bool:
+    return host.lower().startswith(LOOPBACK_HOSTS)
+
+
+def _check_router(server: Mapping[str, Any]) -> list[Problem]:
+    router = server.get("router")
+    if not router:
+        return []
+    name = server.get("name")
+    problems: list[Problem] = []
+    if (server.get("flags") or {}).get("enable_metrics") is not True:
+        problems.append(
+            _problem(
+                "router_needs_metrics",
+                _flag_var(server, "enable_metrics"),
+                f"must be true for a server behind a router (router: {router['url']}): before "
+                "its restart the rollout takes it out of the router and waits on its /metrics "
+                "until its running requests are done",
+            )
+        )
+    worker_host = urllib.parse.urlsplit(router["worker_url"]).hostname or ""
+    host = str(server.get("host") or "")
+    if _is_loopback(host) and not _is_loopback(worker_host):
+        problems.append(
+            _problem(
+                "router_cannot_reach",
+                f"{SERVERS_VAR}[{name}].host",
+                f"{host!r} listens on loopback only, but its router reaches it at "
+                f"{router['worker_url']}: set host: 0.0.0.0 (or the address of worker_url)",
+            )
+        )
+    return problems
+
+
 def _host_int(host: Mapping[str, Any], key: str) -> int | None:
     # Ansible may hand over "8" rather than 8 from a templated mapping.
     return _int_value(host.get(key))
@@ -243,6 +284,7 @@ def server_errors(server: dict, host: dict) -> list[dict]:
     problems += _check_port(server)
     problems += _check_mem_fraction(server)
     problems += _check_radix(server)
+    problems += _check_router(server)
     sizes = _parallel_sizes(server, problems)
     if sizes is not None:
         problems += _check_nnodes(server, sizes)

@@ -1,0 +1,218 @@
+"""Fleet scenario: two replicas behind SGLang's real router, rolled while clients send traffic.
+
+fleet-gpu1 runs the router (port 8080) and one replica, fleet-gpu2 the other replica. During
+each rollout molecule/fleet/traffic.py runs on fleet-gpu2 against the router: every request must
+come back whole, and the router must keep at least N-1 of the N replicas healthy all the time
+(sampled from its /readiness). Tests run top to bottom: a changed flag set is rolled out to both
+replicas, then a failing one is rolled back on the first and never reaches the second.
+Each run's traffic figures go to reports/fleet/ for the record.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import testinfra
+import testinfra.utils.ansible_runner
+from fleet_runner import REPO, PlaybookRun, run_playbook
+
+INVENTORY = os.environ["MOLECULE_INVENTORY_FILE"]
+testinfra_hosts = testinfra.utils.ansible_runner.AnsibleRunner(INVENTORY).get_hosts("gpu_hosts")
+
+GATEWAY, SECOND = "fleet-gpu1", "fleet-gpu2"
+REPLICAS = (GATEWAY, SECOND)
+ROUTER = "http://fleet-gpu1:8080"
+WORKERS = {f"http://{host}:30000" for host in REPLICAS}
+UNIT = "sglang@llama.service"
+META = "/var/lib/sglang-fleet/llama/lkg/meta.json"
+LAUNCH = "/etc/systemd/system/sglang@llama.service.d/10-launch.conf"
+API_KEY = os.environ.get("MOLECULE_SGLANG_API_KEY", "molecule-test-key")
+CLIENT = Path(__file__).resolve().parents[1] / "traffic.py"
+REPORTS = REPO / "reports" / "fleet"
+ROLLOUT_PLAYS = (
+    "Roll out the replicas behind a router, one host at a time",
+    "Roll out the other hosts, a canary first",
+)
+# A flag that changes the launch line and nothing the double's speed depends on.
+CHANGED = {"chunked_prefill_size": 4096}
+# No room left for CUDA graphs: the double dies at start-up with CUDA out of memory.
+FAILING = {"mem_fraction_static": 0.99}
+
+
+def on(name: str) -> Any:
+    return testinfra.get_host(f"ansible://{name}?ansible_inventory={INVENTORY}")
+
+
+def overrides(flags: dict[str, Any]) -> dict[str, Any]:
+    return {"sglang_server_overrides": {"llama": {"flags": flags}}}
+
+
+def unit_identity(host: Any) -> tuple[str, str]:
+    """MainPID and start timestamp: both unchanged means the server was not touched."""
+    out = host.check_output("systemctl show -p MainPID -p ActiveEnterTimestampMonotonic %s", UNIT)
+    props = dict(line.split("=", 1) for line in out.splitlines())
+    return props["MainPID"], props["ActiveEnterTimestampMonotonic"]
+
+
+def lkg(host: Any) -> dict[str, Any]:
+    return json.loads(host.check_output("cat %s", META))
+
+
+def router_workers(host: Any) -> list[dict[str, Any]]:
+    """GET /workers with the key, from the gateway itself."""
+    script = (
+        "import json, sys, urllib.request;"
+        "r = urllib.request.Request('http://127.0.0.1:8080/workers',"
+        " headers={'Authorization': 'Bearer ' + sys.stdin.read().strip()});"
+        "print(urllib.request.urlopen(r, timeout=10).read().decode())"
+    )
+    out = host.run("printf %%s %s | python3 -c %s", API_KEY, script)
+    assert out.rc == 0, out.stderr
+    return json.loads(out.stdout)["workers"]
+
+
+def healthy_workers() -> set[str]:
+    return {w["url"] for w in router_workers(on(GATEWAY)) if w["is_healthy"]}
+
+
+class Traffic:
+    """traffic.py running on fleet-gpu2 as a transient systemd unit while a playbook runs."""
+
+    UNIT = "fleet-traffic"
+    DIR = "/root/fleet-traffic"
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.host = on(SECOND)
+        self.out = f"{self.DIR}/{label}.json"
+        self.stop = f"{self.DIR}/{label}.stop"
+
+    def __enter__(self) -> Traffic:
+        host = self.host
+        host.check_output("install -d -m 0700 %s", self.DIR)
+        result = host.ansible(
+            "ansible.builtin.copy",
+            f"src={CLIENT} dest={self.DIR}/traffic.py mode=0644",
+            check=False,
+        )
+        assert not result.get("failed"), result
+        host.check_output(
+            "printf '%%s\\n' %s > %s/key && chmod 600 %s/key", API_KEY, self.DIR, self.DIR
+        )
+        host.check_output(
+            "systemd-run --unit=%s --collect python3 %s/traffic.py --url %s --key-file %s/key"
+            " --out %s --stop-file %s --threads 4 --tokens 32 --max-seconds 600",
+            self.UNIT,
+            self.DIR,
+            ROUTER,
+            self.DIR,
+            self.out,
+            self.stop,
+        )
+        time.sleep(3)  # a few requests before the rollout starts
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.host.run("touch %s", self.stop)
+        deadline = time.monotonic() + 90
+        while self.host.run("systemctl is-active --quiet %s", self.UNIT).rc == 0:
+            assert time.monotonic() < deadline, "the traffic client did not stop"
+            time.sleep(1)
+
+    def result(self) -> dict[str, Any]:
+        result = json.loads(self.host.check_output("cat %s", self.out))
+        REPORTS.mkdir(parents=True, exist_ok=True)
+        (REPORTS / f"traffic-{self.label}.json").write_text(json.dumps(result, indent=1))
+        return result
+
+
+def capacity_summary(result: dict[str, Any]) -> str:
+    healthy = [s[1] for s in result["samples"]]
+    below = sum(1 for h in healthy if h < len(REPLICAS))
+    return (
+        f"{result['requests']} requests, {result['failed']} failed, healthy replicas "
+        f"min {min(healthy)} max {max(healthy)} of {len(REPLICAS)} over {len(healthy)} samples "
+        f"({below} below {len(REPLICAS)}), {result['elapsed_s']} s"
+    )
+
+
+def rollout_events(run: PlaybookRun, host: str) -> list[dict[str, Any]]:
+    return [
+        e["event_data"]
+        for e in run.events
+        if e.get("event", "").startswith("runner_on_")
+        and e["event_data"].get("host") == host
+        and e["event_data"].get("play") in ROLLOUT_PLAYS
+    ]
+
+
+def test_the_router_serves_both_replicas_with_the_servers_key():
+    host = on(GATEWAY)
+    assert healthy_workers() == WORKERS
+    assert host.service("sglang-router.service").is_running
+    show = host.check_output("systemctl show -p User -p ExecStart sglang-router.service")
+    assert "User=sglang-router" in show
+    for where in (show, host.file("/etc/systemd/system/sglang-router.service").content_string):
+        assert API_KEY not in where
+    assert API_KEY not in host.check_output("ps -eo args")
+    assert API_KEY not in host.check_output("journalctl -u sglang-router --no-pager -o cat")
+    # Without the key the worker API refuses.
+    out = host.run(
+        "python3 -c %s", "import urllib.request as u; u.urlopen('http://127.0.0.1:8080/workers')"
+    )
+    assert out.rc != 0 and "401" in out.stderr
+
+
+def test_each_replica_listens_for_the_router_and_reports_metrics(host):
+    assert host.socket("tcp://0.0.0.0:30000").is_listening
+    launch = host.file(LAUNCH).content_string
+    assert "--host 0.0.0.0" in launch and "--enable-metrics" in launch
+
+
+def test_a_changed_flag_set_rolls_through_the_router_without_a_failed_request():
+    before = {h: (unit_identity(on(h)), lkg(on(h))["config_hash"]) for h in REPLICAS}
+    with Traffic("changed") as traffic:
+        run = run_playbook("deploy.yml", extravars=overrides(CHANGED))
+    assert run.rc == 0, run.failures
+    result = traffic.result()
+    print("changed flag set:", capacity_summary(result))
+    for host in REPLICAS:
+        identity, config = before[host]
+        assert unit_identity(on(host)) != identity, f"{host} was not restarted"
+        assert lkg(on(host))["config_hash"] != config
+        assert "--chunked-prefill-size 4096" in on(host).file(LAUNCH).content_string
+    assert result["failed"] == 0, result["failures"]
+    assert result["requests"] > 50 and result["stopped_by"] == "stop_file"
+    healthy = [s[1] for s in result["samples"]]
+    # Never below N-1 of N; and the dip to N-1 happened (each replica really left the router).
+    assert min(healthy) >= len(REPLICAS) - 1, healthy
+    assert min(healthy) == len(REPLICAS) - 1
+    assert healthy_workers() == WORKERS
+
+
+def test_a_failing_flag_set_is_rolled_back_and_put_back_without_a_failed_request():
+    canary, second = on(GATEWAY), on(SECOND)
+    canary_lkg, second_identity = lkg(canary), unit_identity(second)
+    with Traffic("failing") as traffic:
+        run = run_playbook("deploy.yml", extravars=overrides(FAILING))
+    assert run.rc != 0
+    result = traffic.result()
+    print("failing flag set:", capacity_summary(result))
+    text = " ".join(msg for h, _, msg in run.failures if h == GATEWAY)
+    assert "out of memory" in text.lower(), text
+    assert f"Rolled back to the last-known-good configuration {canary_lkg['config_hash']}" in text
+    assert {h for h, _, _ in run.failures} == {GATEWAY}
+    # The rollout stopped at the canary: the second replica was checked, never touched.
+    assert rollout_events(run, SECOND) == []
+    assert unit_identity(second) == second_identity
+    # The canary serves its old configuration and is back in the router.
+    assert "0.99" not in canary.file(LAUNCH).content_string
+    assert lkg(canary) == canary_lkg
+    assert healthy_workers() == WORKERS
+    assert result["failed"] == 0, result["failures"]
+    healthy = [s[1] for s in result["samples"]]
+    assert min(healthy) >= len(REPLICAS) - 1, healthy
