@@ -97,6 +97,7 @@ def run_playbook(
     playbook: str,
     extravars: dict[str, Any] | None = None,
     cmdline: str = "",
+    *,
     limit: str | None = None,
     timeout: int = 600,
     env_overrides: dict[str, str] | None = None,
