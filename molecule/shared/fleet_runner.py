@@ -78,6 +78,14 @@ class PlaybookRun:
                     out.extend(diff if isinstance(diff, list) else [diff])
         return out
 
+    def text(self) -> str:
+        """Everything the run showed and reported: its output at the verbosity it ran with, and
+        every event's data (task results, arguments, warnings), as one string to search."""
+        return "\n".join(
+            [e.get("stdout", "") for e in self.events]
+            + [json.dumps(e.get("event_data", {}), default=str) for e in self.events]
+        )
+
     def stats(self) -> dict[str, Any]:
         for event in reversed(self.events):
             if event.get("event") == "playbook_on_stats":
@@ -89,12 +97,18 @@ def run_playbook(
     playbook: str,
     extravars: dict[str, Any] | None = None,
     cmdline: str = "",
+    *,
     limit: str | None = None,
     timeout: int = 600,
+    env_overrides: dict[str, str] | None = None,
 ) -> PlaybookRun:
-    """Run playbooks/<playbook> against the scenario's inventory, as an operator would."""
+    """Run playbooks/<playbook> against the scenario's inventory, as an operator would.
+
+    env_overrides: environment for this run only (an inventory's env lookups read it).
+    """
     inventory = os.environ["MOLECULE_INVENTORY_FILE"]
     env = {k: v for k, v in os.environ.items() if k.startswith(("ANSIBLE_", "MOLECULE_"))}
+    env.update(env_overrides or {})
     env.setdefault("ANSIBLE_CONFIG", str(REPO / "ansible.cfg"))
     with tempfile.TemporaryDirectory(prefix="fleet-runner-") as private:
         result = ansible_runner.run(

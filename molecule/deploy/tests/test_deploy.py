@@ -19,7 +19,7 @@ testinfra_hosts = testinfra.utils.ansible_runner.AnsibleRunner(
 HOST = "deploy-gpu1"
 UNITS = {"llama-a": "sglang@llama-a.service", "llama-b": "sglang@llama-b.service"}
 PORTS = {"llama-a": 30000, "llama-b": 30001}
-API_KEY = os.environ.get("MOLECULE_SGLANG_API_KEY", "molecule-test-key")
+API_KEY = os.environ.get("MOLECULE_SGLANG_API_KEY", "sk-canary-0f3b9e2d71")
 
 
 def unit_identity(host, name: str) -> tuple[str, str]:
@@ -160,3 +160,43 @@ def test_crash_at_start_is_reported_with_its_cause_and_rolled_back(host):
         ).content_string
     )
     assert unit_identity(host, "llama-b") == before_b
+
+
+# Every operator action, at the highest verbosity, never shows the API key: real runs where they
+# change nothing on a converged host, check mode where a real run would stop servers. The last
+# run changes the key itself under --check --diff: neither the old nor the new key may show.
+KEY_SAFE_RUNS = [
+    ("site.yml", "--check -vvv", {}),
+    ("deploy.yml", "-vvv", {}),
+    ("rollback.yml", "-vvv", {}),
+    ("gpu_cleanup.yml", "--check -vvv", {}),
+    ("diagnose.yml", "-vvv", {"smoke_gate_diagnose_window_s": 2}),
+]
+
+
+@pytest.mark.parametrize(("playbook", "cmdline", "extravars"), KEY_SAFE_RUNS)
+def test_no_playbook_shows_the_api_key_at_any_verbosity(host, playbook, cmdline, extravars):
+    before = {name: unit_identity(host, name) for name in UNITS}
+    run = run_playbook(playbook, extravars=extravars, cmdline=cmdline)
+    assert run.rc == 0, run.failures
+    assert len(run.text()) > 10_000  # -vvv really ran: module arguments and results are shown
+    assert API_KEY not in run.text()
+    assert {name: unit_identity(host, name) for name in UNITS} == before
+
+
+def test_a_changed_key_shows_in_no_diff(host):
+    before = {name: unit_identity(host, name) for name in UNITS}
+    new_key = "sk-canary-NEW-7d21c0"
+    run = run_playbook(
+        "deploy.yml",
+        cmdline="--check --diff -vvv",
+        env_overrides={"MOLECULE_SGLANG_API_KEY": new_key},
+    )
+    assert run.rc == 0, run.failures
+    # The secrets file would change, so the server with the key would restart (check mode says
+    # so and does nothing), without showing either key.
+    [decided] = run.task_results("Decide which servers restart")
+    assert decided["ansible_facts"]["sglang_server_restart_names"] == ["llama-b"], decided
+    assert API_KEY not in run.text()
+    assert new_key not in run.text()
+    assert {name: unit_identity(host, name) for name in UNITS} == before

@@ -8,8 +8,10 @@ and the hosts' real state (unit identity, last-known-good record), never scraped
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +26,8 @@ CANARY, SECOND = "rollout-gpu1", "rollout-gpu2"
 UNIT = "sglang@llama.service"
 LAUNCH = "/etc/systemd/system/sglang@llama.service.d/10-launch.conf"
 META = "/var/lib/sglang-fleet/llama/lkg/meta.json"
-LOCK = "/run/lock/sglang-fleet-deploy.lock"
-API_KEY = os.environ.get("MOLECULE_SGLANG_API_KEY", "molecule-test-key")
+LOCK = "/run/lock/sglang-fleet.lock"
+API_KEY = os.environ.get("MOLECULE_SGLANG_API_KEY", "sk-canary-0f3b9e2d71")
 SUMMARY_TASK = "Fleet summary"
 
 # At decode_step_s 0.005 a pool of 148 tokens (mem_fraction_static 0.1579, planner and double
@@ -189,40 +191,85 @@ def test_a_bad_change_stops_at_the_canary():
     assert generate(canary, 30000, API_KEY)["meta_info"]["completion_tokens"] == 4
 
 
+def _proc_starttime(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat[stat.rindex(")") + 2 :].split()[19])
+
+
+def lock_record(host: Any, pid: int, user: str) -> dict[str, Any]:
+    """A lock as a run on this controller (the test process's) writes it (docs/LOCKING.md).
+
+    pid names that run's ansible-playbook; its start time and command line are this process's
+    when it is alive, so the lock's liveness rule finds it.
+    """
+    alive = Path(f"/proc/{pid}").exists()
+    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes() if alive else b"gone"
+    boot_id = host.check_output("cat /proc/sys/kernel/random/boot_id").strip()
+    uptime = float(host.check_output("cat /proc/uptime").split()[0])
+    wall = float(host.check_output("date +%s"))
+    return {
+        "version": 1,
+        "token": "0123456789abcdef0123456789abcdef",
+        "run_id": f"test-{pid}",
+        "owner": {
+            "user": user,
+            "uid": os.getuid(),
+            "controller": os.uname().nodename,
+            "controller_boot_id": Path("/proc/sys/kernel/random/boot_id").read_text().strip(),
+            "controller_pidns": os.readlink("/proc/self/ns/pid"),
+            "pid": pid,
+            "pid_starttime": _proc_starttime(pid) if alive else 1,
+            "cmdline_sha256": hashlib.sha256(cmdline).hexdigest(),
+            "playbook": "deploy.yml",
+        },
+        "lease_s": 900,
+        "depth": 1,
+        "taken_at": "2026-11-30T00:00:00Z",
+        "renewed_at": "2026-11-30T00:00:00Z",
+        "host_clock": {
+            "boot_id": boot_id,
+            "taken_boottime": uptime - 200,
+            "renewed_boottime": uptime - 200,
+            "taken_wall": wall - 200,
+            "renewed_wall": wall - 200,
+        },
+    }
+
+
 def test_a_held_lock_fails_fast_naming_its_holder():
     canary = on(CANARY)
     before = unit_identity(canary)
-    # A live holder on this controller: this test process.
-    started = int(canary.check_output("date +%s"))
-    holder = {
-        "controller": os.uname().nodename,
-        "pid": os.getpid(),
-        "user": "alice",
-        "started": started,
-    }
-    canary.run("printf '%%s\\n' %s > %s", json.dumps(holder), LOCK)
+    # A live holder on this controller: this test process stands for that run's playbook.
+    record = lock_record(canary, os.getpid(), "alice")
+    canary.run("printf '%%s\\n' %s > %s", json.dumps(record), LOCK)
     try:
         run = run_playbook("deploy.yml", limit=CANARY)
         assert run.rc != 0
         text = failure_text(run, CANARY)
-        assert f"being deployed by alice@{holder['controller']} (pid {os.getpid()})" in text, text
+        holder = f"is locked by alice@{os.uname().nodename} (pid {os.getpid()}"
+        assert holder in text, text
+        # Written 200 s "ago" on the host's own clock; the run reads it a few seconds later.
+        assert re.search(r"taken 3 min \d+ s ago by the host's clock", text), text
+        assert f"that run still has 1 process(es) on this controller: pid {os.getpid()}" in text
         assert run.changed_tasks(CANARY) == []
         assert unit_identity(canary) == before
-        assert json.loads(canary.check_output("cat %s", LOCK))["user"] == "alice"
+        assert json.loads(canary.check_output("cat %s", LOCK))["owner"]["user"] == "alice"
     finally:
         canary.run("rm -f %s", LOCK)
 
 
 def test_a_stale_lock_is_taken_over_and_the_run_converges():
     canary = on(CANARY)
-    # An interrupted run on this controller: its pid is gone (pid_max is never reached).
-    holder = {"controller": os.uname().nodename, "pid": 4194304 + 1, "user": "bob", "started": 1}
-    canary.run("printf '%%s\\n' %s > %s", json.dumps(holder), LOCK)
+    # An interrupted run on this controller: no process of it is left (pid_max is never reached).
+    canary.run("printf '%%s\\n' %s > %s", json.dumps(lock_record(canary, 4194304 + 1, "bob")), LOCK)
     run = run_playbook("deploy.yml", limit=CANARY)
     assert run.rc == 0, run.failures
     assert not canary.file(LOCK).exists
-    took_over = run.task_results("Say whose lock was taken over")
-    assert any("bob@" in str(r.get("msg")) for r in took_over), took_over
+    # The module's result (the include of lock_acquire.yml carries the same name).
+    [taken] = [r for r in run.task_results("Take this host's rollout lock") if "outcome" in r]
+    assert taken["outcome"] == "taken_over", taken
+    assert "took over the lock of bob@" in taken["msg"], taken["msg"]
+    assert "no process of that run is left on this controller" in taken["msg"]
     # Back on the inventory's flags: the good change of the earlier test is gone again.
     assert "--chunked-prefill-size" not in canary.file(LAUNCH).content_string
     assert row(summary_lines(run), CANARY).endswith("passed")
