@@ -57,7 +57,7 @@ EXAMPLES = r"""
 - name: Check kimi's flags against the installed SGLang
   sglang_flags_check:
     python: /opt/ml-env/bin/python
-    argv: "{{ server.flags | sglang_argv }}"
+    argv: "{{ server.flag_argv }}"
     variable_prefix: "sglang_server_instances[kimi].flags"
 
 - name: Check against the GPU-less double

@@ -314,3 +314,26 @@ def test_rollout_table_aligns_columns_and_counts_outcomes() -> None:
     assert lines[1].split() == ["gpu1", "a", "abc123def456", "1207.1", "12.0", "passed"]
     assert lines[0].index("OUTCOME") == lines[1].index("passed")
     assert lines[-1] == "1 passed"
+
+
+def test_fleet_summary_reads_hosts_the_check_play_grouped_but_the_rollout_never_reached() -> None:
+    gate = load_plugin("filter_plugins/sglang_gate.py")
+    servers = [{"name": "llama", "config_hash": "c"}]
+    hostvars = {
+        # checked, nothing to do
+        "gpu1": {"sglang_server_servers": servers, "sglang_server_rollout_needed": False},
+        # checked, rolled out
+        "gpu2": {
+            "sglang_server_servers": servers,
+            "sglang_server_rollout_needed": True,
+            "sglang_server_rollout_reached": True,
+            "sglang_server_rollout_results": [_outcome("llama", "passed", 900.0)],
+        },
+        # checked, would change, the rollout stopped before it
+        "gpu3": {"sglang_server_servers": servers, "sglang_server_rollout_needed": True},
+    }
+    lines = gate.sglang_rollout_table(["gpu1", "gpu2", "gpu3"], hostvars)
+    # The last word of each row: "not reached" reads "reached".
+    outcomes = {line.split()[0]: line.split()[-1] for line in lines[1:-1]}
+    assert outcomes == {"gpu1": "unchanged", "gpu2": "passed", "gpu3": "reached"}
+    assert lines[-1] == "1 passed, 1 unchanged, 1 not reached"

@@ -20,6 +20,7 @@ from sglang_fleet.servers import (
     combine,
     config_hash,
     describe_servers,
+    missing_from_router,
     resolve_servers,
 )
 
@@ -376,3 +377,69 @@ def test_a_present_api_key_must_be_usable_and_is_never_quoted(key: object) -> No
 def test_leaving_api_key_out_serves_without_a_key() -> None:
     [resolved] = resolve_servers([kimi()], {}, {}, {})
     assert resolved["api_key_set"] is False
+
+
+ROUTED = {"url": "http://gateway-01:30000"}
+
+
+def test_a_replica_names_its_router_and_its_own_url_defaults_to_the_host_name() -> None:
+    [server] = resolve_servers(
+        [kimi(host="0.0.0.0", router=ROUTED)], {}, {}, {}, hostname="gpu-node-01"
+    )
+    assert server["router"] == {
+        "url": "http://gateway-01:30000",
+        "worker_url": "http://gpu-node-01:8000",
+        "metrics_url": "http://127.0.0.1:8000/metrics",
+    }
+    explicit = {**ROUTED, "worker_url": "http://10.0.0.11:8000"}
+    [server] = resolve_servers([kimi(host="10.0.0.11", router=explicit)], {}, {}, {})
+    assert server["router"]["worker_url"] == "http://10.0.0.11:8000"
+    assert server["router"]["metrics_url"] == "http://10.0.0.11:8000/metrics"
+    [plain] = resolve_servers([kimi()], {}, {}, {})
+    assert plain["router"] is None
+
+
+def test_the_router_changes_neither_argv_nor_the_config_hash() -> None:
+    [routed] = describe([kimi(router={**ROUTED, "worker_url": "http://n1:8000"})])
+    [plain] = describe([kimi()])
+    assert routed["argv"] == plain["argv"]
+    assert routed["config_hash"] == plain["config_hash"]
+
+
+@pytest.mark.parametrize(
+    ("router", "variable", "words"),
+    [
+        ("http://gw:30000", "router", "mapping"),
+        ({"url": "http://gw:30000/", "worker_url": "http://n1:8000"}, "router.url", "no path"),
+        ({"url": "gw:30000", "worker_url": "http://n1:8000"}, "router.url", "http(s)://"),
+        ({"worker_url": "http://n1:8000"}, "router.url", "as this host reaches it"),
+        (
+            {"url": "http://gw:1", "worker_url": "http://n1:8000/"},
+            "router.worker_url",
+            "as written",
+        ),
+        ({"url": "http://gw:1", "worker_url": "http://n1:9000"}, "router.worker_url", "port 8000"),
+        ({"url": "http://gw:1", "worker_url": "http://n1"}, "router.worker_url", "names port 80,"),
+        ({"url": "http://gw:1"}, "router.worker_url", "no host name"),
+        ({"url": "http://gw:1", "policy": "x"}, "router.policy", "unknown key"),
+    ],
+)
+def test_bad_router_fields_name_the_variable(router: object, variable: str, words: str) -> None:
+    error = _error([kimi(router=router)])
+    assert error.variable == f"sglang_server_instances[kimi].{variable}"
+    assert words in error.message
+
+
+def test_missing_from_router_compares_urls_as_the_router_does() -> None:
+    def listing(name: str, worker_url: str, listed: list[str]) -> dict:
+        server = {"name": name, "router": {**ROUTED, "worker_url": worker_url}}
+        return {"item": server, "workers": [{"url": url} for url in listed]}
+
+    listings = [
+        listing("a", "http://N1:8000", ["http://n1:8000", "http://n2:8000"]),  # host case
+        listing("b", "http://n2:8001", ["http://n1:8000", "http://n2:8000"]),  # not listed
+        listing("c", "http://n3:8000", ["http://n3:8000/"]),  # the router keeps the slash
+    ]
+    assert missing_from_router(listings) == ["b", "c"]
+    filters = load_plugin("filter_plugins/sglang_server.py").FilterModule().filters()
+    assert filters["sglang_router_missing"](listings) == ["b", "c"]

@@ -167,3 +167,36 @@ def test_hicache_pools_of_all_servers_must_fit_together() -> None:
     [problem] = host_errors(bigger, HOST)
     assert problem["code"] == "hicache_host_ram_total"
     assert "a 280.0 GB + b 280.0 GB = 560.0 GB" in problem["message"]
+
+
+def routed(**changes: Any) -> dict[str, Any]:
+    server = {
+        "host": "0.0.0.0",
+        "flags": {"enable_metrics": True},
+        "router": {"url": "http://gw:30000", "worker_url": "http://n1:8000"},
+    }
+    return server | changes
+
+
+def test_a_replica_behind_a_router_passes_with_metrics_and_a_reachable_address() -> None:
+    assert one(routed()) == []
+
+
+def test_a_replica_behind_a_router_needs_metrics_for_its_drain() -> None:
+    [problem] = one(routed(flags={}))
+    assert problem["code"] == "router_needs_metrics"
+    assert problem["variable"] == "sglang_server_instances[kimi].flags.enable_metrics"
+    assert "/metrics" in problem["message"]
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "::1"])
+def test_a_replica_on_loopback_cannot_be_reached_by_a_remote_router(host: str) -> None:
+    [problem] = one(routed(host=host))
+    assert problem["code"] == "router_cannot_reach"
+    assert problem["variable"] == "sglang_server_instances[kimi].host"
+    assert "host: 0.0.0.0" in problem["message"] and "http://n1:8000" in problem["message"]
+
+
+def test_a_router_on_the_same_host_may_reach_a_loopback_replica() -> None:
+    router = {"url": "http://127.0.0.1:30000", "worker_url": "http://127.0.0.1:8000"}
+    assert one(routed(host="127.0.0.1", router=router)) == []

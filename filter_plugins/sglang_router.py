@@ -1,0 +1,46 @@
+"""Ansible filter of the sglang_router role: its command line, built once in Python.
+
+    {{ flags | sglang_router_command(python, launcher, key_credential) }}
+        -> {flag_argv, argv, exec_start}   (sglang_fleet.router.router_command)
+
+A thin wrapper over the installed sglang_fleet package (docs/ARCHITECTURE.md): bad input fails
+the task with the reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ansible.errors import AnsibleFilterError
+
+from sglang_fleet import router as _router
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(key): _plain(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(item) for item in value]
+    return value
+
+
+def sglang_router_command(
+    flags: dict, python: str, launcher: str, key_credential: str = ""
+) -> dict[str, Any]:
+    try:
+        return _router.router_command(
+            _plain(flags),
+            python=str(python),
+            launcher=str(launcher),
+            key_credential=str(key_credential),
+        )
+    except ValueError as exc:
+        raise AnsibleFilterError(f"sglang_router: {exc}") from exc
+
+
+class FilterModule:
+    """Filters of the sglang_router role."""
+
+    def filters(self) -> dict[str, Callable[..., Any]]:
+        return {"sglang_router_command": sglang_router_command}
