@@ -14,7 +14,7 @@ export PYTHONDONTWRITEBYTECODE := 1
 help:
 	@echo "make test   - set up, then yamllint, ansible-lint, ruff, pytest and every Molecule scenario"
 	@echo "make demo   - set up, then deploy SGLang (GPU-less double) onto a local simulated GPU host"
-	@echo "make lint | pytest | molecule [SCENARIOS='deploy'] [MOLECULE_JOBS=2] | bench | clean"
+	@echo "make lint | pytest | molecule [SCENARIOS='deploy'] [MOLECULE_JOBS=2] | bench [BENCHES='fleet_noop'] | clean"
 
 $(BIN)/.stamp: requirements.txt pyproject.toml gpusim/pyproject.toml scripts/find-python.sh
 	@echo "==> creating $(VENV) (Python >= 3.12) and installing requirements.txt"
@@ -50,9 +50,10 @@ test: lint pytest molecule
 demo: $(BIN)/.stamp image wheelhouse
 	@scripts/demo.sh
 
-bench: $(BIN)/.stamp
-	@$(BIN)/python bench/smoke_vs_bench_serving.py
-	@$(BIN)/python bench/autotune_vs_grid.py
+# Every benchmark in bench/ (bench/README.md); BENCHES=fleet_noop runs one.
+BENCHES ?= smoke_vs_bench_serving autotune_vs_grid fleet_noop
+bench: $(BIN)/.stamp image wheelhouse
+	@for b in $(BENCHES); do echo "==> bench/$$b.py"; $(BIN)/python bench/$$b.py; done
 
 clean:
 	rm -rf $(VENV) .cache/wheelhouse reports

@@ -1,7 +1,7 @@
 """Ansible filters of the sglang_server role: the inventory's servers, resolved once, and checks.
 
     {{ sglang_server_instances | sglang_server_describe(profiles, overrides, defaults,
-                                                         nccl_env, runtime, hostname) }}
+                                                         nccl_env, runtime, cluster) }}
     {{ servers | sglang_host_errors(host) }}         host: {gpu_count, ram_mib}
     {{ servers | map('sglang_server_errors', host) }}
     {{ servers | sglang_not_last_known_good(lkg_slurps) }}
@@ -49,10 +49,10 @@ def sglang_server_describe(  # noqa: PLR0917 (Jinja passes filter arguments by p
     defaults: dict | None = None,
     nccl_env: dict | None = None,
     runtime: dict | None = None,
-    hostname: str | None = None,
+    cluster: dict | None = None,
 ) -> list[dict]:
     """sglang_fleet.servers.describe_servers(): every server with what the role writes;
-    hostname (inventory_hostname) is the default host of a router's worker URL."""
+    cluster {host: inventory_hostname} gives the default host of a router's worker URL."""
     try:
         return _servers.describe_servers(
             _plain(servers),
@@ -61,7 +61,7 @@ def sglang_server_describe(  # noqa: PLR0917 (Jinja passes filter arguments by p
             _plain(defaults or {}),
             nccl_env=_plain(nccl_env or {}),
             runtime=_plain(runtime or {}),
-            hostname=str(hostname) if hostname else None,
+            cluster=_plain(cluster or {}),
         )
     except (_servers.ServerConfigError, ValueError) as exc:
         raise AnsibleFilterError(str(exc)) from exc

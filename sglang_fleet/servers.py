@@ -470,10 +470,10 @@ def resolve_server(
     overrides: Mapping[str, Any],
     defaults: Mapping[str, Any],
     *,
-    hostname: str | None = None,
+    cluster: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One resolved server description (see the module docstring); hostname (the inventory
-    name of the host) is the default host of router.worker_url."""
+    """One resolved server description (see the module docstring). cluster: {host: this
+    host's inventory name}, the default host of router.worker_url."""
     if not isinstance(server, Mapping):
         raise ServerConfigError(f"{SERVERS_VAR}[{index}]", "must be a mapping")
     name = _check_name(server, index)
@@ -489,7 +489,7 @@ def resolve_server(
     )
     gpus = _check_gpus(server.get("gpus"), where)
     port = _check_port(server.get("port"), where)
-    router = _check_router(server.get("router"), where, port, host, hostname)
+    router = _check_router(server.get("router"), where, port, host, (cluster or {}).get("host"))
     profile, profile_flags = _profile_layer(server, profiles, where)
     override = _mapping(overrides.get(name), f"{OVERRIDES_VAR}.{name}")
     _check_keys(override, f"{OVERRIDES_VAR}.{name}", OVERRIDE_KEYS)
@@ -555,9 +555,12 @@ def resolve_servers(
     overrides: dict,
     defaults: dict,
     *,
-    hostname: str | None = None,
+    cluster: Mapping[str, Any] | None = None,
 ) -> list[dict]:
-    """Resolve every server of a host; errors raise ServerConfigError naming the variable."""
+    """Resolve every server of a host; errors raise ServerConfigError naming the variable.
+
+    cluster: {host: this host's inventory name} (resolve_server()).
+    """
     if servers is None:
         servers = []
     if not isinstance(servers, list):
@@ -567,7 +570,7 @@ def resolve_servers(
     defaults = _mapping(defaults, DEFAULTS_VAR)
     _check_keys(defaults, DEFAULTS_VAR, DEFAULTS_KEYS)
     resolved = [
-        resolve_server(server, index, profiles, overrides, defaults, hostname=hostname)
+        resolve_server(server, index, profiles, overrides, defaults, cluster=cluster)
         for index, server in enumerate(servers)
     ]
     names = [server["name"] for server in resolved]
@@ -708,13 +711,13 @@ def describe_servers(
     *,
     nccl_env: dict | None = None,
     runtime: dict | None = None,
-    hostname: str | None = None,
+    cluster: dict | None = None,
 ) -> list[dict]:
     """The one call the role makes: inventory -> resolved servers with everything it writes.
 
     nccl_env (the host family's NCCL settings) is the lowest environment layer, under
-    defaults.env. runtime: {python, launch_module, config_dir, state_dir}. hostname: the
-    host's inventory name, the default host of router.worker_url. Each server is
+    defaults.env. runtime: {python, launch_module, config_dir, state_dir}. cluster: {host: the
+    host's inventory name} (the default host of router.worker_url). Each server is
     resolve_server()'s description plus flag_argv (the flags as SGLang's parser reads them),
     argv (the whole command), exec_start (the ExecStart= value), env_lines (the EnvironmentFile),
     logging_config and load_credential (servers with an API key), paths, plan_args (the
@@ -724,7 +727,7 @@ def describe_servers(
     base_env = _env_layer(nccl_env, "sglang_server_nccl_env")
     defaults["env"] = combine(base_env, _env_layer(defaults.get("env"), f"{DEFAULTS_VAR}.env"))
     checked_runtime = _runtime(runtime or {})
-    resolved = resolve_servers(servers, profiles, overrides, defaults, hostname=hostname)
+    resolved = resolve_servers(servers, profiles, overrides, defaults, cluster=cluster)
     return [{**server, **_rendered(server, checked_runtime)} for server in resolved]
 
 

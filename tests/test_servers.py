@@ -384,7 +384,7 @@ ROUTED = {"url": "http://gateway-01:30000"}
 
 def test_a_replica_names_its_router_and_its_own_url_defaults_to_the_host_name() -> None:
     [server] = resolve_servers(
-        [kimi(host="0.0.0.0", router=ROUTED)], {}, {}, {}, hostname="gpu-node-01"
+        [kimi(host="0.0.0.0", router=ROUTED)], {}, {}, {}, cluster={"host": "gpu-node-01"}
     )
     assert server["router"] == {
         "url": "http://gateway-01:30000",

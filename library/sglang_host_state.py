@@ -1,0 +1,330 @@
+#!/usr/bin/python
+# Ansible wants DOCUMENTATION/EXAMPLES/RETURN before the imports (ansible-test checks it).
+# ruff: noqa: E402
+"""Ansible module sglang_host_state: is the host exactly as a rollout would leave it? One
+read-only pass over files, directories, users, units, records and routers. Runs on the GPU
+host: standard library only."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: sglang_host_state
+short_description: Compare a host with the state a rollout would leave, in one read-only call
+description:
+  - Checks, without changing anything, that every file has the wanted content (SHA-1, computed
+    on the control node from the same templates the rollout writes), owner, group and mode,
+    that files which must not exist do not, that directories, the group and the user are as
+    wanted, that units are enabled and running, that JSON records (last-known-good) hold the
+    wanted value, and that routers list the wanted workers.
+  - Returns every difference found, in words. An empty list means a rollout would change
+    nothing on this host (playbooks/deploy.yml's first play then leaves it out of the rollout;
+    README.md, "From one host to a fleet").
+  - One call instead of one task per file: on a fleet, the check of a host that needs nothing
+    costs one module run.
+version_added: "0.3.0"
+author: sglang-fleet
+options:
+  files:
+    description:
+      - Files as they must be, each {path, sha1, owner, group, mode}; or {path, absent=true} for a
+        file that must not exist.
+    type: list
+    elements: dict
+    default: []
+  secret_files:
+    description: Like C(files), for files whose content is secret (their SHA-1 is not logged).
+    type: list
+    elements: dict
+    default: []
+  directories:
+    description: Directories as they must be, each {path, owner, group, mode}.
+    type: list
+    elements: dict
+    default: []
+  groups:
+    description: Groups that must exist.
+    type: list
+    elements: str
+    default: []
+  users:
+    description: Users that must exist, each {name, group, shell, home}.
+    type: list
+    elements: dict
+    default: []
+  units:
+    description: systemd units that must be enabled and running.
+    type: list
+    elements: str
+    default: []
+  records:
+    description:
+      - JSON files that must hold a value, each {label, path, key, value}, for example a
+        server's last-known-good record and the configuration hash the inventory asks for.
+    type: list
+    elements: dict
+    default: []
+  routers:
+    description:
+      - Workers that a router must list, each {label, router_url, worker_url}
+        (sglang-router's C(GET /workers), docs/ROUTER.md). A router that does not answer is
+        reported in C(unknown), not as a difference.
+    type: list
+    elements: dict
+    default: []
+  router_keys:
+    description: API keys by router label (Authorization Bearer), for routers with a key.
+    type: dict
+    default: {}
+  timeout:
+    description: Seconds each systemctl call and each router request may take.
+    type: int
+    default: 10
+"""
+
+EXAMPLES = r"""
+- name: Read whether the host is as the rollout would leave it
+  sglang_host_state:
+    files:
+      - {path: /etc/sglang/kimi.env, sha1: "{{ env_text | hash('sha1') }}", owner: root,
+         group: root, mode: "0644"}
+      - {path: /run/lock/sglang-fleet.lock, absent: true}
+    units: [sglang@kimi.service]
+    records:
+      - {label: kimi, path: /var/lib/sglang-fleet/kimi/lkg/meta.json, key: config_hash,
+         value: 0497c9a094be}
+  register: state
+"""
+
+RETURN = r"""
+differences:
+  description: Every way the host differs from the wanted state, one sentence each.
+  returned: always
+  type: list
+  elements: str
+converged:
+  description: No difference was found.
+  returned: always
+  type: bool
+unknown:
+  description: What could not be checked (a router that did not answer), one sentence each.
+  returned: always
+  type: list
+  elements: str
+"""
+
+import grp
+import hashlib
+import json
+import os
+import pwd
+import stat
+import subprocess
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any
+
+from ansible.module_utils.basic import AnsibleModule
+
+
+def _sha1(path: str) -> str:
+    digest = hashlib.sha1()  # the checksum Ansible itself uses for files, not a security use
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 16), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _owner(info: os.stat_result) -> tuple[str, str]:
+    try:
+        user = pwd.getpwuid(info.st_uid).pw_name
+    except KeyError:
+        user = str(info.st_uid)
+    try:
+        group = grp.getgrgid(info.st_gid).gr_name
+    except KeyError:
+        group = str(info.st_gid)
+    return user, group
+
+
+def _attributes(path: str, info: os.stat_result, want: dict[str, Any]) -> list[str]:
+    found = []
+    user, group = _owner(info)
+    if want.get("owner") and want["owner"] != user:
+        found.append(f"{path}: owner {user}, wanted {want['owner']}")
+    if want.get("group") and want["group"] != group:
+        found.append(f"{path}: group {group}, wanted {want['group']}")
+    if want.get("mode") and int(str(want["mode"]), 8) != stat.S_IMODE(info.st_mode):
+        found.append(f"{path}: mode {stat.S_IMODE(info.st_mode):04o}, wanted {want['mode']}")
+    return found
+
+
+def check_file(want: dict[str, Any]) -> list[str]:
+    path = want["path"]
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return [] if want.get("absent") else [f"{path}: missing"]
+    if want.get("absent"):
+        return [f"{path}: present, wanted absent"]
+    if not stat.S_ISREG(info.st_mode):
+        return [f"{path}: not a regular file"]
+    found = _attributes(path, info, want)
+    if want.get("sha1") and _sha1(path) != want["sha1"]:
+        found.append(f"{path}: content differs")
+    return found
+
+
+def check_directory(want: dict[str, Any]) -> list[str]:
+    path = want["path"]
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return [f"{path}: missing"]
+    if not stat.S_ISDIR(info.st_mode):
+        return [f"{path}: not a directory"]
+    return _attributes(path, info, want)
+
+
+def check_group(name: str) -> list[str]:
+    try:
+        grp.getgrnam(name)
+    except KeyError:
+        return [f"group {name}: missing"]
+    return []
+
+
+def check_user(want: dict[str, Any]) -> list[str]:
+    name = want["name"]
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        return [f"user {name}: missing"]
+    found = []
+    try:
+        group = grp.getgrgid(entry.pw_gid).gr_name
+    except KeyError:
+        group = str(entry.pw_gid)
+    for field, have in (("group", group), ("shell", entry.pw_shell), ("home", entry.pw_dir)):
+        if want.get(field) and want[field] != have:
+            found.append(f"user {name}: {field} {have}, wanted {want[field]}")
+    return found
+
+
+def _systemctl(args: list[str], timeout: int) -> list[str]:
+    done = subprocess.run(
+        ["systemctl", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        stdin=subprocess.DEVNULL,
+    )
+    return done.stdout.splitlines()
+
+
+def check_units(units: list[str], timeout: int) -> list[str]:
+    """Enabled and running: one `systemctl is-enabled` and one `is-active` for all units."""
+    if not units:
+        return []
+    found = []
+    enabled = _systemctl(["is-enabled", *units], timeout)
+    active = _systemctl(["is-active", *units], timeout)
+    for index, unit in enumerate(units):
+        state = enabled[index] if index < len(enabled) else "unknown"
+        if state != "enabled":
+            found.append(f"{unit}: {state or 'unknown'}, wanted enabled")
+        state = active[index] if index < len(active) else "unknown"
+        if state != "active":
+            found.append(f"{unit}: {state or 'unknown'}, wanted running")
+    return found
+
+
+def check_record(want: dict[str, Any]) -> list[str]:
+    path, key, label = want["path"], want["key"], want.get("label") or want["path"]
+    try:
+        with open(path, encoding="utf-8") as handle:
+            have = json.load(handle).get(key)
+    except FileNotFoundError:
+        return [f"{label}: no record at {path}"]
+    except (OSError, ValueError, AttributeError) as err:
+        return [f"{label}: {path} is unreadable ({err})"]
+    if have != want["value"]:
+        return [f"{label}: {path} holds {key} {have!r}, wanted {want['value']!r}"]
+    return []
+
+
+def _url_key(url: str) -> str:
+    """A worker URL as sglang-router compares it: scheme and host case-insensitive."""
+    parts = urllib.parse.urlsplit(url)
+    return urllib.parse.urlunsplit(
+        (parts.scheme.lower(), parts.netloc.lower(), parts.path, parts.query, parts.fragment)
+    )
+
+
+def check_router(want: dict[str, Any], key: str | None, timeout: int) -> tuple[list, list]:
+    """(differences, unknown) for one worker its router must list."""
+    label, url = want.get("label") or want["worker_url"], want["router_url"].rstrip("/")
+    headers = {"Accept": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    try:
+        request = urllib.request.Request(f"{url}/workers", headers=headers)
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            workers = json.loads(response.read().decode("utf-8", errors="replace"))["workers"]
+        listed = {_url_key(str(worker.get("url", ""))) for worker in workers}
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        return [], [f"{label}: router {url} did not answer ({err})"]
+    if _url_key(want["worker_url"]) not in listed:
+        return [f"{label}: router {url} does not list {want['worker_url']}"], []
+    return [], []
+
+
+def run(params: dict[str, Any]) -> dict[str, Any]:
+    differences: list[str] = []
+    unknown: list[str] = []
+    for want in params["files"] + params["secret_files"]:
+        differences += check_file(want)
+    for want in params["directories"]:
+        differences += check_directory(want)
+    for name in params["groups"]:
+        differences += check_group(name)
+    for want in params["users"]:
+        differences += check_user(want)
+    differences += check_units(params["units"], params["timeout"])
+    for want in params["records"]:
+        differences += check_record(want)
+    keys = params["router_keys"] or {}
+    for want in params["routers"]:
+        found, missing = check_router(want, keys.get(want.get("label")), params["timeout"])
+        differences += found
+        unknown += missing
+    return {"changed": False, "differences": differences, "converged": not differences,
+            "unknown": unknown}  # fmt: skip
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "files": {"type": "list", "elements": "dict", "default": []},
+            "secret_files": {"type": "list", "elements": "dict", "default": [], "no_log": True},
+            "directories": {"type": "list", "elements": "dict", "default": []},
+            "groups": {"type": "list", "elements": "str", "default": []},
+            "users": {"type": "list", "elements": "dict", "default": []},
+            "units": {"type": "list", "elements": "str", "default": []},
+            "records": {"type": "list", "elements": "dict", "default": []},
+            "routers": {"type": "list", "elements": "dict", "default": []},
+            "router_keys": {"type": "dict", "default": {}, "no_log": True},
+            "timeout": {"type": "int", "default": 10},
+        },
+        supports_check_mode=True,
+    )
+    try:
+        module.exit_json(**run(module.params))
+    except (subprocess.SubprocessError, OSError) as err:
+        module.fail_json(msg=f"cannot read the host's state: {err}")
+
+
+if __name__ == "__main__":
+    main()
