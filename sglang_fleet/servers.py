@@ -58,6 +58,7 @@ import unicodedata
 from collections.abc import Mapping
 from typing import Any
 
+from sglang_fleet import nodes as _nodes
 from sglang_fleet.flags import env_file_line, exec_start, normalize_key, to_argv
 
 SERVERS_VAR = "sglang_server_instances"
@@ -88,6 +89,10 @@ SERVER_KEYS = (
     "env",
     "host",
     "api_key",
+    # One server across hosts (sglang_fleet/nodes.py, docs/MULTINODE.md).
+    "nodes",
+    "dist_init_port",
+    "interface",
 )
 # Flags the description sets from its own fields (or keeps secret): setting them in a flag layer
 # would make two places disagree, so the error says which field to use instead.
@@ -388,14 +393,54 @@ def default_tp_size(flags: Mapping[str, Any], gpu_count: int) -> int | None:
     return total // (pp * replicas)
 
 
+def _node_layout(
+    server: Mapping[str, Any],
+    where: str,
+    cluster: Mapping[str, Any] | None,
+    gpu_count: int,
+    port: int,
+) -> _nodes.Layout | bool | None:
+    """The multi-node layout on this host; False for a one-host server, None when this host is
+    not one of the server's nodes."""
+    if server.get("nodes") is None:
+        for key in ("dist_init_port", "interface"):
+            if server.get(key) is not None:
+                raise ServerConfigError(f"{where}.{key}", "only applies to a server with nodes")
+        return False
+    cluster = cluster or {}
+    try:
+        return _nodes.layout(
+            server,
+            where,
+            host=cluster.get("host"),
+            cluster=cluster.get("hosts") or {},
+            gpu_count=gpu_count,
+            server_port=port,
+        )
+    except _nodes.NodeError as exc:
+        raise ServerConfigError(exc.variable, exc.message) from None
+
+
+def _refuse_node_flags(flag_layers: list[tuple[str, dict[str, Any]]]) -> None:
+    for variable, layer in flag_layers:
+        for key in _nodes.NODE_FLAGS:
+            if layer.get(key) is not None:
+                raise ServerConfigError(
+                    f"{variable}.{key}", "is set from the server's nodes (node order and node 0)"
+                )
+
+
 def resolve_server(
     server: Mapping[str, Any],
     index: int,
     profiles: Mapping[str, Any],
     overrides: Mapping[str, Any],
     defaults: Mapping[str, Any],
-) -> dict[str, Any]:
-    """One resolved server description (see the module docstring)."""
+    *,
+    cluster: Mapping[str, Any] | None = None,
+) -> dict[str, Any] | None:
+    """One resolved server description (see the module docstring); None for a multi-node
+    server this host is not a node of. cluster: {host, hosts} for multi-node servers."""
     if not isinstance(server, Mapping):
         raise ServerConfigError(f"{SERVERS_VAR}[{index}]", "must be a mapping")
     name = _check_name(server, index)
@@ -411,6 +456,9 @@ def resolve_server(
     )
     gpus = _check_gpus(server.get("gpus"), where)
     port = _check_port(server.get("port"), where)
+    node_layout = _node_layout(server, where, cluster, len(gpus), port)
+    if node_layout is None:
+        return None
     profile, profile_flags = _profile_layer(server, profiles, where)
     override = _mapping(overrides.get(name), f"{OVERRIDES_VAR}.{name}")
     _check_keys(override, f"{OVERRIDES_VAR}.{name}", OVERRIDE_KEYS)
@@ -428,6 +476,10 @@ def resolve_server(
     for _variable, layer in flag_layers:
         flags = combine(flags, layer)
     origins = _origins(flag_layers)
+    if node_layout:
+        _refuse_node_flags(flag_layers)
+        flags.update(node_layout.flags())
+        origins.update(dict.fromkeys(_nodes.NODE_FLAGS, f"{where}.nodes"))
 
     env: dict[str, Any] = {}
     for variable, value in (
@@ -436,6 +488,9 @@ def resolve_server(
         (f"{OVERRIDES_VAR}.{name}.env", override.get("env")),
     ):
         env = combine(env, _env_layer(value, variable))
+    if node_layout:
+        # NCCL and gloo talk over this node's interface unless the env layers name one.
+        env = {**node_layout.env(), **env}
 
     if "tp_size" not in flags:
         tp_size = default_tp_size(flags, len(gpus))
@@ -466,13 +521,25 @@ def resolve_server(
         "environment": {**env, "CUDA_VISIBLE_DEVICES": cuda_visible_devices},
         # The key itself stays out of the description, which Ansible prints and diffs.
         "api_key_set": api_key_set,
+        # Multi-node servers: every node in order (node 0 first) and this host's rank in it.
+        "nodes": list(node_layout.nodes) if node_layout else [],
+        "node_rank": node_layout.node_rank if node_layout else None,
     }
 
 
 def resolve_servers(
-    servers: list[dict], profiles: dict, overrides: dict, defaults: dict
+    servers: list[dict],
+    profiles: dict,
+    overrides: dict,
+    defaults: dict,
+    *,
+    cluster: Mapping[str, Any] | None = None,
 ) -> list[dict]:
-    """Resolve every server of a host; errors raise ServerConfigError naming the variable."""
+    """Resolve every server of a host; errors raise ServerConfigError naming the variable.
+
+    cluster ({host: this host's inventory name, hosts: {name: nodes.host_facts(...)}}) places
+    multi-node servers; a server whose nodes do not include this host is left out.
+    """
     if servers is None:
         servers = []
     if not isinstance(servers, list):
@@ -481,10 +548,11 @@ def resolve_servers(
     overrides = _mapping(overrides, OVERRIDES_VAR)
     defaults = _mapping(defaults, DEFAULTS_VAR)
     _check_keys(defaults, DEFAULTS_VAR, DEFAULTS_KEYS)
-    resolved = [
-        resolve_server(server, index, profiles, overrides, defaults)
+    placed = [
+        resolve_server(server, index, profiles, overrides, defaults, cluster=cluster)
         for index, server in enumerate(servers)
     ]
+    resolved = [server for server in placed if server is not None]
     names = [server["name"] for server in resolved]
     for name in names:
         if names.count(name) > 1:
@@ -623,11 +691,13 @@ def describe_servers(
     *,
     nccl_env: dict | None = None,
     runtime: dict | None = None,
+    cluster: dict | None = None,
 ) -> list[dict]:
     """The one call the role makes: inventory -> resolved servers with everything it writes.
 
     nccl_env (the host family's NCCL settings) is the lowest environment layer, under
-    defaults.env. runtime: {python, launch_module, config_dir, state_dir}. Each server is
+    defaults.env. runtime: {python, launch_module, config_dir, state_dir}. cluster: where
+    multi-node servers run (resolve_servers()). Each server is
     resolve_server()'s description plus flag_argv (the flags as SGLang's parser reads them),
     argv (the whole command), exec_start (the ExecStart= value), env_lines (the EnvironmentFile),
     logging_config and load_credential (servers with an API key), paths, plan_args (the
@@ -637,7 +707,7 @@ def describe_servers(
     base_env = _env_layer(nccl_env, "sglang_server_nccl_env")
     defaults["env"] = combine(base_env, _env_layer(defaults.get("env"), f"{DEFAULTS_VAR}.env"))
     checked_runtime = _runtime(runtime or {})
-    resolved = resolve_servers(servers, profiles, overrides, defaults)
+    resolved = resolve_servers(servers, profiles, overrides, defaults, cluster=cluster)
     return [{**server, **_rendered(server, checked_runtime)} for server in resolved]
 
 
