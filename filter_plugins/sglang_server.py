@@ -1,7 +1,7 @@
 """Ansible filters of the sglang_server role: the inventory's servers, resolved once, and checks.
 
     {{ sglang_server_instances | sglang_server_describe(profiles, overrides, defaults,
-                                                         nccl_env, runtime) }}
+                                                         nccl_env, runtime, tuned) }}
     {{ servers | sglang_host_errors(host) }}         host: {gpu_count, ram_mib}
     {{ servers | map('sglang_server_errors', host) }}
     {{ servers | sglang_not_last_known_good(lkg_slurps) }}
@@ -48,6 +48,7 @@ def sglang_server_describe(  # noqa: PLR0917 (Jinja passes filter arguments by p
     defaults: dict | None = None,
     nccl_env: dict | None = None,
     runtime: dict | None = None,
+    tuned: dict | None = None,
 ) -> list[dict]:
     """sglang_fleet.servers.describe_servers(): every server with what the role writes."""
     try:
@@ -58,6 +59,7 @@ def sglang_server_describe(  # noqa: PLR0917 (Jinja passes filter arguments by p
             _plain(defaults or {}),
             nccl_env=_plain(nccl_env or {}),
             runtime=_plain(runtime or {}),
+            tuned=_plain(tuned or {}),
         )
     except (_servers.ServerConfigError, ValueError) as exc:
         raise AnsibleFilterError(str(exc)) from exc

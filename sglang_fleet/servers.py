@@ -19,6 +19,7 @@ value of null removes the key set by an earlier layer):
 
     flags: sglang_server_defaults.flags  <  sglang_server_profiles[profile]
            <  sglang_server_instances[i].flags  <  sglang_server_overrides[name].flags
+           <  sglang_server_tuned_flags[name]   (one run's flags: autotune's trials and winner)
     env:   sglang_server_defaults.env  <  sglang_server_instances[i].env
            <  sglang_server_overrides[name].env
 
@@ -63,6 +64,7 @@ from sglang_fleet.flags import env_file_line, exec_start, normalize_key, to_argv
 SERVERS_VAR = "sglang_server_instances"
 PROFILES_VAR = "sglang_server_profiles"
 OVERRIDES_VAR = "sglang_server_overrides"
+TUNED_VAR = "sglang_server_tuned_flags"
 DEFAULTS_VAR = "sglang_server_defaults"
 
 # Whole-string patterns, used with fullmatch: with match() and `$` a trailing newline passes.
@@ -394,6 +396,8 @@ def resolve_server(
     profiles: Mapping[str, Any],
     overrides: Mapping[str, Any],
     defaults: Mapping[str, Any],
+    *,
+    tuned: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One resolved server description (see the module docstring)."""
     if not isinstance(server, Mapping):
@@ -423,6 +427,7 @@ def resolve_server(
             f"{OVERRIDES_VAR}.{name}.flags",
             _flag_layer(override.get("flags"), f"{OVERRIDES_VAR}.{name}.flags"),
         ),
+        (f"{TUNED_VAR}.{name}", _flag_layer((tuned or {}).get(name), f"{TUNED_VAR}.{name}")),
     ]
     flags: dict[str, Any] = {}
     for _variable, layer in flag_layers:
@@ -470,7 +475,11 @@ def resolve_server(
 
 
 def resolve_servers(
-    servers: list[dict], profiles: dict, overrides: dict, defaults: dict
+    servers: list[dict],
+    profiles: dict,
+    overrides: dict,
+    defaults: dict,
+    tuned: dict | None = None,
 ) -> list[dict]:
     """Resolve every server of a host; errors raise ServerConfigError naming the variable."""
     if servers is None:
@@ -480,21 +489,23 @@ def resolve_servers(
     profiles = _mapping(profiles, PROFILES_VAR)
     overrides = _mapping(overrides, OVERRIDES_VAR)
     defaults = _mapping(defaults, DEFAULTS_VAR)
+    tuned = _mapping(tuned, TUNED_VAR)
     _check_keys(defaults, DEFAULTS_VAR, DEFAULTS_KEYS)
     resolved = [
-        resolve_server(server, index, profiles, overrides, defaults)
+        resolve_server(server, index, profiles, overrides, defaults, tuned=tuned)
         for index, server in enumerate(servers)
     ]
     names = [server["name"] for server in resolved]
     for name in names:
         if names.count(name) > 1:
             raise ServerConfigError(f"{SERVERS_VAR}[{name}]", "two servers have this name")
-    for name in overrides:
-        if name not in names:
-            raise ServerConfigError(
-                f"{OVERRIDES_VAR}.{name}",
-                f"names no server of this host; servers: {', '.join(names) or 'none'}",
-            )
+    for variable, layer in ((OVERRIDES_VAR, overrides), (TUNED_VAR, tuned)):
+        for name in layer:
+            if name not in names:
+                raise ServerConfigError(
+                    f"{variable}.{name}",
+                    f"names no server of this host; servers: {', '.join(names) or 'none'}",
+                )
     return resolved
 
 
@@ -586,6 +597,8 @@ def _rendered(server: dict[str, Any], runtime: Mapping[str, str]) -> dict[str, A
         "logging_file": f"{config_dir}/{name}.logging.json",
         "state_dir": f"{state_dir}/{name}",
         "lkg_dir": f"{state_dir}/{name}/lkg",
+        # Outside lkg/: a rollback restores lkg/ only, so calibrations survive it.
+        "calibration_file": f"{state_dir}/{name}/calibration.json",
     }
     try:
         flag_argv = to_argv(server["flags"])
@@ -623,11 +636,13 @@ def describe_servers(
     *,
     nccl_env: dict | None = None,
     runtime: dict | None = None,
+    tuned: dict | None = None,
 ) -> list[dict]:
     """The one call the role makes: inventory -> resolved servers with everything it writes.
 
     nccl_env (the host family's NCCL settings) is the lowest environment layer, under
-    defaults.env. runtime: {python, launch_module, config_dir, state_dir}. Each server is
+    defaults.env. runtime: {python, launch_module, config_dir, state_dir}. tuned: {name:
+    flags}, the highest flag layer (sglang_server_tuned_flags). Each server is
     resolve_server()'s description plus flag_argv (the flags as SGLang's parser reads them),
     argv (the whole command), exec_start (the ExecStart= value), env_lines (the EnvironmentFile),
     logging_config and load_credential (servers with an API key), paths, plan_args (the
@@ -637,7 +652,7 @@ def describe_servers(
     base_env = _env_layer(nccl_env, "sglang_server_nccl_env")
     defaults["env"] = combine(base_env, _env_layer(defaults.get("env"), f"{DEFAULTS_VAR}.env"))
     checked_runtime = _runtime(runtime or {})
-    resolved = resolve_servers(servers, profiles, overrides, defaults)
+    resolved = resolve_servers(servers, profiles, overrides, defaults, tuned)
     return [{**server, **_rendered(server, checked_runtime)} for server in resolved]
 
 
