@@ -208,7 +208,14 @@ def run_trial(env: Setup, flags: dict[str, Any], label: str) -> dict[str, Any]:
     argv = ["--model-path", str(env.model_dir), "--port", str(port), *flag_argv(flags)]
     cmd = [sys.executable, "-m", "gpusim.sglang_server", *argv]
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env(env.root))
+        # In a folder of its own: `python -m` puts the working directory first on sys.path, and
+        # a gpusim/ folder there (the repository's, the simulated host's state) would shadow
+        # the installed package.
+        cwd = env.workdir / "server-cwd"
+        cwd.mkdir(exist_ok=True)
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env(env.root), cwd=cwd
+        )
     try:
         if not wait_healthy(proc, url):
             return {"error": _tail(log_path), "phase": "start", "smoke": None, "calibration": None}
