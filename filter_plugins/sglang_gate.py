@@ -64,8 +64,10 @@ def sglang_smoke_compact(result: Any, diagnosis: Any = None, report: str | None 
 
 def _host_entry(host: str, hostvars: Mapping[str, Any]) -> dict[str, Any]:
     """What the rollout recorded on one host: the sglang_server role's documented output facts
-    (sglang_server_servers, sglang_server_rollout_results); absent when it never got there."""
+    (sglang_server_servers, sglang_server_rollout_results, sglang_server_calibration_refused);
+    absent when it never got there."""
     facts = hostvars.get(host) or {}
+    refused = facts.get("sglang_server_calibration_refused") or {}
     servers = facts.get("sglang_server_servers") if "sglang_server_servers" in facts else None
     return {
         "host": host,
@@ -76,6 +78,7 @@ def _host_entry(host: str, hostvars: Mapping[str, Any]) -> dict[str, Any]:
             _plain(r, "rollout result") for r in (facts.get("sglang_server_rollout_results") or [])
         ],
         "error": facts.get("sglang_server_failure") if "sglang_server_failure" in facts else None,
+        "refused": {str(name): str(message) for name, message in dict(refused).items()},
     }
 
 

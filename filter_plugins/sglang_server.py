@@ -1,7 +1,8 @@
 """Ansible filters of the sglang_server role: the inventory's servers, resolved once, and checks.
 
     {{ sglang_server_instances | sglang_server_describe(profiles, overrides, defaults,
-                                                         nccl_env, runtime, cluster) }}
+                                                         nccl_env, runtime, cluster,
+                                                         tuned) }}
     {{ sglang_server_instances | sglang_server_cluster(hostvars, inventory_hostname) }}
     {{ servers | sglang_host_errors(host) }}         host: {gpu_count, ram_mib}
     {{ servers | map('sglang_server_errors', host) }}
@@ -51,6 +52,7 @@ def sglang_server_describe(  # noqa: PLR0917 (Jinja passes filter arguments by p
     nccl_env: dict | None = None,
     runtime: dict | None = None,
     cluster: dict | None = None,
+    tuned: dict | None = None,
 ) -> list[dict]:
     """sglang_fleet.servers.describe_servers(): every server with what the role writes."""
     try:
@@ -62,6 +64,7 @@ def sglang_server_describe(  # noqa: PLR0917 (Jinja passes filter arguments by p
             nccl_env=_plain(nccl_env or {}),
             runtime=_plain(runtime or {}),
             cluster=_plain(cluster or {}),
+            tuned=_plain(tuned or {}),
         )
     except (_servers.ServerConfigError, ValueError) as exc:
         raise AnsibleFilterError(str(exc)) from exc

@@ -19,6 +19,7 @@ value of null removes the key set by an earlier layer):
 
     flags: sglang_server_defaults.flags  <  sglang_server_profiles[profile]
            <  sglang_server_instances[i].flags  <  sglang_server_overrides[name].flags
+           <  sglang_server_tuned_flags[name]   (one run's flags: autotune's trials and winner)
     env:   sglang_server_defaults.env  <  sglang_server_instances[i].env
            <  sglang_server_overrides[name].env
 
@@ -64,6 +65,7 @@ from sglang_fleet.flags import env_file_line, exec_start, normalize_key, to_argv
 SERVERS_VAR = "sglang_server_instances"
 PROFILES_VAR = "sglang_server_profiles"
 OVERRIDES_VAR = "sglang_server_overrides"
+TUNED_VAR = "sglang_server_tuned_flags"
 DEFAULTS_VAR = "sglang_server_defaults"
 
 # Whole-string patterns, used with fullmatch: with match() and `$` a trailing newline passes.
@@ -438,6 +440,7 @@ def resolve_server(
     defaults: Mapping[str, Any],
     *,
     cluster: Mapping[str, Any] | None = None,
+    tuned: Mapping[str, Any] | None = None,
 ) -> dict[str, Any] | None:
     """One resolved server description (see the module docstring); None for a multi-node
     server this host is not a node of. cluster: {host, hosts} for multi-node servers."""
@@ -471,6 +474,7 @@ def resolve_server(
             f"{OVERRIDES_VAR}.{name}.flags",
             _flag_layer(override.get("flags"), f"{OVERRIDES_VAR}.{name}.flags"),
         ),
+        (f"{TUNED_VAR}.{name}", _flag_layer((tuned or {}).get(name), f"{TUNED_VAR}.{name}")),
     ]
     flags: dict[str, Any] = {}
     for _variable, layer in flag_layers:
@@ -534,6 +538,7 @@ def resolve_servers(
     defaults: dict,
     *,
     cluster: Mapping[str, Any] | None = None,
+    tuned: dict | None = None,
 ) -> list[dict]:
     """Resolve every server of a host; errors raise ServerConfigError naming the variable.
 
@@ -547,9 +552,10 @@ def resolve_servers(
     profiles = _mapping(profiles, PROFILES_VAR)
     overrides = _mapping(overrides, OVERRIDES_VAR)
     defaults = _mapping(defaults, DEFAULTS_VAR)
+    tuned = _mapping(tuned, TUNED_VAR)
     _check_keys(defaults, DEFAULTS_VAR, DEFAULTS_KEYS)
     placed = [
-        resolve_server(server, index, profiles, overrides, defaults, cluster=cluster)
+        resolve_server(server, index, profiles, overrides, defaults, cluster=cluster, tuned=tuned)
         for index, server in enumerate(servers)
     ]
     resolved = [server for server in placed if server is not None]
@@ -557,12 +563,13 @@ def resolve_servers(
     for name in names:
         if names.count(name) > 1:
             raise ServerConfigError(f"{SERVERS_VAR}[{name}]", "two servers have this name")
-    for name in overrides:
-        if name not in names:
-            raise ServerConfigError(
-                f"{OVERRIDES_VAR}.{name}",
-                f"names no server of this host; servers: {', '.join(names) or 'none'}",
-            )
+    for variable, layer in ((OVERRIDES_VAR, overrides), (TUNED_VAR, tuned)):
+        for name in layer:
+            if name not in names:
+                raise ServerConfigError(
+                    f"{variable}.{name}",
+                    f"names no server of this host; servers: {', '.join(names) or 'none'}",
+                )
     return resolved
 
 
@@ -654,6 +661,8 @@ def _rendered(server: dict[str, Any], runtime: Mapping[str, str]) -> dict[str, A
         "logging_file": f"{config_dir}/{name}.logging.json",
         "state_dir": f"{state_dir}/{name}",
         "lkg_dir": f"{state_dir}/{name}/lkg",
+        # Outside lkg/: a rollback restores lkg/ only, so calibrations survive it.
+        "calibration_file": f"{state_dir}/{name}/calibration.json",
     }
     try:
         flag_argv = to_argv(server["flags"])
@@ -692,12 +701,14 @@ def describe_servers(
     nccl_env: dict | None = None,
     runtime: dict | None = None,
     cluster: dict | None = None,
+    tuned: dict | None = None,
 ) -> list[dict]:
     """The one call the role makes: inventory -> resolved servers with everything it writes.
 
     nccl_env (the host family's NCCL settings) is the lowest environment layer, under
     defaults.env. runtime: {python, launch_module, config_dir, state_dir}. cluster: where
-    multi-node servers run (resolve_servers()). Each server is
+    multi-node servers run (resolve_servers()). tuned: {name: flags}, the highest flag
+    layer (sglang_server_tuned_flags). Each server is
     resolve_server()'s description plus flag_argv (the flags as SGLang's parser reads them),
     argv (the whole command), exec_start (the ExecStart= value), env_lines (the EnvironmentFile),
     logging_config and load_credential (servers with an API key), paths, plan_args (the
@@ -707,7 +718,7 @@ def describe_servers(
     base_env = _env_layer(nccl_env, "sglang_server_nccl_env")
     defaults["env"] = combine(base_env, _env_layer(defaults.get("env"), f"{DEFAULTS_VAR}.env"))
     checked_runtime = _runtime(runtime or {})
-    resolved = resolve_servers(servers, profiles, overrides, defaults, cluster=cluster)
+    resolved = resolve_servers(servers, profiles, overrides, defaults, cluster=cluster, tuned=tuned)
     return [{**server, **_rendered(server, checked_runtime)} for server in resolved]
 
 

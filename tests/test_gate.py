@@ -314,3 +314,48 @@ def test_rollout_table_aligns_columns_and_counts_outcomes() -> None:
     assert lines[1].split() == ["gpu1", "a", "abc123def456", "1207.1", "12.0", "passed"]
     assert lines[0].index("OUTCOME") == lines[1].index("passed")
     assert lines[-1] == "1 passed"
+
+
+REFUSAL = (
+    "mem_fraction_static 0.970 leaves a predicted 1.26 GiB free after CUDA graph capture, "
+    "below the 5.0 GiB margin"
+)
+
+
+def test_a_calibrated_refusal_is_its_own_outcome_without_a_second_failure_row() -> None:
+    rows = rollout_rows(
+        [
+            {
+                "host": "gpu1",
+                "servers": [
+                    {"name": "a", "config_hash": "h-a"},
+                    {"name": "b", "config_hash": "h-b"},
+                ],
+                "results": [],
+                "error": f"sglang_server_instances[a]: {REFUSAL}",
+                "refused": {"a": REFUSAL},
+            }
+        ]
+    )
+    assert [(r["server"], r["outcome"]) for r in rows] == [
+        ("a", "refused (calibrated)"),
+        ("b", "unchanged"),
+    ]
+    assert rows[0]["message"] == REFUSAL
+    assert format_rollout_table(rows)[-1] == "1 refused (calibrated), 1 unchanged"
+
+
+def test_the_fleet_summary_filter_reads_the_refusal_fact() -> None:
+    table = load_plugin("filter_plugins/sglang_gate.py").FilterModule().filters()
+    hostvars = {
+        "gpu1": {
+            "sglang_server_servers": [{"name": "a", "config_hash": "h-a"}],
+            "sglang_server_failure": f"sglang_server_instances[a]: {REFUSAL}",
+            "sglang_server_calibration_refused": {"a": REFUSAL},
+        },
+        "gpu2": {"sglang_server_servers": [{"name": "a", "config_hash": "h-a"}]},
+    }
+    lines = table["sglang_rollout_table"](["gpu1", "gpu2"], hostvars)
+    assert lines[1].split()[-2:] == ["refused", "(calibrated)"]
+    assert lines[2].split()[-1] == "unchanged"
+    assert len(lines) == 4  # header, two rows, counts: no extra "failed" row for gpu1
