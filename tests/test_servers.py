@@ -82,7 +82,7 @@ def test_tuned_flags_lie_over_every_inventory_layer_and_say_so() -> None:
     server = kimi(profile="throughput", flags={"mem_fraction_static": 0.88})
     overrides = {"kimi": {"flags": {"mem_fraction_static": 0.7}}}
     tuned = {"kimi": {"mem_fraction_static": 0.9, "max_running_requests": 96}}
-    [resolved] = resolve_servers([server], PROFILES, overrides, DEFAULTS, tuned)
+    [resolved] = resolve_servers([server], PROFILES, overrides, DEFAULTS, tuned=tuned)
     assert resolved["flags"]["mem_fraction_static"] == 0.9
     assert resolved["flags"]["kv_cache_dtype"] == "fp8_e4m3"  # untouched layers stay
     assert resolved["flag_origins"]["max_running_requests"] == (
@@ -91,7 +91,7 @@ def test_tuned_flags_lie_over_every_inventory_layer_and_say_so() -> None:
     [plain] = resolve_servers([server], PROFILES, overrides, DEFAULTS)
     assert config_hash(resolved) != config_hash(plain)
     with pytest.raises(ServerConfigError, match=r"sglang_server_tuned_flags\.llama: names no"):
-        resolve_servers([server], PROFILES, {}, DEFAULTS, {"llama": {"tp_size": 1}})
+        resolve_servers([server], PROFILES, {}, DEFAULTS, tuned={"llama": {"tp_size": 1}})
 
 
 def test_nested_flags_combine_key_by_key_and_null_removes() -> None:
