@@ -47,15 +47,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# The venv `make` builds has both packages installed (editable): no path edits here.
+from gpusim.state import Hardware, Timing
+
+from gpusim import state as gpusim_state
+from sglang_fleet import autotune, calibration
+from sglang_fleet.modelcfg import read_model_dir
+
 REPO = Path(__file__).resolve().parent.parent
 GPUSIM = REPO / "gpusim"
-sys.path[:0] = [str(REPO), str(GPUSIM)]
-
-from gpusim.state import Hardware, Timing  # noqa: E402
-
-from gpusim import state as gpusim_state  # noqa: E402  (needs the path above)
-from sglang_fleet import autotune, calibration  # noqa: E402
-from sglang_fleet.modelcfg import read_model_dir  # noqa: E402
 
 FIXTURE = GPUSIM / "gpusim" / "fixtures" / "kimi-k2.5-int4"
 GPU_MIB = 97887
@@ -143,7 +143,6 @@ def flag_argv(flags: dict[str, Any]) -> list[str]:
 def child_env(root: Path) -> dict[str, str]:
     env = dict(os.environ)
     env["GPUSIM_STATE_DIR"] = str(root)
-    env["PYTHONPATH"] = os.pathsep.join([str(GPUSIM), str(REPO)])
     env["SGL_FORCE_SHUTDOWN"] = "1"
     return env
 
@@ -209,7 +208,14 @@ def run_trial(env: Setup, flags: dict[str, Any], label: str) -> dict[str, Any]:
     argv = ["--model-path", str(env.model_dir), "--port", str(port), *flag_argv(flags)]
     cmd = [sys.executable, "-m", "gpusim.sglang_server", *argv]
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env(env.root))
+        # In a folder of its own: `python -m` puts the working directory first on sys.path, and
+        # a gpusim/ folder there (the repository's, the simulated host's state) would shadow
+        # the installed package.
+        cwd = env.workdir / "server-cwd"
+        cwd.mkdir(exist_ok=True)
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env(env.root), cwd=cwd
+        )
     try:
         if not wait_healthy(proc, url):
             return {"error": _tail(log_path), "phase": "start", "smoke": None, "calibration": None}

@@ -1,7 +1,9 @@
 """Ansible filters over sglang_fleet.calibration: record a start, keep the host's store.
 
     {{ journal_text | sglang_calibration_record(server_info, key) }}
+    {{ journal_text | sglang_calibration_attempt(server_info, key) }}   {record, error}
     {{ store_text | sglang_calibration_store(record) }}
+    {{ server_info | sglang_server_info_public }}      what a record reads; never the API key
     {{ config_json | sglang_model_fingerprint(index_json_or_weight_bytes) }}
 
 Thin wrappers over the installed sglang_fleet package (calibration.py, tested there); docs/
@@ -54,6 +56,26 @@ def sglang_calibration_record(
         raise AnsibleFilterError(f"sglang_calibration_record: {exc}") from exc
 
 
+def sglang_calibration_attempt(
+    log_text: str | None, server_info: Any = None, key: dict | None = None
+) -> dict[str, Any]:
+    """{record, error}: a start whose log and /server_info lack the memory figures is no
+    calibration (error says why), not a failed start."""
+    try:
+        record = calibration.build_record(
+            log_text or "", _parsed(server_info, "server_info"), dict(key or {})
+        )
+    except calibration.CalibrationError as exc:
+        return {"record": None, "error": str(exc)}
+    return {"record": record, "error": None}
+
+
+def sglang_server_info_public(server_info: Any) -> dict[str, Any] | None:
+    """calibration.public_server_info(): /server_info without the arguments a record does not
+    read (the API key among them)."""
+    return calibration.public_server_info(_parsed(server_info, "server_info"))
+
+
 def sglang_calibration_store(
     store: Any, record: dict, limit: int = calibration.STORE_LIMIT
 ) -> dict:
@@ -79,6 +101,8 @@ class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
             "sglang_calibration_record": sglang_calibration_record,
+            "sglang_calibration_attempt": sglang_calibration_attempt,
+            "sglang_server_info_public": sglang_server_info_public,
             "sglang_calibration_store": sglang_calibration_store,
             "sglang_model_fingerprint": sglang_model_fingerprint,
         }

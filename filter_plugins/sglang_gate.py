@@ -64,10 +64,12 @@ def sglang_smoke_compact(result: Any, diagnosis: Any = None, report: str | None 
 
 def _host_entry(host: str, hostvars: Mapping[str, Any]) -> dict[str, Any]:
     """What the rollout recorded on one host: the sglang_server role's documented output facts
-    (sglang_server_servers, sglang_server_rollout_results); absent when it never got there. A
-    host the `check` entry point found in need of a rollout (sglang_server_rollout_needed) that
-    the rollout did not reach (sglang_server_rollout_reached) counts as never got there."""
+    (sglang_server_servers, sglang_server_rollout_results, sglang_server_calibration_refused);
+    absent when it never got there. A host the `check` entry point found in need of a rollout
+    (sglang_server_rollout_needed) that the rollout did not reach (sglang_server_rollout_reached)
+    counts as never got there."""
     facts = hostvars.get(host) or {}
+    refused = facts.get("sglang_server_calibration_refused") or {}
     pending = bool(facts.get("sglang_server_rollout_needed")) and not facts.get(
         "sglang_server_rollout_reached"
     )
@@ -85,6 +87,7 @@ def _host_entry(host: str, hostvars: Mapping[str, Any]) -> dict[str, Any]:
             _plain(r, "rollout result") for r in (facts.get("sglang_server_rollout_results") or [])
         ],
         "error": facts.get("sglang_server_failure") if "sglang_server_failure" in facts else None,
+        "refused": {str(name): str(message) for name, message in dict(refused).items()},
     }
 
 

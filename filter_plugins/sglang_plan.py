@@ -1,12 +1,17 @@
 """Ansible filter over sglang_fleet.plan: the rollout's capacity pre-flight.
 
-    {{ server | sglang_server_plan(model_config, weights, gpus, host_ram_mib, workload) }}
+    {{ server | sglang_server_plan(model_config, weights, gpus, host_ram_mib, workload,
+                                   calibration) }}
     {{ model_config | sglang_plan(weights, plan_args, host_facts) }}
 
-server is one entry of sglang_server_servers (its plan_args are the planner's flags); gpus is
-what the nvidia_gpu_info module returned. model_config and weights may be what `slurp` +
-`b64decode` give (JSON text) or already parsed; weights may be a byte count or the parsed
-model.safetensors.index.json. The logic lives in sglang_fleet.plan (docs/ARCHITECTURE.md).
+server is one entry of sglang_server_servers (its plan_args are the planner's flags, its
+flags the whole flag set a calibration record is compared with); gpus is what the
+nvidia_gpu_info module returned (the server's own GPUs give the memory and name). calibration
+is {store: the host's calibration.json as slurped (text, may be empty), mode: enforce | warn
+| ignore, sglang_version: the installed version} (docs/CALIBRATION.md). model_config and
+weights may be what `slurp` + `b64decode` give (JSON text) or already parsed; weights may be
+a byte count or the parsed model.safetensors.index.json. The logic lives in sglang_fleet.plan
+(docs/ARCHITECTURE.md).
 """
 
 from __future__ import annotations
@@ -55,6 +60,37 @@ def sglang_plan(
         raise AnsibleFilterError(f"sglang_plan: {exc}") from exc
 
 
+def _server_gpus(server: dict[str, Any], gpu_list: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The server's own GPUs as nvidia-smi lists them; every GPU when none of them is listed."""
+    wanted = {str(index) for index in server.get("gpus") or []}
+    own = [gpu for gpu in gpu_list if str(gpu.get("index")) in wanted]
+    return own or gpu_list
+
+
+_CALIBRATION_KEYS = frozenset({"store", "mode", "sglang_version"})
+
+
+def _calibration_args(calibration: Any, server: dict[str, Any]) -> dict[str, Any]:
+    if not calibration:
+        return {}
+    given = _as_dict(calibration, "calibration")
+    unknown = sorted(set(given) - _CALIBRATION_KEYS)
+    if unknown:
+        raise AnsibleFilterError(
+            f"sglang_server_plan: unknown calibration key(s) {', '.join(unknown)}; "
+            f"allowed: {', '.join(sorted(_CALIBRATION_KEYS))}"
+        )
+    store = given.get("store")
+    args: dict[str, Any] = {
+        "calibration": store if store not in (None, "") else None,
+        "calibration_mode": given.get("mode") or "enforce",
+        "sglang_version": given.get("sglang_version") or None,
+    }
+    if "flags" in server:
+        args["server_flags"] = dict(server["flags"])
+    return args
+
+
 def sglang_server_plan(  # noqa: PLR0917 (Jinja passes filter arguments by position)
     server: Any,
     model_config: Any,
@@ -62,18 +98,28 @@ def sglang_server_plan(  # noqa: PLR0917 (Jinja passes filter arguments by posit
     gpus: Any,
     host_ram_mib: Any,
     workload: dict | None = None,
+    calibration: dict | None = None,
 ) -> dict:
-    """The plan of one described server on this host's GPUs (min memory.total) and RAM."""
+    """The plan of one described server on its GPUs (min memory.total, name) and the host's
+    RAM, with the host's calibration records when `calibration` is given."""
     server = _as_dict(server, "server")
     gpu_list = [_as_dict(gpu, "gpu") for gpu in (gpus or [])]
     if not gpu_list:
         raise AnsibleFilterError(f"sglang_server_plan: no GPU reported for {server.get('name')}")
+    own = _server_gpus(server, gpu_list)
     host = {
-        "gpu_memory_mib": min(float(gpu["memory_total_mib"]) for gpu in gpu_list),
+        "gpu_memory_mib": min(float(gpu["memory_total_mib"]) for gpu in own),
         "host_ram_gib": float(host_ram_mib) / 1024,
         "gpu_count": len(gpu_list),
     }
-    args = {**server.get("plan_args", {}), **_as_dict(workload or {}, "workload")}
+    names = sorted({str(gpu["name"]) for gpu in own if gpu.get("name")})
+    if len(names) == 1:
+        host["gpu_name"] = names[0]
+    args = {
+        **server.get("plan_args", {}),
+        **_as_dict(workload or {}, "workload"),
+        **_calibration_args(calibration, server),
+    }
     return sglang_plan(model_config, weights, args, host)
 
 

@@ -1,7 +1,9 @@
 """Ansible filters of the sglang_server role: the inventory's servers, resolved once, and checks.
 
     {{ sglang_server_instances | sglang_server_describe(profiles, overrides, defaults,
-                                                         nccl_env, runtime, cluster) }}
+                                                         nccl_env, runtime, cluster,
+                                                         tuned) }}
+    {{ sglang_server_instances | sglang_server_cluster(hostvars, inventory_hostname) }}
     {{ servers | sglang_host_errors(host) }}         host: {gpu_count, ram_mib}
     {{ servers | map('sglang_server_errors', host) }}
     {{ servers | sglang_not_last_known_good(lkg_slurps) }}
@@ -22,6 +24,7 @@ from typing import Any
 
 from ansible.errors import AnsibleFilterError
 
+from sglang_fleet import nodes as _nodes
 from sglang_fleet import servers as _servers
 from sglang_fleet import validate as _validate
 
@@ -50,6 +53,7 @@ def sglang_server_describe(  # noqa: PLR0917 (Jinja passes filter arguments by p
     nccl_env: dict | None = None,
     runtime: dict | None = None,
     cluster: dict | None = None,
+    tuned: dict | None = None,
 ) -> list[dict]:
     """sglang_fleet.servers.describe_servers(): every server with what the role writes;
     cluster {host: inventory_hostname} gives the default host of a router's worker URL."""
@@ -62,6 +66,7 @@ def sglang_server_describe(  # noqa: PLR0917 (Jinja passes filter arguments by p
             nccl_env=_plain(nccl_env or {}),
             runtime=_plain(runtime or {}),
             cluster=_plain(cluster or {}),
+            tuned=_plain(tuned or {}),
         )
     except (_servers.ServerConfigError, ValueError) as exc:
         raise AnsibleFilterError(str(exc)) from exc
@@ -89,6 +94,29 @@ def sglang_not_last_known_good(servers: list, lkg_slurps: list) -> list[str]:
         if recorded != server["config_hash"]:
             names.append(server["name"])
     return names
+
+
+def sglang_server_cluster(servers: Any, hostvars: Mapping, host: str) -> dict[str, Any]:
+    """Where multi-node servers run: this host's name and, for every host named in a server's
+    nodes that the inventory knows, its interfaces and how it describes its servers (names,
+    node lists and GPU counts only: never a key). Hosts of no server's nodes are not read."""
+    names = {
+        node
+        for server in (_plain(servers) or [])
+        if isinstance(server, Mapping)
+        for node in (server.get("nodes") or [])
+        if isinstance(node, str)
+    }
+    hosts = {}
+    for name in sorted(names):
+        if name not in hostvars:
+            continue
+        known = hostvars[name]
+        hosts[name] = _nodes.host_facts(
+            _plain(known.get("ansible_facts") or {}),
+            _plain(known.get("sglang_server_instances") or []),
+        )
+    return {"host": str(host), "hosts": hosts}
 
 
 def sglang_servers_on_gpus(servers: list, gpus: list) -> list[dict]:
@@ -122,6 +150,7 @@ class FilterModule:
             "sglang_host_errors": sglang_host_errors,
             "sglang_not_last_known_good": sglang_not_last_known_good,
             "sglang_servers_on_gpus": sglang_servers_on_gpus,
+            "sglang_server_cluster": sglang_server_cluster,
             "sglang_server_api_keys": sglang_server_api_keys,
             "sglang_router_missing": sglang_router_missing,
         }

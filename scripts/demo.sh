@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make demo`: the main job on a local simulated GPU host. Starts a systemd test-host container
-# (8 simulated 96 GB GPUs, 400 GiB RAM: the story's host), makes it a GPU host with the GPU-less
+# (8 simulated 96 GB GPUs, 400 GiB RAM: the Kimi job's (docs/THE-JOB.md) host), makes it a GPU host with the GPU-less
 # double, runs playbooks/site.yml against it exactly as against a real host, then asks the
 # server for a generation. Rerunning it is a no-op rollout (changed=0).
 set -euo pipefail

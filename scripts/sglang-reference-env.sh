@@ -11,8 +11,8 @@
 # Idempotent: DIR/venv/.stamp holds a hash of this script (and of where the torchvision stand-in
 # lives); when it matches, the script only says so and exits. Anything else is rebuilt from scratch.
 #
-# Why the install looks like this (see /work/shared/sglang-facts.md, "Running it on a machine
-# without a GPU"): sglang's declared dependencies pull CUDA torch, flashinfer and ~4.5 GB of NVIDIA
+# Why the install looks like this (docs/SGLANG.md, "Its benchmark client on a machine without a
+# GPU"): sglang's declared dependencies pull CUDA torch, flashinfer and ~4.5 GB of NVIDIA
 # libraries. Every package below is therefore installed with --no-deps from an exact lock, so pip
 # never resolves anything itself: torch is the local CPU wheel (2.13.0+cpu), and torchvision is a
 # small stand-in package from this repository, put on the venv's path by a .pth file. The index is

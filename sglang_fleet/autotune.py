@@ -31,6 +31,8 @@ or, from Python, `new_state`, `next_trial`, `record_trial`, `write_report`.
 from __future__ import annotations
 
 import argparse
+import datetime
+import hashlib
 import itertools
 import json
 import math
@@ -72,6 +74,18 @@ _PLANNER_FLAGS = (
 )
 _CANNOT_START = ("not_enough_memory", "not_enough_gpus", "hicache_host_ram")
 BASELINE_ID = "base"
+# The inputs that make a search: a rerun with the same ones resumes the state, other ones
+# start a new search (spec_digest).
+SPEC_KEYS = (
+    "server",
+    "base_flags",
+    "space",
+    "workload",
+    "slo",
+    "tolerance",
+    "max_trials",
+    "margin_gib",
+)
 
 
 class AutotuneInputError(ValueError):
@@ -192,6 +206,52 @@ def validate_slo(slo: Any) -> dict[str, float | None]:
     return out
 
 
+def validate_inputs(
+    *,
+    space: Any,
+    workload: Any,
+    slo: Any = None,
+    kv_cache_dtypes_allowed: Iterable[str] | None = None,
+    tolerance: Any = DEFAULT_TOLERANCE,
+    max_trials: Any = None,
+) -> dict[str, Any]:
+    """Every operator input of a search, typed; raises AutotuneInputError naming the variable
+    and what it allows. Needs no host: the playbook calls it before touching one."""
+    try:
+        tol = float(tolerance)
+    except (TypeError, ValueError):
+        tol = math.nan
+    if isinstance(tolerance, bool) or not 0 <= tol < 1:
+        raise AutotuneInputError(f"autotune_tolerance: {tolerance!r} is not a number in [0, 1)")
+    allowed = None if kv_cache_dtypes_allowed is None else [str(d) for d in kv_cache_dtypes_allowed]
+    for dtype in allowed or []:
+        if dtype not in kvmath.KV_ELEM_BYTES:
+            choices = ", ".join(sorted(kvmath.KV_ELEM_BYTES))
+            raise AutotuneInputError(
+                f"autotune_kv_cache_dtypes_allowed: {dtype!r} is not a KV cache dtype ({choices})"
+            )
+    return {
+        "space": validate_space(space, allowed),
+        "workload": validate_workload(workload),
+        "slo": validate_slo(slo),
+        "tolerance": tol,
+        "max_trials": None
+        if max_trials is None
+        else _positive_int(max_trials, "autotune_max_trials"),
+    }
+
+
+def spec_digest(state: Mapping[str, Any]) -> str:
+    """What makes two searches the same search: server, current flags, typed inputs."""
+    spec = {name: state.get(name) for name in SPEC_KEYS}
+    text = json.dumps(spec, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _stamp() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
+
+
 # --- state --------------------------------------------------------------------------------
 def new_state(
     *,
@@ -208,23 +268,28 @@ def new_state(
 ) -> dict[str, Any]:
     """A fresh search. context: {model_config, weight_bytes, host {gpu_memory_mib,
     host_ram_gib, gpu_count, gpu_name}, sglang_version, calibration (the host's store)}."""
-    if not 0 <= float(tolerance) < 1:
-        raise AutotuneInputError(f"autotune_tolerance: {tolerance!r} is not in [0, 1)")
+    typed = validate_inputs(
+        space=space,
+        workload=workload,
+        slo=slo,
+        kv_cache_dtypes_allowed=kv_cache_dtypes_allowed,
+        tolerance=tolerance,
+        max_trials=max_trials,
+    )
     for name in ("model_config", "weight_bytes", "host"):
         if context.get(name) is None:
             raise AutotuneInputError(f"autotune context lacks {name}")
-    typed_space = validate_space(space, kv_cache_dtypes_allowed)
+    typed_space = typed["space"]
     state: dict[str, Any] = {
         "schema": STATE_SCHEMA,
+        "started_at": _stamp(),
         "server": server,
         "base_flags": calibration.public_flags(base_flags),
         "space": typed_space,
-        "workload": validate_workload(workload),
-        "slo": validate_slo(slo),
-        "tolerance": float(tolerance),
-        "max_trials": None
-        if max_trials is None
-        else _positive_int(max_trials, "autotune_max_trials"),
+        "workload": typed["workload"],
+        "slo": typed["slo"],
+        "tolerance": typed["tolerance"],
+        "max_trials": typed["max_trials"],
         "margin_gib": float(margin_gib),
         "context": {
             "model_config": context["model_config"],
@@ -240,6 +305,7 @@ def new_state(
         "done": False,
         "stop_reason": None,
     }
+    state["spec_digest"] = spec_digest(state)
     _replan(state)
     return state
 
@@ -558,7 +624,7 @@ def record_trial(
         "tuned": dict(state["in_flight"]["tuned"]),
         "outcome": _outcome(state, smoke, error),
         "phase": result.get("phase"),
-        "error": (error or "")[-2000:] or None,
+        "error": _clip(error),
         "oom": _is_oom(error, smoke),
         "calibrated": bool(predicted.get("calibrated")),
         "predicted": predicted or None,
@@ -573,6 +639,16 @@ def record_trial(
     state["in_flight"] = None
     _replan(state)
     return row
+
+
+def _clip(text: str | None, limit: int = 2400) -> str | None:
+    """The error kept in the state: its head (what failed) and its tail (the journal's end)."""
+    if not text:
+        return None
+    if len(text) <= limit:
+        return text
+    head = limit // 3
+    return f"{text[:head]}\n[...]\n{text[-(limit - head) :]}"
 
 
 def _smoke_figures(smoke: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -743,8 +819,6 @@ def save_state(state: Mapping[str, Any], path: str | Path) -> None:
 
 
 def _cmd_init(ns: argparse.Namespace) -> Any:
-    if Path(ns.state).exists() and not ns.force:
-        return load_summary(_read_json(ns.state))  # rerun: keep the search where it is
     spec, ctx = _read_json(ns.spec), _read_json(ns.context)
     state = new_state(
         server=spec["server"],
@@ -758,8 +832,15 @@ def _cmd_init(ns: argparse.Namespace) -> Any:
         max_trials=spec.get("max_trials"),
         margin_gib=spec.get("margin_gib", MIN_FREE_AFTER_GRAPH_GIB),
     )
+    old = _read_json(ns.state) if Path(ns.state).exists() else None
+    if old is not None and not ns.force and old.get("spec_digest") == state["spec_digest"]:
+        return load_summary(old) | {"resumed": True, "replaced": None}  # a rerun goes on
     save_state(state, ns.state)
-    return load_summary(state)
+    replaced = None
+    if old is not None:
+        replaced = {k: old.get(k) for k in ("started_at", "done", "stop_reason")}
+        replaced["trials"] = len(old.get("trials") or [])
+    return load_summary(state) | {"resumed": False, "replaced": replaced}
 
 
 def load_summary(state: Mapping[str, Any]) -> dict[str, Any]:
@@ -768,6 +849,7 @@ def load_summary(state: Mapping[str, Any]) -> dict[str, Any]:
         counts[c["status"]] = counts.get(c["status"], 0) + 1
     return {
         "server": state["server"],
+        "started_at": state.get("started_at"),
         "candidates": len(state["candidates"]),
         "by_status": counts,
         "trials": len(state["trials"]),
@@ -795,7 +877,7 @@ def _cmd_record(ns: argparse.Namespace) -> Any:
 
 def _cmd_report(ns: argparse.Namespace) -> Any:
     state = _read_json(ns.state)
-    return write_report(state, ns.out_dir, ns.stamp)
+    return write_report(state, ns.out_dir, ns.stamp or state.get("started_at") or _stamp())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -806,13 +888,20 @@ def main(argv: list[str] | None = None) -> int:
     init = sub.add_parser("init", help="plan the candidates (a rerun keeps an existing state)")
     init.add_argument("--spec", required=True, help="JSON: server, base_flags, space, ...")
     init.add_argument("--context", required=True, help="JSON: model_config, weight_bytes, ...")
-    init.add_argument("--force", action="store_true", help="start over")
+    init.add_argument(
+        "--force",
+        action="store_true",
+        help="start over (by default a state of the same inputs is resumed, one of other "
+        "inputs is replaced)",
+    )
     sub.add_parser("next", help="print the next trial as JSON, or null when done")
     record = sub.add_parser("record", help="record the trial in flight")
     record.add_argument("--result", required=True, help="JSON: smoke, calibration, error, phase")
     report = sub.add_parser("report", help="write the table, picture and winner profile")
     report.add_argument("--out-dir", required=True)
-    report.add_argument("--stamp", required=True, help="file name stamp, e.g. 20261129T1000")
+    report.add_argument(
+        "--stamp", default=None, help="file name stamp (default: when the search started)"
+    )
     for command in sub.choices.values():
         command.add_argument("--state", required=True, help="the search's JSON state file")
     ns = parser.parse_args(argv)

@@ -147,6 +147,38 @@ def public_flags(flags: Mapping[str, Any] | None) -> dict[str, Any] | None:
     return {str(k): v for k, v in flags.items() if not _is_secret(str(k))}
 
 
+# What a record reads of /server_info. The endpoint lists every server argument, the API key
+# among them: a caller keeps only these before the answer goes anywhere it could be printed.
+SERVER_INFO_FIELDS = (
+    "version",
+    "model_path",
+    "tp_size",
+    "dp_size",
+    "pp_size",
+    "nnodes",
+    "mem_fraction_static",
+    "kv_cache_dtype",
+    "page_size",
+    "chunked_prefill_size",
+    "max_total_num_tokens",
+    "max_running_requests",
+    "context_length",
+)
+
+
+def public_server_info(info: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The part of /server_info a record uses: SERVER_INFO_FIELDS and rank 0's memory_usage."""
+    if not isinstance(info, Mapping):
+        return None
+    kept: dict[str, Any] = {name: info[name] for name in SERVER_INFO_FIELDS if name in info}
+    states = info.get("internal_states")
+    if isinstance(states, list) and states and isinstance(states[0], Mapping):
+        usage = states[0].get("memory_usage")
+        if isinstance(usage, Mapping):
+            kept["internal_states"] = [{"memory_usage": dict(usage)}]
+    return kept
+
+
 def _num(value: Any) -> float | None:
     if value is None or isinstance(value, bool):
         return None

@@ -117,6 +117,11 @@ def _evidence(
         "output_throughput": smoke.get("output_throughput"),
         "max_total_num_tokens": (smoke.get("server_metrics") or {}).get("max_total_num_tokens"),
     }
+    # A benchmark's own counts (absent live): with none completed, its achieved concurrency
+    # (computed from successful requests) says nothing about the client.
+    for name in ("completed", "failed"):
+        if smoke.get(name) is not None:
+            ev[name] = int(smoke[name])
     if busy:
         ev |= {
             "median_running_reqs": statistics.median(s.running for s in busy),
@@ -144,6 +149,12 @@ def _classify_without_load(ev: dict[str, Any], asked: float | None, client_short
 
 
 def _classify(ev: dict[str, Any]) -> str:
+    if ev.get("completed") == 0:
+        return "unknown"  # a run that measured nothing: _nothing_measured() names why
+    return _classify_measured(ev)
+
+
+def _classify_measured(ev: dict[str, Any]) -> str:
     asked, achieved = ev["client_concurrency_asked"], ev["client_concurrency_achieved"]
     client_short = (
         asked is not None and achieved is not None and achieved < CLIENT_SHORTFALL * asked
@@ -313,6 +324,20 @@ def _levers(verdict: str, ev: dict[str, Any], ctx: dict[str, Any] | None) -> lis
                 "sample_under_load",
                 "Nothing to diagnose: no request ran or waited during the window. Sample again "
                 "while the server carries its usual load (or a longer --window).",
+            )
+        ]
+    return _nothing_measured(ev)
+
+
+def _nothing_measured(ev: dict[str, Any]) -> list[dict[str, str]]:
+    """The lever of an `unknown` verdict: why there was nothing to judge."""
+    if ev.get("completed") == 0 and ev.get("failed"):
+        return [
+            _lever(
+                "requests_failed",
+                f"Every request failed ({ev['failed']} of {ev['failed']}): the run measured "
+                "nothing about the server's capacity. Fix the failures first (the smoke "
+                "result's failure_reasons and errors, the server log), then measure again.",
             )
         ]
     return [

@@ -293,7 +293,10 @@ def compact(
 
 
 # --- fleet summary (playbooks/deploy.yml) ----------------------------------------------------
-OUTCOMES = ("passed", "rolled back", "failed", "unchanged", "not reached")
+# "refused (calibrated)": the pre-flight refused the flag set on the host's calibration
+# (docs/CALIBRATION.md); the running server was not touched.
+REFUSED = "refused (calibrated)"
+OUTCOMES = ("passed", "rolled back", REFUSED, "failed", "unchanged", "not reached")
 
 
 def rollout_rows(hosts: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -301,11 +304,13 @@ def rollout_rows(hosts: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
     Each host: {host, servers: [{name, config_hash}] (None when the host never got as far as
     reading them), results: [{server, config_hash, outcome, output_throughput, p99_ttft_ms,
-    message}] as the restart recorded them, error: the host's failure message or None}.
+    message}] as the restart recorded them, error: the host's failure message or None,
+    refused: {server name: message} of flag sets the pre-flight refused on a calibration}.
     """
     rows = []
     for entry in hosts:
         done = {r["server"]: r for r in entry.get("results") or []}  # the last one counts
+        refused = dict(entry.get("refused") or {})
         servers = entry.get("servers")
         if servers is None:
             outcome = "failed" if entry.get("error") else "not reached"
@@ -315,12 +320,16 @@ def rollout_rows(hosts: list[dict[str, Any]]) -> list[dict[str, Any]]:
             name = server["name"]
             if name in done:
                 rows.append({"host": entry["host"], **done[name]})
+            elif name in refused:
+                rows.append(
+                    _row(entry["host"], name, server.get("config_hash"), REFUSED, refused[name])
+                )
             else:
                 rows.append(_row(entry["host"], name, server.get("config_hash"), "unchanged"))
-        # A failure the restart recorded already has its row; others (a held lock, a failed
-        # pre-flight) get one of their own.
+        # A failure the restart or a calibrated refusal recorded already has its row; others
+        # (a held lock, a failed pre-flight) get one of their own.
         restart_failed = any(r.get("outcome") in ("failed", "rolled back") for r in done.values())
-        if entry.get("error") and not restart_failed:
+        if entry.get("error") and not restart_failed and not refused:
             rows.append(_row(entry["host"], "-", None, "failed", message=entry["error"]))
     return rows
 

@@ -50,7 +50,7 @@ _MXFP8_SCALE_BLOCK = 32
 
 # Free GPU memory lost before weights load: the CUDA context (768 MiB, the same constant as
 # the gpusim double). An estimate: a calibration log's "Load weight begin. avail mem"
-# replaces it (the story's log shows 1.4 GiB gone at tp 8, with NCCL buffers).
+# replaces it (the Kimi job's (docs/THE-JOB.md) log shows 1.4 GiB gone at tp 8, with NCCL buffers).
 CUDA_CONTEXT_GIB = 0.75
 # SGLANG_VLM_CACHE_SIZE_MB default: reserved out of the KV budget for multimodal models.
 VLM_CACHE_RESERVE_GIB = 100 / 1024

@@ -48,13 +48,13 @@ from sglang_fleet.modelcfg import ModelConfigError, model_shape, read_model_dir
 
 # Free GPU memory that must remain after CUDA graph capture for a large prefill to run:
 # its activations (a few GiB for an 8k-token chunk of a 7k-hidden MoE) plus allocator
-# fragmentation. Chosen against the story's runs (Kimi-K2.5 int4, 8 x RTX PRO 6000,
+# fragmentation. Chosen against the Kimi job's runs (docs/THE-JOB.md: Kimi-K2.5 int4, 8 GPUs,
 # calibrated at 0.85 with 11.0 GiB free after capture, pre = 94.19 GiB): 0.88 and 0.90
 # ran (8.2 and 6.3 GiB predicted free), 0.93 ran out of memory in a large prefill
 # (3.5 GiB). Any margin in (3.5, 6.3) separates them; 5 GiB sits in the middle.
 MIN_FREE_AFTER_GRAPH_GIB = 5.0
 # Decode speed of one request when neither the caller nor a calibration log says: the
-# story's server decoded ~600 tok/s over ~50 running requests. A guess for other models.
+# Kimi job's server decoded ~600 tok/s over ~50 running requests. A guess for other models.
 DEFAULT_PER_REQUEST_TOK_S = 12.0
 DEFAULT_AVG_INPUT_LEN = 1024
 DEFAULT_AVG_OUTPUT_LEN = 1024

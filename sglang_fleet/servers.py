@@ -23,6 +23,7 @@ value of null removes the key set by an earlier layer):
 
     flags: sglang_server_defaults.flags  <  sglang_server_profiles[profile]
            <  sglang_server_instances[i].flags  <  sglang_server_overrides[name].flags
+           <  sglang_server_tuned_flags[name]   (one run's flags: autotune's trials and winner)
     env:   sglang_server_defaults.env  <  sglang_server_instances[i].env
            <  sglang_server_overrides[name].env
 
@@ -66,11 +67,13 @@ import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
+from sglang_fleet import nodes as _nodes
 from sglang_fleet.flags import env_file_line, exec_start, normalize_key, to_argv
 
 SERVERS_VAR = "sglang_server_instances"
 PROFILES_VAR = "sglang_server_profiles"
 OVERRIDES_VAR = "sglang_server_overrides"
+TUNED_VAR = "sglang_server_tuned_flags"
 DEFAULTS_VAR = "sglang_server_defaults"
 
 # Whole-string patterns, used with fullmatch: with match() and `$` a trailing newline passes.
@@ -97,6 +100,10 @@ SERVER_KEYS = (
     "host",
     "api_key",
     "router",
+    # One server across hosts (sglang_fleet/nodes.py, docs/MULTINODE.md).
+    "nodes",
+    "dist_init_port",
+    "interface",
 )
 ROUTER_KEYS = ("url", "worker_url")
 # What sglang-router 0.3.2 accepts as a worker URL (docs/ROUTER.md, "Worker API"): scheme, host
@@ -463,6 +470,43 @@ def default_tp_size(flags: Mapping[str, Any], gpu_count: int) -> int | None:
     return total // (pp * replicas)
 
 
+def _node_layout(
+    server: Mapping[str, Any],
+    where: str,
+    cluster: Mapping[str, Any] | None,
+    gpu_count: int,
+    port: int,
+) -> _nodes.Layout | bool | None:
+    """The multi-node layout on this host; False for a one-host server, None when this host is
+    not one of the server's nodes."""
+    if server.get("nodes") is None:
+        for key in ("dist_init_port", "interface"):
+            if server.get(key) is not None:
+                raise ServerConfigError(f"{where}.{key}", "only applies to a server with nodes")
+        return False
+    cluster = cluster or {}
+    try:
+        return _nodes.layout(
+            server,
+            where,
+            host=cluster.get("host"),
+            cluster=cluster.get("hosts") or {},
+            gpu_count=gpu_count,
+            server_port=port,
+        )
+    except _nodes.NodeError as exc:
+        raise ServerConfigError(exc.variable, exc.message) from None
+
+
+def _refuse_node_flags(flag_layers: list[tuple[str, dict[str, Any]]]) -> None:
+    for variable, layer in flag_layers:
+        for key in _nodes.NODE_FLAGS:
+            if layer.get(key) is not None:
+                raise ServerConfigError(
+                    f"{variable}.{key}", "is set from the server's nodes (node order and node 0)"
+                )
+
+
 def resolve_server(
     server: Mapping[str, Any],
     index: int,
@@ -471,9 +515,11 @@ def resolve_server(
     defaults: Mapping[str, Any],
     *,
     cluster: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """One resolved server description (see the module docstring). cluster: {host: this
-    host's inventory name}, the default host of router.worker_url."""
+    tuned: Mapping[str, Any] | None = None,
+) -> dict[str, Any] | None:
+    """One resolved server description (see the module docstring); None for a multi-node
+    server this host is not a node of. cluster: {host: this host's inventory name (the default
+    host of router.worker_url), hosts: {...}} for multi-node servers."""
     if not isinstance(server, Mapping):
         raise ServerConfigError(f"{SERVERS_VAR}[{index}]", "must be a mapping")
     name = _check_name(server, index)
@@ -490,6 +536,9 @@ def resolve_server(
     gpus = _check_gpus(server.get("gpus"), where)
     port = _check_port(server.get("port"), where)
     router = _check_router(server.get("router"), where, port, host, (cluster or {}).get("host"))
+    node_layout = _node_layout(server, where, cluster, len(gpus), port)
+    if node_layout is None:
+        return None
     profile, profile_flags = _profile_layer(server, profiles, where)
     override = _mapping(overrides.get(name), f"{OVERRIDES_VAR}.{name}")
     _check_keys(override, f"{OVERRIDES_VAR}.{name}", OVERRIDE_KEYS)
@@ -502,11 +551,16 @@ def resolve_server(
             f"{OVERRIDES_VAR}.{name}.flags",
             _flag_layer(override.get("flags"), f"{OVERRIDES_VAR}.{name}.flags"),
         ),
+        (f"{TUNED_VAR}.{name}", _flag_layer((tuned or {}).get(name), f"{TUNED_VAR}.{name}")),
     ]
     flags: dict[str, Any] = {}
     for _variable, layer in flag_layers:
         flags = combine(flags, layer)
     origins = _origins(flag_layers)
+    if node_layout:
+        _refuse_node_flags(flag_layers)
+        flags.update(node_layout.flags())
+        origins.update(dict.fromkeys(_nodes.NODE_FLAGS, f"{where}.nodes"))
 
     env: dict[str, Any] = {}
     for variable, value in (
@@ -515,6 +569,9 @@ def resolve_server(
         (f"{OVERRIDES_VAR}.{name}.env", override.get("env")),
     ):
         env = combine(env, _env_layer(value, variable))
+    if node_layout:
+        # NCCL and gloo talk over this node's interface unless the env layers name one.
+        env = {**node_layout.env(), **env}
 
     if "tp_size" not in flags:
         tp_size = default_tp_size(flags, len(gpus))
@@ -546,6 +603,9 @@ def resolve_server(
         # The key itself stays out of the description, which Ansible prints and diffs.
         "api_key_set": api_key_set,
         "router": router,
+        # Multi-node servers: every node in order (node 0 first) and this host's rank in it.
+        "nodes": list(node_layout.nodes) if node_layout else [],
+        "node_rank": node_layout.node_rank if node_layout else None,
     }
 
 
@@ -556,10 +616,13 @@ def resolve_servers(
     defaults: dict,
     *,
     cluster: Mapping[str, Any] | None = None,
+    tuned: dict | None = None,
 ) -> list[dict]:
     """Resolve every server of a host; errors raise ServerConfigError naming the variable.
 
-    cluster: {host: this host's inventory name} (resolve_server()).
+    cluster ({host: this host's inventory name, hosts: {name: nodes.host_facts(...)}}) places
+    multi-node servers (a server whose nodes do not include this host is left out) and gives
+    the default host of a router's worker URL.
     """
     if servers is None:
         servers = []
@@ -568,21 +631,24 @@ def resolve_servers(
     profiles = _mapping(profiles, PROFILES_VAR)
     overrides = _mapping(overrides, OVERRIDES_VAR)
     defaults = _mapping(defaults, DEFAULTS_VAR)
+    tuned = _mapping(tuned, TUNED_VAR)
     _check_keys(defaults, DEFAULTS_VAR, DEFAULTS_KEYS)
-    resolved = [
-        resolve_server(server, index, profiles, overrides, defaults, cluster=cluster)
+    placed = [
+        resolve_server(server, index, profiles, overrides, defaults, cluster=cluster, tuned=tuned)
         for index, server in enumerate(servers)
     ]
+    resolved = [server for server in placed if server is not None]
     names = [server["name"] for server in resolved]
     for name in names:
         if names.count(name) > 1:
             raise ServerConfigError(f"{SERVERS_VAR}[{name}]", "two servers have this name")
-    for name in overrides:
-        if name not in names:
-            raise ServerConfigError(
-                f"{OVERRIDES_VAR}.{name}",
-                f"names no server of this host; servers: {', '.join(names) or 'none'}",
-            )
+    for variable, layer in ((OVERRIDES_VAR, overrides), (TUNED_VAR, tuned)):
+        for name in layer:
+            if name not in names:
+                raise ServerConfigError(
+                    f"{variable}.{name}",
+                    f"names no server of this host; servers: {', '.join(names) or 'none'}",
+                )
     return resolved
 
 
@@ -674,6 +740,8 @@ def _rendered(server: dict[str, Any], runtime: Mapping[str, str]) -> dict[str, A
         "logging_file": f"{config_dir}/{name}.logging.json",
         "state_dir": f"{state_dir}/{name}",
         "lkg_dir": f"{state_dir}/{name}/lkg",
+        # Outside lkg/: a rollback restores lkg/ only, so calibrations survive it.
+        "calibration_file": f"{state_dir}/{name}/calibration.json",
     }
     try:
         flag_argv = to_argv(server["flags"])
@@ -712,12 +780,14 @@ def describe_servers(
     nccl_env: dict | None = None,
     runtime: dict | None = None,
     cluster: dict | None = None,
+    tuned: dict | None = None,
 ) -> list[dict]:
     """The one call the role makes: inventory -> resolved servers with everything it writes.
 
     nccl_env (the host family's NCCL settings) is the lowest environment layer, under
-    defaults.env. runtime: {python, launch_module, config_dir, state_dir}. cluster: {host: the
-    host's inventory name} (the default host of router.worker_url). Each server is
+    defaults.env. runtime: {python, launch_module, config_dir, state_dir}. cluster: where
+    multi-node servers run and this host's name (resolve_servers()). tuned: {name: flags}, the
+    highest flag layer (sglang_server_tuned_flags). Each server is
     resolve_server()'s description plus flag_argv (the flags as SGLang's parser reads them),
     argv (the whole command), exec_start (the ExecStart= value), env_lines (the EnvironmentFile),
     logging_config and load_credential (servers with an API key), paths, plan_args (the
@@ -727,7 +797,7 @@ def describe_servers(
     base_env = _env_layer(nccl_env, "sglang_server_nccl_env")
     defaults["env"] = combine(base_env, _env_layer(defaults.get("env"), f"{DEFAULTS_VAR}.env"))
     checked_runtime = _runtime(runtime or {})
-    resolved = resolve_servers(servers, profiles, overrides, defaults, cluster=cluster)
+    resolved = resolve_servers(servers, profiles, overrides, defaults, cluster=cluster, tuned=tuned)
     return [{**server, **_rendered(server, checked_runtime)} for server in resolved]
 
 

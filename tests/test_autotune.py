@@ -453,3 +453,76 @@ def test_cli_round_trip(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     assert summary["trials"] == 1
     rc, paths = cli("report", "--out-dir", str(tmp_path / "out"), "--stamp", "x", *common)
     assert rc == 0 and Path(paths["png"]).exists()
+
+
+def test_init_resumes_the_same_search_and_replaces_one_of_other_inputs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    spec = {"server": "kimi", "base_flags": BASE, "space": SPACE, "workload": STORY_JOB}
+    spec["kv_cache_dtypes_allowed"] = ["auto", "fp8_e4m3"]
+    (tmp_path / "ctx.json").write_text(json.dumps(context()))
+    state_file = tmp_path / "state.json"
+
+    def init(spec: dict[str, Any], *extra: str) -> dict[str, Any]:
+        (tmp_path / "spec.json").write_text(json.dumps(spec))
+        argv = [
+            "init",
+            "--spec",
+            str(tmp_path / "spec.json"),
+            "--context",
+            str(tmp_path / "ctx.json"),
+        ]
+        assert autotune.main([*argv, "--state", str(state_file), *extra]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    first = init(spec)
+    assert (first["resumed"], first["replaced"]) == (False, None)
+    state = json.loads(state_file.read_text())
+    trial = autotune.next_trial(state)
+    autotune.record_trial(state, trial, {"smoke": wave_server()(trial["flags"])})
+    autotune.save_state(state, state_file)
+    again = init(spec)
+    assert again["resumed"] and again["trials"] == 1 and again["replaced"] is None
+    assert again["started_at"] == first["started_at"]
+    other = init(spec | {"workload": STORY_JOB | {"concurrency": 100}})
+    assert not other["resumed"] and other["trials"] == 0
+    assert other["replaced"] == {
+        "started_at": first["started_at"],
+        "done": False,
+        "stop_reason": None,
+        "trials": 1,
+    }
+    forced = init(spec | {"workload": STORY_JOB | {"concurrency": 100}}, "--force")
+    assert not forced["resumed"] and forced["replaced"]["trials"] == 0
+
+
+def test_report_is_stamped_with_the_start_of_the_search(tmp_path: Path):
+    state = search()
+    out = tmp_path / "state.json"
+    autotune.save_state(state, out)
+    args = ["report", "--state", str(out), "--out-dir", str(tmp_path / "r")]
+    assert autotune.main(args) == 0
+    assert (tmp_path / "r" / f"autotune-{state['started_at']}.md").exists()
+
+
+@pytest.mark.parametrize(
+    ("inputs", "message"),
+    [
+        ({"tolerance": 1.5}, "autotune_tolerance: 1.5 is not a number in [0, 1)"),
+        ({"tolerance": "x"}, "autotune_tolerance: 'x'"),
+        ({"max_trials": 0}, "autotune_max_trials: 0 is not a positive integer"),
+        ({"kv_cache_dtypes_allowed": ["fp9"]}, "autotune_kv_cache_dtypes_allowed: 'fp9' is not"),
+        ({"workload": {"input_len": 10}}, "autotune_workload.output_len is required"),
+    ],
+)
+def test_inputs_are_checked_without_a_host(inputs: dict[str, Any], message: str):
+    given = {"space": {"mem_fraction_static": [0.9]}, "workload": STORY_JOB} | inputs
+    with pytest.raises(AutotuneInputError) as err:
+        autotune.validate_inputs(**given)
+    assert message in str(err.value)
+    assert (
+        autotune.validate_inputs(
+            space=SPACE, workload=STORY_JOB, kv_cache_dtypes_allowed=["auto", "fp8_e4m3"]
+        )["workload"]["num_prompts"]
+        == 150
+    )

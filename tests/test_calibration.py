@@ -1,6 +1,6 @@
 """Calibration records: building, storing, matching, predicting (sglang_fleet.calibration).
 
-The story's start-up log (tests/fixtures/logs/kimi-k2.5-tp8-mf085-bf16.log, constructed in
+The Kimi job's start-up log (docs/THE-JOB.md; fixtures/logs/kimi-k2.5-tp8-mf085-bf16.log, built in
 SGLang 0.5.23's formats) measured pre = 94.19 GiB, post = 24.03 GiB, 149800 KV tokens at
 0.85 with bf16 KV (MLA cell 576 x 61 x 2 = 70272 B) and 11.00 GiB free after CUDA graph
 capture (14.13 GiB at "Memory pool end": 3.13 GiB of graphs). The last test starts the
@@ -25,14 +25,14 @@ from sglang_fleet.modelcfg import model_shape, read_model_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
-STORY_LOG = (FIXTURES / "logs" / "kimi-k2.5-tp8-mf085-bf16.log").read_text()
+KIMI_LOG = (FIXTURES / "logs" / "kimi-k2.5-tp8-mf085-bf16.log").read_text()
 KIMI_CONFIG, KIMI_WEIGHTS = read_model_dir(FIXTURES / "models" / "kimi-k2.5-int4")
 LLAMA_CONFIG, LLAMA_WEIGHTS = read_model_dir(FIXTURES / "models" / "llama-3.1-8b")
 KIMI = model_shape(KIMI_CONFIG)
 LLAMA = model_shape(LLAMA_CONFIG)
 GIB = 2**30
 GPU = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
-STORY_FLAGS = {
+KIMI_FLAGS = {
     "tp_size": 8,
     "mem_fraction_static": 0.85,
     "kv_cache_dtype": "auto",
@@ -50,7 +50,7 @@ KEY = {
     "gpu_name": GPU,
     "gpu_memory_mib": 97887,
     "sglang_version": "0.5.23",
-    "flags": STORY_FLAGS,
+    "flags": KIMI_FLAGS,
     "server": "kimi",
     "recorded_at": "2026-11-29T10:05:00Z",
 }
@@ -63,17 +63,17 @@ HOST = {
 }
 
 
-def story_record(**key: Any) -> dict[str, Any]:
-    return calibration.build_record(STORY_LOG, None, KEY | key)
+def kimi_record(**key: Any) -> dict[str, Any]:
+    return calibration.build_record(KIMI_LOG, None, KEY | key)
 
 
 def flags(**changes: Any) -> dict[str, Any]:
-    return {k: v for k, v in (STORY_FLAGS | changes).items() if v is not None}
+    return {k: v for k, v in (KIMI_FLAGS | changes).items() if v is not None}
 
 
 # --- building ---------------------------------------------------------------------------
-def test_record_from_the_story_log():
-    record = story_record()
+def test_record_from_the_kimi_job_log():
+    record = kimi_record()
     measured, key = record["measured"], record["key"]
     assert (measured["pre_gib"], measured["post_gib"], measured["weight_gib"]) == (
         94.19,
@@ -94,13 +94,13 @@ def test_record_from_the_story_log():
 
 
 def test_record_never_holds_a_secret():
-    record = story_record()
+    record = kimi_record()
     assert "api_key" not in record["key"]["flags"]
     assert "sk-very-secret" not in json.dumps(record)
 
 
 def test_record_from_the_log_alone_knows_only_what_the_log_says():
-    record = calibration.build_record(STORY_LOG, None, {})
+    record = calibration.build_record(KIMI_LOG, None, {})
     key = record["key"]
     assert key["model_path"] == "/shared/kimi-k2.5-int4"  # the server_args line
     assert key["model_fingerprint"] is None and key["gpu_name"] is None
@@ -158,7 +158,7 @@ def test_incomplete_sources_are_an_error_naming_what_is_missing():
 
 
 def test_post_capture_kv_sizing_is_recorded_and_never_matches():
-    log = STORY_LOG + "[2026-11-29 10:04:00 TP0] KV Cache VA upper bound. dtype: x\n"
+    log = KIMI_LOG + "[2026-11-29 10:04:00 TP0] KV Cache VA upper bound. dtype: x\n"
     record = calibration.build_record(log, None, KEY)
     assert record["measured"]["post_capture_kv_sizing"] is True
     found, reason = calibration.match([record], flags(), HOST)
@@ -168,9 +168,9 @@ def test_post_capture_kv_sizing_is_recorded_and_never_matches():
 
 # --- the store ----------------------------------------------------------------------------
 def test_store_keeps_newest_first_and_one_record_per_flag_set():
-    first = story_record(recorded_at="2026-11-29T10:00:00Z")
-    again = story_record(recorded_at="2026-11-30T10:00:00Z")
-    other = story_record(recorded_at="2026-11-30T11:00:00Z")
+    first = kimi_record(recorded_at="2026-11-29T10:00:00Z")
+    again = kimi_record(recorded_at="2026-11-30T10:00:00Z")
+    other = kimi_record(recorded_at="2026-11-30T11:00:00Z")
     other["key"]["mem_fraction_static"] = 0.88
     records = calibration.add_record([], first)
     records = calibration.add_record(records, other)
@@ -185,7 +185,7 @@ def test_store_keeps_newest_first_and_one_record_per_flag_set():
 
 
 def test_store_round_trips_as_json_and_tolerates_nothing():
-    records = calibration.add_record([], story_record())
+    records = calibration.add_record([], kimi_record())
     text = json.dumps(calibration.dump_store(records))
     assert json.loads(text)["schema"] == calibration.STORE_SCHEMA
     assert calibration.load_store(text) == records
@@ -209,7 +209,7 @@ def test_store_round_trips_as_json_and_tolerates_nothing():
     ],
 )
 def test_changes_a_record_predicts_across(changes: dict[str, Any], predicted: str):
-    record, reason = calibration.match([story_record()], flags(**changes), HOST)
+    record, reason = calibration.match([kimi_record()], flags(**changes), HOST)
     assert record is not None
     assert predicted in reason
 
@@ -224,7 +224,7 @@ def test_changes_a_record_predicts_across(changes: dict[str, Any], predicted: st
     ],
 )
 def test_flags_without_a_memory_effect_keep_the_record(changes: dict[str, Any]):
-    record, reason = calibration.match([story_record()], flags(**changes), HOST)
+    record, reason = calibration.match([kimi_record()], flags(**changes), HOST)
     assert record is not None, reason
 
 
@@ -245,27 +245,27 @@ def test_flags_without_a_memory_effect_keep_the_record(changes: dict[str, Any]):
     ],
 )
 def test_differences_that_make_a_record_unusable(changes: dict, host: dict, why: str):
-    record, reason = calibration.match([story_record()], flags(**changes), HOST | host)
+    record, reason = calibration.match([kimi_record()], flags(**changes), HOST | host)
     assert record is None
     assert why in reason
     assert reason.startswith("no calibration matches")
 
 
 def test_unknown_sides_are_not_verified_rather_than_rejected():
-    log_only = calibration.build_record(STORY_LOG, None, {})
+    log_only = calibration.build_record(KIMI_LOG, None, {})
     record, reason = calibration.match([log_only], flags(), HOST)
     assert record is not None
     assert "not verified" in reason and "other flags not recorded" in reason
     # A planner that knows only some flags compares only topology, dtype and identity.
     record, reason = calibration.match(
-        [story_record()], {"tp_size": 8, "attention_backend": "x"}, HOST, flags_complete=False
+        [kimi_record()], {"tp_size": 8, "attention_backend": "x"}, HOST, flags_complete=False
     )
     assert record is not None
     assert "other flags not given" in reason
 
 
 def test_the_closest_record_wins_then_the_newest():
-    at_085 = story_record(recorded_at="2026-11-29T10:00:00Z")
+    at_085 = kimi_record(recorded_at="2026-11-29T10:00:00Z")
     at_090 = copy.deepcopy(at_085)
     at_090["key"]["mem_fraction_static"] = 0.90
     at_090["recorded_at"] = "2026-11-29T11:00:00Z"
@@ -286,7 +286,7 @@ def test_nothing_recorded_says_so():
 
 # --- predicting -------------------------------------------------------------------------------
 def prediction(**changes: Any) -> calibration.Prediction:
-    record = story_record()
+    record = kimi_record()
     return calibration.predict(record, flags(**changes), HOST, KIMI)
 
 
@@ -328,7 +328,7 @@ def test_smaller_batch_caps_shrink_decode_graphs_by_sglangs_estimate():
 
 def test_mha_prefill_graphs_follow_the_chunk():
     # Llama (MHA): 8 MiB per prefill capture bucket; 8192 has 58 buckets, 4096 has 49.
-    record = story_record()
+    record = kimi_record()
     record["key"] |= {"tp_size": 1, "architecture": None, "model_fingerprint": None}
     llama_flags = {"tp_size": 1, "mem_fraction_static": 0.85, "chunked_prefill_size": 4096}
     p = calibration.predict(record, llama_flags, HOST, LLAMA)
@@ -373,7 +373,7 @@ def test_page_size_and_token_cap_round_the_prediction():
 # --- the planner's entry point ------------------------------------------------------------
 def test_enforced_oom_risk_is_an_error_with_the_numbers():
     applied = calibration.apply(
-        [story_record()], flags(mem_fraction_static=0.93), HOST, KIMI, margin_gib=5.0
+        [kimi_record()], flags(mem_fraction_static=0.93), HOST, KIMI, margin_gib=5.0
     )
     assert applied.warnings == []
     [error] = applied.errors
@@ -386,20 +386,20 @@ def test_enforced_oom_risk_is_an_error_with_the_numbers():
 
 def test_warn_mode_overrules_and_ignore_mode_skips():
     warned = calibration.apply(
-        [story_record()], flags(mem_fraction_static=0.93), HOST, KIMI, mode="warn"
+        [kimi_record()], flags(mem_fraction_static=0.93), HOST, KIMI, mode="warn"
     )
     assert warned.errors == []
     assert "calibration_mode is 'warn'" in warned.warnings[0]["message"]
     ignored = calibration.apply(
-        [story_record()], flags(mem_fraction_static=0.93), HOST, KIMI, mode="ignore"
+        [kimi_record()], flags(mem_fraction_static=0.93), HOST, KIMI, mode="ignore"
     )
     assert (ignored.prediction, ignored.errors, ignored.warnings) == (None, [], [])
     with pytest.raises(CalibrationError, match="enforce, warn, ignore"):
-        calibration.apply([story_record()], flags(), HOST, KIMI, mode="strict")
+        calibration.apply([kimi_record()], flags(), HOST, KIMI, mode="strict")
 
 
 def test_mismatch_is_a_warning_and_no_prediction():
-    applied = calibration.apply([story_record()], flags(tp_size=4), HOST, KIMI)
+    applied = calibration.apply([kimi_record()], flags(tp_size=4), HOST, KIMI)
     assert applied.prediction is None and applied.errors == []
     [warning] = applied.warnings
     assert warning["code"] == "calibration_mismatch"
@@ -408,7 +408,7 @@ def test_mismatch_is_a_warning_and_no_prediction():
 
 
 def test_store_text_is_accepted():
-    text = json.dumps(calibration.dump_store([story_record()]))
+    text = json.dumps(calibration.dump_store([kimi_record()]))
     applied = calibration.apply(text, flags(mem_fraction_static=0.90), HOST, KIMI)
     assert applied.prediction is not None
     assert applied.prediction.fits
@@ -473,8 +473,8 @@ def load_filters() -> Any:
 
 def test_filters_record_store_and_fingerprint():
     filters = load_filters()
-    record = filters["sglang_calibration_record"](STORY_LOG, "", KEY)  # an empty slurp
-    assert record == story_record()
+    record = filters["sglang_calibration_record"](KIMI_LOG, "", KEY)  # an empty slurp
+    assert record == kimi_record()
     store = filters["sglang_calibration_store"]("", record)
     again = filters["sglang_calibration_store"](json.dumps(store), record)
     assert again == store  # the same flag set replaces its older record

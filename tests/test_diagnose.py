@@ -220,6 +220,28 @@ def test_client_bound_without_server_samples():
     assert "30.5 of 150" in result["levers"][0]["message"]
 
 
+@pytest.mark.parametrize("with_metrics", [True, False], ids=["idle-samples", "no-samples"])
+def test_a_run_where_every_request_failed_is_not_blamed_on_the_client(with_metrics: bool):
+    # The smoke client computes its achieved concurrency from successful requests only: with
+    # none, it reads 0 of 150 in flight, which looked like a client that could not keep up.
+    failed = smoke_result("client_bound", with_metrics=with_metrics) | {
+        "completed": 0,
+        "failed": 150,
+        "concurrency": 0.0,
+        "output_throughput": 0.0,
+    }
+    if with_metrics:
+        idle = {"t": 0.0, "num_running_reqs": 0, "num_queue_reqs": 0, "token_usage": 0.0}
+        failed["server_metrics"]["samples"] = [idle] * 5
+    before_the_fix = failed | {"completed": 1}
+    assert diagnose(before_the_fix)["verdict"] == "client_bound"
+    result = diagnose(failed)
+    assert result["verdict"] == "unknown"
+    assert lever_codes(result) == ["requests_failed"]
+    assert "150 of 150" in result["levers"][0]["message"]
+    assert (result["evidence"]["completed"], result["evidence"]["failed"]) == (0, 150)
+
+
 def test_nothing_to_judge_is_unknown():
     result = diagnose({"completed": 10})
     assert result["verdict"] == "unknown"

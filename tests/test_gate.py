@@ -337,3 +337,48 @@ def test_fleet_summary_reads_hosts_the_check_play_grouped_but_the_rollout_never_
     outcomes = {line.split()[0]: line.split()[-1] for line in lines[1:-1]}
     assert outcomes == {"gpu1": "unchanged", "gpu2": "passed", "gpu3": "reached"}
     assert lines[-1] == "1 passed, 1 unchanged, 1 not reached"
+
+
+REFUSAL = (
+    "mem_fraction_static 0.970 leaves a predicted 1.26 GiB free after CUDA graph capture, "
+    "below the 5.0 GiB margin"
+)
+
+
+def test_a_calibrated_refusal_is_its_own_outcome_without_a_second_failure_row() -> None:
+    rows = rollout_rows(
+        [
+            {
+                "host": "gpu1",
+                "servers": [
+                    {"name": "a", "config_hash": "h-a"},
+                    {"name": "b", "config_hash": "h-b"},
+                ],
+                "results": [],
+                "error": f"sglang_server_instances[a]: {REFUSAL}",
+                "refused": {"a": REFUSAL},
+            }
+        ]
+    )
+    assert [(r["server"], r["outcome"]) for r in rows] == [
+        ("a", "refused (calibrated)"),
+        ("b", "unchanged"),
+    ]
+    assert rows[0]["message"] == REFUSAL
+    assert format_rollout_table(rows)[-1] == "1 refused (calibrated), 1 unchanged"
+
+
+def test_the_fleet_summary_filter_reads_the_refusal_fact() -> None:
+    table = load_plugin("filter_plugins/sglang_gate.py").FilterModule().filters()
+    hostvars = {
+        "gpu1": {
+            "sglang_server_servers": [{"name": "a", "config_hash": "h-a"}],
+            "sglang_server_failure": f"sglang_server_instances[a]: {REFUSAL}",
+            "sglang_server_calibration_refused": {"a": REFUSAL},
+        },
+        "gpu2": {"sglang_server_servers": [{"name": "a", "config_hash": "h-a"}]},
+    }
+    lines = table["sglang_rollout_table"](["gpu1", "gpu2"], hostvars)
+    assert lines[1].split()[-2:] == ["refused", "(calibrated)"]
+    assert lines[2].split()[-1] == "unchanged"
+    assert len(lines) == 4  # header, two rows, counts: no extra "failed" row for gpu1

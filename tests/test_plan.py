@@ -1,11 +1,11 @@
-"""The capacity planner, with the story as the main worked example.
+"""The capacity planner, with the Kimi job as the main worked example.
 
-Story: Kimi-K2.5 int4 (MLA) on 8 x RTX PRO 6000 (nvidia-smi: 97887 MiB each), 400 GiB host
+The Kimi job: Kimi-K2.5 int4 (MLA) on 8 x RTX PRO 6000 (nvidia-smi: 97887 MiB each), 400 GiB host
 RAM. The calibration log (tests/fixtures/logs/kimi-k2.5-tp8-mf085-bf16.log) is a start-up of
 that model at --mem-fraction-static 0.85, bf16 KV, tp 8, in SGLang 0.5.23's log format:
 pre = 94.19 GiB (min over ranks), post = 24.03 GiB, 149800 KV tokens, and 11.00 GiB free
-after CUDA graph capture (min over ranks). Its numbers are constructed to match the story's
-outcomes, not measured on hardware.
+after CUDA graph capture (min over ranks). Its numbers are constructed to match the Kimi job's
+outcomes (docs/THE-JOB.md), not measured on hardware.
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
 KIMI_DIR = FIXTURES / "models" / "kimi-k2.5-int4"
 LLAMA_DIR = FIXTURES / "models" / "llama-3.1-8b"
-STORY_LOG = FIXTURES / "logs" / "kimi-k2.5-tp8-mf085-bf16.log"
+KIMI_LOG = FIXTURES / "logs" / "kimi-k2.5-tp8-mf085-bf16.log"
 GIB = 2**30
-STORY_HOST = {"gpu_memory_mib": 97887, "host_ram_gib": 400, "gpu_count": 8}
+KIMI_HOST = {"gpu_memory_mib": 97887, "host_ram_gib": 400, "gpu_count": 8}
 REQUIRED_KEYS = {
     "cell_size_bytes",
     "max_total_num_tokens",
@@ -53,8 +53,8 @@ LLAMA_CONFIG, LLAMA_WEIGHTS = read_model_dir(LLAMA_DIR)
 def kimi(calibrated: bool = False, **args: Any) -> dict[str, Any]:
     full = {"tp_size": 8, **args}
     if calibrated:
-        full["calibration_log"] = STORY_LOG.read_text()
-    return plan(KIMI_CONFIG, KIMI_WEIGHTS, full, STORY_HOST)
+        full["calibration_log"] = KIMI_LOG.read_text()
+    return plan(KIMI_CONFIG, KIMI_WEIGHTS, full, KIMI_HOST)
 
 
 def codes(items: list[dict[str, str]]) -> set[str]:
@@ -73,8 +73,8 @@ def test_output_has_exactly_the_contract_keys_plus_details():
         assert set(issue) == {"code", "message"}
 
 
-# --- the story --------------------------------------------------------------------------
-def test_story_hicache_300gb_per_rank_is_an_error():
+# --- the Kimi job --------------------------------------------------------------------------
+def test_kimi_job_hicache_300gb_per_rank_is_an_error():
     result = kimi(mem_fraction_static=0.85, enable_hierarchical_cache=True, hicache_size=300)
     # 300 GB x 8 ranks = 2400e9 B = 2235.17 GiB; + 10 GiB reserve > 400 GiB of RAM
     assert result["hicache_host_gib_total"] == pytest.approx(300e9 * 8 / GIB, abs=0.01)
@@ -84,7 +84,7 @@ def test_story_hicache_300gb_per_rank_is_an_error():
     assert "At most 52 GB per rank" in error["message"]
 
 
-def test_story_hicache_48gb_per_rank_fits_but_adds_no_decode_slots():
+def test_kimi_job_hicache_48gb_per_rank_fits_but_adds_no_decode_slots():
     result = kimi(mem_fraction_static=0.85, enable_hierarchical_cache=True, hicache_size=48)
     # 48 GB x 8 = 384e9 B = 357.63 GiB; + 10 GiB = 367.63 GiB <= 400 GiB
     assert result["hicache_host_gib_total"] == pytest.approx(357.63, abs=0.01)
@@ -96,7 +96,7 @@ def test_story_hicache_48gb_per_rank_fits_but_adds_no_decode_slots():
 
 
 @pytest.mark.parametrize("calibrated", [False, True])
-def test_story_fp8_doubles_max_total_num_tokens(calibrated: bool):
+def test_kimi_job_fp8_doubles_max_total_num_tokens(calibrated: bool):
     bf16 = kimi(calibrated, mem_fraction_static=0.88, kv_cache_dtype="bf16")
     fp8 = kimi(calibrated, mem_fraction_static=0.88, kv_cache_dtype="fp8_e4m3")
     # MLA cell: 576 * 61 * 2 = 70272 B (bf16) vs 576 * 61 * 1 = 35136 B (fp8)
@@ -116,12 +116,12 @@ def test_story_fp8_doubles_max_total_num_tokens(calibrated: bool):
     [
         # free = 11.00 - (f - 0.85) * 94.19; margin MIN_FREE_AFTER_GRAPH_GIB = 5 GiB
         (0.85, 11.00, False),
-        (0.88, 11.00 - 0.03 * 94.19, False),  # 8.17 GiB: ran in the story
+        (0.88, 11.00 - 0.03 * 94.19, False),  # 8.17 GiB: ran in the Kimi job
         (0.90, 11.00 - 0.05 * 94.19, False),  # 6.29 GiB: the final configuration
         (0.93, 11.00 - 0.08 * 94.19, True),  # 3.46 GiB: OOM in a large prefill
     ],
 )
-def test_story_calibrated_oom_risk(fraction: float, free_after_graph: float, fails: bool):
+def test_kimi_job_calibrated_oom_risk(fraction: float, free_after_graph: float, fails: bool):
     result = kimi(True, mem_fraction_static=fraction, kv_cache_dtype="fp8_e4m3")
     assert result["details"]["free_after_graph_gib"] == pytest.approx(free_after_graph, abs=0.01)
     # Calibrated, the finding is an error: the deploy stops before anything stops.
@@ -138,7 +138,7 @@ def test_story_calibrated_oom_risk(fraction: float, free_after_graph: float, fai
     assert result["details"]["max_safe_mem_fraction_static"] == 0.913
 
 
-def test_story_calibrated_oom_error_can_be_overruled():
+def test_kimi_job_calibrated_oom_error_can_be_overruled():
     result = kimi(True, mem_fraction_static=0.93, calibration_mode="warn")
     assert result["errors"] == []
     message = find(result["warnings"], "oom_risk_mem_fraction")["message"]
@@ -149,14 +149,14 @@ def test_story_calibrated_oom_error_can_be_overruled():
         kimi(True, mem_fraction_static=0.93, calibration_mode="off")
 
 
-def test_story_margin_is_the_documented_constant():
+def test_kimi_job_margin_is_the_documented_constant():
     assert plan_mod.MIN_FREE_AFTER_GRAPH_GIB == 5.0
     # A caller may demand more room: with 7 GiB, 0.90 (6.29 GiB free) fails too.
     result = kimi(True, mem_fraction_static=0.90, min_free_after_graph_gib=7.0)
     assert "oom_risk_mem_fraction" in codes(result["errors"])
 
 
-def test_story_uncalibrated_warns_above_sglangs_own_default():
+def test_kimi_job_uncalibrated_warns_above_sglangs_own_default():
     # SGLang 0.5.23 for Kimi-K2.5 at tp 8 on 97887 MiB: round(1 - 16384 / 97887, 3) = 0.833,
     # times the ViT factor 0.95 * 0.9576171875 = 0.7578. Its estimate is conservative:
     # without calibration, 0.85 and 0.88 warn.
@@ -174,7 +174,7 @@ def test_story_uncalibrated_warns_above_sglangs_own_default():
     assert "oom_risk_mem_fraction" not in codes(unset["warnings"])
 
 
-def test_story_uncalibrated_numbers():
+def test_kimi_job_uncalibrated_numbers():
     result = kimi(mem_fraction_static=0.85, kv_cache_dtype="bf16", avg_output_len=1800)
     # pre = 97887 / 1024 - 0.75 (CUDA context) = 94.8428 GiB
     pre = 97887 / 1024 - 0.75
@@ -191,7 +191,7 @@ def test_story_uncalibrated_numbers():
     assert result["headroom_gib"] == pytest.approx(pre * 0.15, abs=0.01)  # 14.23
 
 
-def test_story_calibration_replaces_the_estimates():
+def test_kimi_job_calibration_replaces_the_estimates():
     result = kimi(True, mem_fraction_static=0.85, kv_cache_dtype="auto")
     d = result["details"]
     assert d["calibrated"]
@@ -202,14 +202,14 @@ def test_story_calibration_replaces_the_estimates():
     assert result["headroom_gib"] == pytest.approx(14.13, abs=0.01)
     # Per-request speed = median(gen throughput / running) of the log's Decode batch lines.
     assert d["per_request_tok_s_source"] == "calibration log"
-    speed = parse_log(STORY_LOG.read_text()).per_request_tok_s()
+    speed = parse_log(KIMI_LOG.read_text()).per_request_tok_s()
     assert 11.5 <= speed <= 13.0
     assert result["kv_bound_output_tok_s"] == pytest.approx(
         result["max_concurrent_requests"] * speed, abs=0.1
     )
 
 
-def test_story_calibrated_other_fraction_uses_measured_memory():
+def test_kimi_job_calibrated_other_fraction_uses_measured_memory():
     result = kimi(True, mem_fraction_static=0.88, kv_cache_dtype="fp8_e4m3")
     # The KV pool SGLang allocated (149800 x 70272 B, exact) grows by 0.03 x pre = 0.03 x
     # 94.19 GiB: 12.6295 GiB -> / 35136 B. The log's GiB figures carry two decimals only.
@@ -224,7 +224,7 @@ def test_calibration_from_another_tp_is_ignored():
     result = plan(
         KIMI_CONFIG,
         KIMI_WEIGHTS,
-        {"tp_size": 4, "mem_fraction_static": 0.85, "calibration_log": STORY_LOG.read_text()},
+        {"tp_size": 4, "mem_fraction_static": 0.85, "calibration_log": KIMI_LOG.read_text()},
         {"gpu_memory_mib": 97887, "gpu_count": 8},
     )
     assert "calibration_mismatch" in codes(result["warnings"])
@@ -234,7 +234,7 @@ def test_calibration_from_another_tp_is_ignored():
 # --- errors -----------------------------------------------------------------------------
 def test_rest_at_or_below_zero_is_an_error():
     # Kimi on 4 GPUs: 595142880788 / 4 / 2^30 = 138.57 GiB of weights per 95.6 GiB GPU.
-    result = plan(KIMI_CONFIG, KIMI_WEIGHTS, {"tp_size": 4, "mem_fraction_static": 0.9}, STORY_HOST)
+    result = plan(KIMI_CONFIG, KIMI_WEIGHTS, {"tp_size": 4, "mem_fraction_static": 0.9}, KIMI_HOST)
     error = find(result["errors"], "not_enough_memory")
     assert "Not enough memory" in error["message"]
     assert result["max_total_num_tokens"] == 0
@@ -244,7 +244,7 @@ def test_rest_at_or_below_zero_is_an_error():
 def test_low_fraction_leaves_no_kv_memory():
     # Llama tp 1: post = 94.84 - 14.96 = 79.89 GiB; at 0.1 rest = 79.89 - 94.84 * 0.9 < 0,
     # and SGLang's hint is 1 - post / pre = 1 - 79.89 / 94.84 = 0.158
-    result = plan(LLAMA_CONFIG, LLAMA_WEIGHTS, {"mem_fraction_static": 0.1}, STORY_HOST)
+    result = plan(LLAMA_CONFIG, LLAMA_WEIGHTS, {"mem_fraction_static": 0.1}, KIMI_HOST)
     message = find(result["errors"], "not_enough_memory")["message"]
     pre = 97887 / 1024 - 0.75
     post = pre - 16060522496 / GIB
@@ -261,11 +261,11 @@ def test_bad_inputs_raise():
     with pytest.raises(PlanInputError, match="gpu_memory_mib"):
         plan(LLAMA_CONFIG, LLAMA_WEIGHTS, {}, {})
     with pytest.raises(PlanInputError, match="unknown planner argument"):
-        plan(LLAMA_CONFIG, LLAMA_WEIGHTS, {"tp": 2}, STORY_HOST)
+        plan(LLAMA_CONFIG, LLAMA_WEIGHTS, {"tp": 2}, KIMI_HOST)
     with pytest.raises(PlanInputError, match="between 0 and 1"):
-        plan(LLAMA_CONFIG, LLAMA_WEIGHTS, {"mem_fraction_static": 1.2}, STORY_HOST)
+        plan(LLAMA_CONFIG, LLAMA_WEIGHTS, {"mem_fraction_static": 1.2}, KIMI_HOST)
     with pytest.raises(PlanInputError, match="kv-cache-dtype"):
-        plan(LLAMA_CONFIG, LLAMA_WEIGHTS, {"kv_cache_dtype": "int2"}, STORY_HOST)
+        plan(LLAMA_CONFIG, LLAMA_WEIGHTS, {"kv_cache_dtype": "int2"}, KIMI_HOST)
 
 
 # --- MHA worked example, concurrency and dp ---------------------------------------------
@@ -274,7 +274,7 @@ def test_llama_tp1_numbers_and_sglang_default():
         LLAMA_CONFIG,
         LLAMA_WEIGHTS,
         {"mem_fraction_static": 0.85, "avg_input_len": 512, "avg_output_len": 512},
-        STORY_HOST,
+        KIMI_HOST,
     )
     pre = 97887 / 1024 - 0.75
     post = pre - 16060522496 / GIB  # 94.84 - 14.96 = 79.89 GiB
@@ -286,18 +286,18 @@ def test_llama_tp1_numbers_and_sglang_default():
     assert result["max_concurrent_requests"] == tokens // 1024 == 525
     # 0.85 is under SGLang's own 0.858 for this GPU: no OOM warning; 0.86 warns.
     assert result["warnings"] == []
-    high = plan(LLAMA_CONFIG, LLAMA_WEIGHTS, {"mem_fraction_static": 0.86}, STORY_HOST)
+    high = plan(LLAMA_CONFIG, LLAMA_WEIGHTS, {"mem_fraction_static": 0.86}, KIMI_HOST)
     assert "oom_risk_mem_fraction" in codes(high["warnings"])
 
 
 def test_dp_replicas_multiply_and_max_running_requests_caps():
     base = {"mem_fraction_static": 0.85, "avg_input_len": 512, "avg_output_len": 512}
-    one = plan(LLAMA_CONFIG, LLAMA_WEIGHTS, base, STORY_HOST)
-    two = plan(LLAMA_CONFIG, LLAMA_WEIGHTS, base | {"dp_size": 2}, STORY_HOST)
+    one = plan(LLAMA_CONFIG, LLAMA_WEIGHTS, base, KIMI_HOST)
+    two = plan(LLAMA_CONFIG, LLAMA_WEIGHTS, base | {"dp_size": 2}, KIMI_HOST)
     # Each replica has its own pool: same per-replica tokens, twice the requests.
     assert two["max_total_num_tokens"] == one["max_total_num_tokens"]
     assert two["max_concurrent_requests"] == 2 * one["max_concurrent_requests"]
-    capped = plan(LLAMA_CONFIG, LLAMA_WEIGHTS, base | {"max_running_requests": 100}, STORY_HOST)
+    capped = plan(LLAMA_CONFIG, LLAMA_WEIGHTS, base | {"max_running_requests": 100}, KIMI_HOST)
     assert capped["max_concurrent_requests"] == 100
 
 
@@ -306,14 +306,14 @@ def test_request_longer_than_context_warns():
         LLAMA_CONFIG,
         LLAMA_WEIGHTS,
         {"avg_input_len": 120000, "avg_output_len": 20000},
-        STORY_HOST,
+        KIMI_HOST,
     )
     assert "exceeds_context_length" in codes(result["warnings"])
 
 
 # --- calibration log parsing ------------------------------------------------------------
-def test_parse_story_log():
-    cal = parse_log(STORY_LOG.read_text())
+def test_parse_kimi_job_log():
+    cal = parse_log(KIMI_LOG.read_text())
     assert (cal.pre_gib, cal.post_gib, cal.weight_gib) == (94.19, 24.03, 70.16)
     assert (cal.kv_tokens, cal.kv_size_gib, cal.max_total_num_tokens) == (149800, 9.80, 149800)
     assert (cal.pool_end_avail_gib, cal.graph_end_avail_gib) == (14.13, 11.00)
@@ -359,7 +359,7 @@ def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, s
     return rc, out.out, out.err
 
 
-STORY_FLAGS = (
+KIMI_FLAGS = (
     "--model-path",
     str(KIMI_DIR),
     "--tp-size",
@@ -374,18 +374,18 @@ STORY_FLAGS = (
 
 
 def test_cli_exit_codes(capsys: pytest.CaptureFixture[str]):
-    rc, out, _ = run_cli(capsys, *STORY_FLAGS, "--mem-fraction-static", "0.75", "--json")
+    rc, out, _ = run_cli(capsys, *KIMI_FLAGS, "--mem-fraction-static", "0.75", "--json")
     assert rc == 0
     assert json.loads(out)["errors"] == []
     rc, out, _ = run_cli(
-        capsys, *STORY_FLAGS, "--enable-hierarchical-cache", "--hicache-size", "300", "--json"
+        capsys, *KIMI_FLAGS, "--enable-hierarchical-cache", "--hicache-size", "300", "--json"
     )
     assert rc == 1
     assert "hicache_host_ram" in codes(json.loads(out)["errors"])
     rc, _, err = run_cli(capsys, "--model-path", str(KIMI_DIR), "--json")  # no GPU facts
     assert rc == 2
     assert "argument --gpu-memory-mib: is required" in err
-    rc, _, _ = run_cli(capsys, *STORY_FLAGS, "--kv-cache-dtype", "int2")
+    rc, _, _ = run_cli(capsys, *KIMI_FLAGS, "--kv-cache-dtype", "int2")
     assert rc == 2
     rc, _, err = run_cli(capsys, "--model-path", "/nonexistent", "--gpu-memory-mib", "1000")
     assert rc == 2
@@ -395,13 +395,13 @@ def test_cli_exit_codes(capsys: pytest.CaptureFixture[str]):
 def test_cli_calibrate_from(capsys: pytest.CaptureFixture[str]):
     rc, out, _ = run_cli(
         capsys,
-        *STORY_FLAGS,
+        *KIMI_FLAGS,
         "--mem-fraction-static",
         "0.93",
         "--kv-cache-dtype",
         "fp8_e4m3",
         "--calibrate-from",
-        str(STORY_LOG),
+        str(KIMI_LOG),
     )
     assert rc == 1  # calibrated, 0.93 leaves 3.46 GiB: an error
     assert "ERROR oom_risk_mem_fraction" in out
@@ -410,7 +410,7 @@ def test_cli_calibrate_from(capsys: pytest.CaptureFixture[str]):
 
 def test_module_entry_point_runs():
     proc = subprocess.run(
-        [sys.executable, "-m", "sglang_fleet.plan", *STORY_FLAGS, "--json"],
+        [sys.executable, "-m", "sglang_fleet.plan", *KIMI_FLAGS, "--json"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -431,8 +431,8 @@ def test_filter_takes_slurped_json_and_matches_plan():
     config_text = (KIMI_DIR / "config.json").read_text()
     index_text = (KIMI_DIR / "model.safetensors.index.json").read_text()
     args = {"tp_size": 8, "mem_fraction_static": 0.85}
-    got = filters["sglang_plan"](config_text, index_text, args, STORY_HOST)
-    assert got == plan(KIMI_CONFIG, KIMI_WEIGHTS, args, STORY_HOST)
+    got = filters["sglang_plan"](config_text, index_text, args, KIMI_HOST)
+    assert got == plan(KIMI_CONFIG, KIMI_WEIGHTS, args, KIMI_HOST)
 
 
 def test_filter_turns_bad_input_into_a_filter_error():
@@ -440,7 +440,7 @@ def test_filter_turns_bad_input_into_a_filter_error():
     with pytest.raises(AnsibleFilterError, match="gpu_memory_mib"):
         sglang_plan(KIMI_CONFIG, KIMI_WEIGHTS, {}, {})
     with pytest.raises(AnsibleFilterError, match="not valid JSON"):
-        sglang_plan("{not json", KIMI_WEIGHTS, {}, STORY_HOST)
+        sglang_plan("{not json", KIMI_WEIGHTS, {}, KIMI_HOST)
 
 
 @pytest.mark.slow
@@ -505,7 +505,7 @@ def test_string_inputs_from_ansible_extra_vars_are_converted():
     got = plan(KIMI_CONFIG, KIMI_WEIGHTS, as_text, host)
     assert got == kimi(mem_fraction_static=0.85, enable_hierarchical_cache=True, hicache_size=48)
     with pytest.raises(PlanInputError, match="tp_size"):
-        plan(KIMI_CONFIG, KIMI_WEIGHTS, {"tp_size": "eight"}, STORY_HOST)
+        plan(KIMI_CONFIG, KIMI_WEIGHTS, {"tp_size": "eight"}, KIMI_HOST)
 
 
 @pytest.mark.parametrize(
@@ -539,4 +539,4 @@ def test_filter_reports_hostile_numbers_as_filter_errors():
         with pytest.raises(AnsibleFilterError, match=r"sglang_plan: (gpu_memory_mib|host_ram_gib)"):
             sglang_plan(LLAMA_CONFIG, LLAMA_WEIGHTS, {}, host)
     with pytest.raises(AnsibleFilterError, match="num_attention_heads"):
-        sglang_plan({**LLAMA_CONFIG, "num_attention_heads": 0}, LLAMA_WEIGHTS, {}, STORY_HOST)
+        sglang_plan({**LLAMA_CONFIG, "num_attention_heads": 0}, LLAMA_WEIGHTS, {}, KIMI_HOST)

@@ -79,6 +79,22 @@ def test_each_layer_beats_the_one_before() -> None:
     assert value(server={"mem_fraction_static": 0.88}, override={"mem_fraction_static": 0.7}) == 0.7
 
 
+def test_tuned_flags_lie_over_every_inventory_layer_and_say_so() -> None:
+    server = kimi(profile="throughput", flags={"mem_fraction_static": 0.88})
+    overrides = {"kimi": {"flags": {"mem_fraction_static": 0.7}}}
+    tuned = {"kimi": {"mem_fraction_static": 0.9, "max_running_requests": 96}}
+    [resolved] = resolve_servers([server], PROFILES, overrides, DEFAULTS, tuned=tuned)
+    assert resolved["flags"]["mem_fraction_static"] == 0.9
+    assert resolved["flags"]["kv_cache_dtype"] == "fp8_e4m3"  # untouched layers stay
+    assert resolved["flag_origins"]["max_running_requests"] == (
+        "sglang_server_tuned_flags.kimi.max_running_requests"
+    )
+    [plain] = resolve_servers([server], PROFILES, overrides, DEFAULTS)
+    assert config_hash(resolved) != config_hash(plain)
+    with pytest.raises(ServerConfigError, match=r"sglang_server_tuned_flags\.llama: names no"):
+        resolve_servers([server], PROFILES, {}, DEFAULTS, tuned={"llama": {"tp_size": 1}})
+
+
 def test_nested_flags_combine_key_by_key_and_null_removes() -> None:
     defaults = {"flags": {"json_model_override_args": {"a": 1, "b": {"c": 2, "d": 3}}}}
     server = kimi(flags={"json_model_override_args": {"b": {"c": 9, "d": None}, "e": 5}})
@@ -259,6 +275,7 @@ def test_describe_gives_everything_the_role_writes_in_one_call() -> None:
     }
     assert server["paths"]["dropin"] == "/etc/systemd/system/sglang@kimi.service.d/10-launch.conf"
     assert server["paths"]["lkg_dir"] == "/var/lib/sglang-fleet/kimi/lkg"
+    assert server["paths"]["calibration_file"] == "/var/lib/sglang-fleet/kimi/calibration.json"
     assert server["plan_args"] == {"mem_fraction_static": 0.88, "tp_size": 8}
     assert server["config_hash"] == config_hash(server)
     assert "sk-secret-123" not in json.dumps(server)

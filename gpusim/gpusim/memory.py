@@ -30,7 +30,8 @@ MLA_PREFILL_GRAPH_MIB = 1536  # as SGLang's MLA prefill-graph reserve
 MHA_PREFILL_GRAPH_MIB_PER_BUCKET = 8  # as SGLang's per-bucket MHA prefill-graph reserve
 # Real activation memory per prefill token. SGLang's reserve estimate uses 1.5 MiB/token,
 # which is deliberately conservative; the double uses 0.5 so a fraction above SGLang's
-# default still works up to a point, then OOMs in a large prefill (as in the story).
+# default still works up to a point, then OOMs in a large prefill (as in the Kimi job,
+# docs/THE-JOB.md).
 ACTIVATION_MIB_PER_TOKEN = 0.5
 # SGLang keeps 10 GiB of host RAM for itself before sizing a HiCache host pool.
 HICACHE_HOST_RESERVE_BYTES = 10 * GIB

@@ -4,7 +4,8 @@ The launcher forks it after binding the HTTP port, so the listening socket is am
 file descriptors and the port stays bound while this process lives, like SGLang's
 schedulers. The launcher registers this PID's GPU memory in the state directory. Nothing
 here watches the parent: when the launcher is SIGKILLed this process keeps running,
-holding memory and the port, exactly the orphan the story's operator had to hunt down.
+holding memory and the port, exactly the orphan the Kimi job's operator had to hunt down
+(docs/THE-JOB.md).
 SIGTERM and SIGINT end it cleanly (unregistered, device file closed). After SIGTERM it then
 dies of that signal (exit code -15 to its parent), as a scheduler without a SIGTERM handler
 does; SIGINT is how the launcher stops it on SGLang's ShutdownReq: exit code 0.

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -101,15 +102,27 @@ def run_playbook(
     limit: str | None = None,
     timeout: int = 600,
     env_overrides: dict[str, str] | None = None,
+    interrupt_after: Callable[[dict[str, Any]], bool] | None = None,
 ) -> PlaybookRun:
     """Run playbooks/<playbook> against the scenario's inventory, as an operator would.
 
     env_overrides: environment for this run only (an inventory's env lookups read it).
+    interrupt_after: a test of each event; once it holds, the run is killed as an operator's
+    Ctrl-C or a lost controller would end it (status "canceled").
     """
     inventory = os.environ["MOLECULE_INVENTORY_FILE"]
     env = {k: v for k, v in os.environ.items() if k.startswith(("ANSIBLE_", "MOLECULE_"))}
     env.update(env_overrides or {})
     env.setdefault("ANSIBLE_CONFIG", str(REPO / "ansible.cfg"))
+    seen = {"stop": False}
+
+    def watch(event: dict[str, Any]) -> bool:
+        if interrupt_after is not None and interrupt_after(event):
+            seen["stop"] = True
+        return True  # keep every event
+
+    # Without interrupt_after, ansible-runner keeps its own handler (Ctrl-C cancels the run).
+    cancel = {"cancel_callback": lambda: seen["stop"]} if interrupt_after else {}
     with tempfile.TemporaryDirectory(prefix="fleet-runner-") as private:
         result = ansible_runner.run(
             private_data_dir=private,
@@ -121,6 +134,8 @@ def run_playbook(
             envvars=env,
             quiet=True,
             timeout=timeout,
+            event_handler=watch,
+            **cancel,
         )
         events = list(result.events)
     return PlaybookRun(rc=result.rc, status=result.status, events=events)

@@ -9,7 +9,7 @@ from gpusim.flags import build_parser, parse_server_args, using_generated_table
 from gpusim_helpers import LLAMA
 
 
-def test_story_flags_parse() -> None:
+def test_kimi_job_flags_parse() -> None:
     argv = (
         f"--model-path {LLAMA} --trust-remote-code --tp-size 8 --mem-fraction-static 0.90 "
         "--kv-cache-dtype fp8_e4m3 --host 0.0.0.0 --port 8000 --num-continuous-decode-steps 4 "

@@ -163,7 +163,7 @@ def test_default_mem_fraction_static_mimics_sglang_0_5_23() -> None:
     assert (p.mem_fraction_static, p.chunked_prefill_size) == (kimi_default, 8192)
 
 
-def test_headroom_story_093_ooms_in_large_prefill_088_works() -> None:
+def test_headroom_kimi_job_093_ooms_in_large_prefill_088_works() -> None:
     # Headroom = pre * (1 - mfs); graphs (1024 + 1536 MiB) + runtime (512 + 1024 MiB) = 4 GiB
     # must fit, then 0.5 MiB per prefill token: an 8192-token chunk needs 4 GiB more.
     ok = plan(KIMI, 8, mem_fraction_static=0.88, kv_cache_dtype="fp8_e4m3")

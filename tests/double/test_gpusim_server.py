@@ -186,7 +186,7 @@ def test_health_is_503_while_starting(
 def test_sigkill_orphans_ranks_holding_memory_and_port(
     state_dir: Path, tmp_path: Path, servers: list[Server]
 ) -> None:
-    # The story's fraction (SGLang's default for this multimodal model is 0.758).
+    # The Kimi job's fraction (docs/THE-JOB.md); SGLang's default for this model is 0.758.
     flags = ("--model-path", KIMI, "--tp-size", "8", "--mem-fraction-static", "0.85")
     server = start_server(state_dir, tmp_path, *flags)
     servers.append(server)

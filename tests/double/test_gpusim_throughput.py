@@ -1,4 +1,4 @@
-"""The throughput model: a KV-bound load shows the story's symptoms; fp8 KV raises throughput.
+"""The throughput model: a KV-bound load shows the Kimi job's symptoms; fp8 KV raises throughput.
 
 Runs the scheduler in-process on simulated time (no sleeping), so the comparisons are of
 counts and ratios that hold on any machine.
@@ -18,7 +18,7 @@ from gpusim.state import Timing
 from gpusim_helpers import KIMI
 
 GPU_MIB = 97887
-# The story's batch: 150 long generations at once (synthetic data for a drafter).
+# The Kimi job's batch (docs/THE-JOB.md): 150 long generations at once (data for a drafter).
 REQUESTS, PROMPT, OUTPUT = 150, 1000, 2000
 DECODE_STEPS = 400
 
@@ -52,7 +52,7 @@ async def run_load(scheduler: Scheduler) -> dict[str, float]:
     return observed
 
 
-def test_kv_bound_bf16_shows_the_story_symptoms(caplog: pytest.LogCaptureFixture) -> None:
+def test_kv_bound_bf16_shows_the_kimi_job_symptoms(caplog: pytest.LogCaptureFixture) -> None:
     scheduler = kimi_scheduler("auto")
     # 173289 KV tokens / 3000 tokens per request = 57 requests fit at once.
     assert scheduler.max_total // (PROMPT + OUTPUT) == 57

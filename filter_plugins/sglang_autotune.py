@@ -1,0 +1,95 @@
+"""Ansible filters of the autotune role: its inputs checked, a trial's benchmark and result.
+
+    {{ autotune_space | sglang_autotune_inputs(workload, slo, dtypes_allowed, tolerance,
+                                               max_trials) }}      typed, or the error to fix
+    {{ autotune_workload | sglang_autotune_smoke_workload }}        smoke_gate_workload's keys
+    {{ trial_result | sglang_autotune_trial_result(smoke_json) }}   RESULT.json of `record`
+
+Thin wrappers over the installed sglang_fleet package (autotune.py, docs/AUTOTUNE.md): a bad
+input fails the task naming the variable and what it allows, before any host is touched.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from ansible.errors import AnsibleFilterError
+
+from sglang_fleet import autotune
+
+# Every request the same length (the smoke client sends exactly these token counts), as the
+# search's wave model assumes; no warm-up beyond one request.
+_SMOKE_FIXED = {"backend": "sglang", "seed": 42, "warmup_requests": 1}
+
+
+def _plain(value: Any) -> Any:
+    """Ansible's lazy containers as plain data."""
+    return json.loads(json.dumps(value, default=str)) if value is not None else None
+
+
+def sglang_autotune_inputs(  # noqa: PLR0917 (Jinja passes filter arguments by position)
+    space: Any,
+    workload: Any,
+    slo: Any = None,
+    kv_cache_dtypes_allowed: Any = None,
+    tolerance: Any = autotune.DEFAULT_TOLERANCE,
+    max_trials: Any = None,
+) -> dict[str, Any]:
+    """autotune.validate_inputs(): the operator's inputs typed; an error names the variable."""
+    try:
+        return autotune.validate_inputs(
+            space=_plain(space),
+            workload=_plain(workload),
+            slo=_plain(slo),
+            kv_cache_dtypes_allowed=_plain(kv_cache_dtypes_allowed),
+            tolerance=tolerance,
+            max_trials=max_trials,
+        )
+    except autotune.AutotuneInputError as exc:
+        raise AnsibleFilterError(str(exc)) from exc
+
+
+def sglang_autotune_smoke_workload(workload: Any) -> dict[str, Any]:
+    """The search's workload as the smoke client's flags (smoke_gate_workload)."""
+    try:
+        typed = autotune.validate_workload(_plain(workload))
+    except autotune.AutotuneInputError as exc:
+        raise AnsibleFilterError(str(exc)) from exc
+    return _SMOKE_FIXED | {
+        "num_prompts": typed["num_prompts"],
+        "max_concurrency": typed["concurrency"],
+        "random_input_len": typed["input_len"],
+        "random_output_len": typed["output_len"],
+        "slo_ttft_ms": None,
+        "slo_tpot_ms": None,
+    }
+
+
+def sglang_autotune_trial_result(trial: Any, smoke: Any = None) -> dict[str, Any]:
+    """What `autotune record` reads, from the sglang_server role's sglang_server_trial_result
+    and the smoke client's JSON (text or parsed; empty when the benchmark never ran)."""
+    trial = _plain(trial) or {}
+    if not isinstance(trial, Mapping):
+        raise AnsibleFilterError("sglang_autotune_trial_result: the trial result must be a mapping")
+    if isinstance(smoke, str | bytes):
+        smoke = json.loads(smoke) if smoke.strip() else None
+    failed = trial.get("outcome") != "passed"
+    return {
+        "smoke": _plain(smoke),
+        "calibration": trial.get("calibration"),
+        "error": (trial.get("error") or "failed") if failed else None,
+        "phase": trial.get("phase") if failed else None,
+    }
+
+
+class FilterModule:
+    """Ansible's entry point for filter plugins."""
+
+    def filters(self) -> dict[str, Any]:
+        return {
+            "sglang_autotune_inputs": sglang_autotune_inputs,
+            "sglang_autotune_smoke_workload": sglang_autotune_smoke_workload,
+            "sglang_autotune_trial_result": sglang_autotune_trial_result,
+        }
