@@ -10,6 +10,8 @@
     {{ servers | sglang_servers_on_gpus([0, 1]) }}          the servers using any of those GPUs
     {{ sglang_server_instances | sglang_server_api_keys }}   {name: key}: only for no_log tasks
     {{ router_list_results | sglang_router_missing }}        servers their router does not list
+    {{ hosts | sglang_rollout_groups(hostvars) }}    {host: [multinode, routed or direct]}
+    {{ servers | sglang_node_restarts(hostvars, fact) }}  servers across hosts a node restarts
 
 Thin wrappers over the installed sglang_fleet package (docs/ARCHITECTURE.md): bad input fails
 the task with the variable to fix.
@@ -140,6 +142,31 @@ def sglang_router_missing(listings: list) -> list[str]:
     return _wrap(_servers.missing_from_router, listings)
 
 
+def sglang_rollout_groups(hosts: list, hostvars: Mapping) -> dict[str, list[str]]:
+    """nodes.rollout_groups() from what the `check` entry point left on each host
+    (sglang_server_servers, sglang_server_rollout_needed)."""
+    names = [str(host) for host in _plain(hosts) or []]
+    facts = {}
+    for host in names:
+        known = hostvars.get(host) or {}
+        facts[host] = {
+            "servers": [
+                {key: server.get(key) for key in ("name", "nodes", "router")}
+                for server in _plain(known.get("sglang_server_servers") or [])
+            ],
+            "needed": bool(known.get("sglang_server_rollout_needed")),
+        }
+    return _wrap(_nodes.rollout_groups, names, facts)
+
+
+def sglang_node_restarts(servers: list, hostvars: Mapping, fact: str) -> list[str]:
+    """nodes.restarts_with_nodes(): each node's own restart decision is the fact named `fact`."""
+    described = _plain(servers) or []
+    nodes = {node for server in described for node in server.get("nodes") or []}
+    decisions = {node: _plain((hostvars.get(node) or {}).get(fact) or []) for node in sorted(nodes)}
+    return _wrap(_nodes.restarts_with_nodes, described, decisions)
+
+
 class FilterModule:
     """Filters of the sglang_server role."""
 
@@ -153,4 +180,6 @@ class FilterModule:
             "sglang_server_cluster": sglang_server_cluster,
             "sglang_server_api_keys": sglang_server_api_keys,
             "sglang_router_missing": sglang_router_missing,
+            "sglang_rollout_groups": sglang_rollout_groups,
+            "sglang_node_restarts": sglang_node_restarts,
         }

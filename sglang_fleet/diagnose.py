@@ -38,10 +38,10 @@ from sglang_fleet.plan import PlanInputError, add_plan_arguments, plan, split_na
 # A run is KV-bound when, over the busy samples, requests waited in the queue at least this
 # share of the time ...
 QUEUED_SHARE = 0.3
-# ... while the KV cache was this full (median token usage; the story saw 0.85-0.96) ...
+# ... while the KV cache was this full (median token usage; the Kimi job saw 0.85-0.96) ...
 HIGH_TOKEN_USAGE = 0.8
 # ... and the median running requests stayed at or below this share of the concurrency
-# the client asked for (the story: ~50 of 150).
+# the client asked for (the Kimi job, docs/THE-JOB.md: ~50 of 150).
 FAR_BELOW = 0.7
 # The client is the bound when it kept fewer than this share of its concurrency in flight.
 CLIENT_SHORTFALL = 0.7

@@ -201,3 +201,52 @@ def layout(
     interface, _ = _interface_of(host, chosen, cluster[host], where)
     dist_init = f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
     return Layout(nodes, nodes.index(host), interface, dist_init)
+
+
+def rollout_groups(
+    hosts: list[str], facts: Mapping[str, Mapping[str, Any]]
+) -> dict[str, list[str]]:
+    """Which rollout plays of playbooks/deploy.yml each checked host joins, in `hosts`' order.
+
+    facts: {host: {servers: the described servers (name, nodes, router), needed: whether the
+    check found something to change there}}. A server across hosts restarts on all its nodes
+    together, so when any node needs a rollout every node of that server joins `multinode`
+    (rolled in one batch). The host's servers on it alone join `routed` (one behind a router:
+    one host at a time) or `direct` when the host needs a rollout. A node the run did not check
+    (left out by --limit) is refused: its rank would start alone.
+    """
+    checked = set(hosts)
+    groups: dict[str, list[str]] = {host: [] for host in hosts}
+    for host in hosts:
+        for server in (facts.get(host) or {}).get("servers") or []:
+            nodes = list(server.get("nodes") or [])
+            missing = [node for node in nodes if node not in checked]
+            if missing:
+                raise NodeError(
+                    f"sglang_server_instances[{server.get('name')}].nodes",
+                    f"nodes {', '.join(missing)} are not in this run: every node of a server "
+                    "across hosts must be (no --limit that leaves one out)",
+                )
+            if any((facts.get(node) or {}).get("needed") for node in nodes):
+                for node in nodes:
+                    if "multinode" not in groups[node]:
+                        groups[node].append("multinode")
+    for host in hosts:
+        entry = facts.get(host) or {}
+        alone = [s for s in entry.get("servers") or [] if not s.get("nodes")]
+        if entry.get("needed") and alone:
+            groups[host].append("routed" if any(s.get("router") for s in alone) else "direct")
+    return groups
+
+
+def restarts_with_nodes(
+    servers: list[Mapping[str, Any]], decisions: Mapping[str, list[str]]
+) -> list[str]:
+    """Names of this host's servers across hosts that any of their nodes decided to restart
+    (decisions: {host: names}): a server across hosts restarts on every node or on none."""
+    return [
+        str(server["name"])
+        for server in servers
+        if server.get("nodes")
+        and any(server["name"] in (decisions.get(node) or []) for node in server["nodes"])
+    ]

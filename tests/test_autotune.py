@@ -1,7 +1,7 @@
 """The autotune search (sglang_fleet.autotune) driven by synthetic measurement functions.
 
 The "server" here is a function of the flag set: the calibrated planner's own token budget
-(the story's calibration: Kimi-K2.5 tp 8 at 0.85, bf16) gives the KV-bound concurrency, and
+(the Kimi job's calibration: Kimi-K2.5 tp 8 at 0.85, bf16) gives the KV-bound concurrency, and
 a decode step of a batch of B takes A_STEP + B_STEP * B seconds, so a job of N requests
 runs in ceil(N / B) waves. That is the model autotune fits; the tests check the search
 against an exhaustive grid of the same function and that it stops exactly when the rule
@@ -29,7 +29,7 @@ from sglang_fleet.modelcfg import model_shape, read_model_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
-STORY_LOG = (FIXTURES / "logs" / "kimi-k2.5-tp8-mf085-bf16.log").read_text()
+KIMI_LOG = (FIXTURES / "logs" / "kimi-k2.5-tp8-mf085-bf16.log").read_text()
 CONFIG, WEIGHTS = read_model_dir(FIXTURES / "models" / "kimi-k2.5-int4")
 SHAPE = model_shape(CONFIG)
 GPU = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
@@ -49,11 +49,11 @@ SPACE = {
     "num_continuous_decode_steps": [1, 4],
     "kv_cache_dtype": ["auto", "fp8_e4m3"],
 }
-STORY_JOB = {"input_len": 2000, "output_len": 2000, "concurrency": 150}
+KIMI_JOB = {"input_len": 2000, "output_len": 2000, "concurrency": 150}
 A_STEP, B_STEP, PREFILL_S = 0.05, 0.0005, 0.00002
 
 
-def story_record() -> dict[str, Any]:
+def kimi_record() -> dict[str, Any]:
     key = {
         "model_config": CONFIG,
         "weight_bytes": WEIGHTS,
@@ -63,7 +63,7 @@ def story_record() -> dict[str, Any]:
         "flags": BASE,
         "recorded_at": "2026-11-29T10:05:00Z",
     }
-    return calibration.build_record(STORY_LOG, None, key)
+    return calibration.build_record(KIMI_LOG, None, key)
 
 
 def context(calibrated: bool = True) -> dict[str, Any]:
@@ -72,7 +72,7 @@ def context(calibrated: bool = True) -> dict[str, Any]:
         "weight_bytes": WEIGHTS,
         "host": HOST,
         "sglang_version": "0.5.23",
-        "calibration": [story_record()] if calibrated else None,
+        "calibration": [kimi_record()] if calibrated else None,
     }
 
 
@@ -81,7 +81,7 @@ def search(calibrated: bool = True, **overrides: Any) -> dict[str, Any]:
         "server": "kimi",
         "base_flags": BASE,
         "space": SPACE,
-        "workload": STORY_JOB,
+        "workload": KIMI_JOB,
         "context": context(calibrated),
         "kv_cache_dtypes_allowed": ["auto", "fp8_e4m3"],
     }
@@ -91,17 +91,17 @@ def search(calibrated: bool = True, **overrides: Any) -> dict[str, Any]:
 def true_tokens(flags: dict[str, Any]) -> int:
     """What the server would allocate: the calibration's own prediction (tested elsewhere)."""
     host = {"gpu_memory_mib": 97887, "gpu_name": GPU, "sglang_version": "0.5.23"}
-    return calibration.predict(story_record(), flags, host, SHAPE).max_total_num_tokens
+    return calibration.predict(kimi_record(), flags, host, SHAPE).max_total_num_tokens
 
 
 Measure = Callable[[dict[str, Any]], dict[str, Any]]
 
 
 def wave_server(factor: Callable[[dict[str, Any]], float] = lambda f: 1.0) -> Measure:
-    """Output tok/s of the story's job under the wave model, times an optional factor."""
+    """Output tok/s of the Kimi job's job under the wave model, times an optional factor."""
 
     def measure(flags: dict[str, Any]) -> dict[str, Any]:
-        work = STORY_JOB
+        work = KIMI_JOB
         fit = true_tokens(flags) // (work["input_len"] + work["output_len"])
         cap = int(flags.get("max_running_requests") or fit)
         batch = max(1, min(fit, cap, work["concurrency"]))
@@ -182,7 +182,7 @@ def test_fp8_must_be_opted_into():
 def test_bad_workload_slo_and_tolerance():
     with pytest.raises(AutotuneInputError, match=r"autotune_workload\.output_len is required"):
         autotune.validate_workload({"input_len": 10, "concurrency": 2})
-    assert autotune.validate_workload(STORY_JOB)["num_prompts"] == 150
+    assert autotune.validate_workload(KIMI_JOB)["num_prompts"] == 150
     with pytest.raises(AutotuneInputError, match="autotune_slo: unknown key"):
         autotune.validate_slo({"ttft": 1})
     with pytest.raises(AutotuneInputError, match=r"autotune_slo\.max_failures"):
@@ -242,7 +242,7 @@ def test_without_calibration_the_current_flags_start_first_and_calibrate():
     assert trial["candidate"] == autotune.BASELINE_ID
     assert trial["flags"] == BASE
     autotune.record_trial(
-        state, trial, {"smoke": wave_server()(BASE), "calibration": story_record()}
+        state, trial, {"smoke": wave_server()(BASE), "calibration": kimi_record()}
     )
     # Measured memory now: 0.93 is pruned, everything else is planned with it.
     assert all(c["predicted"]["calibrated"] for c in state["candidates"])
@@ -262,7 +262,7 @@ def test_next_trial_is_stable_until_recorded_so_a_rerun_resumes():
     assert autotune.next_trial(json.loads(json.dumps(state))) == first  # after a reload
     with pytest.raises(AutotuneInputError, match="not the one in flight"):
         autotune.record_trial(state, {"candidate": "c999"}, {"smoke": None})
-    result = {"smoke": wave_server()(first["flags"]), "calibration": story_record()}
+    result = {"smoke": wave_server()(first["flags"]), "calibration": kimi_record()}
     autotune.record_trial(state, first, result)
     assert autotune.next_trial(state)["n"] == 2
 
@@ -294,7 +294,7 @@ def test_from_no_calibration_two_trials_fit_the_model():
     state = search(calibrated=False)
     baseline = autotune.next_trial(state)
     autotune.record_trial(
-        state, baseline, {"smoke": wave_server()(BASE), "calibration": story_record()}
+        state, baseline, {"smoke": wave_server()(BASE), "calibration": kimi_record()}
     )
     rows = run(state, wave_server())
     # The baseline (bf16 at 0.85: 37 at once, 5 waves) and the first fp8 trial (2 waves)
@@ -426,7 +426,7 @@ def test_cli_round_trip(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
         "server": "kimi",
         "base_flags": BASE,
         "space": SPACE,
-        "workload": STORY_JOB,
+        "workload": KIMI_JOB,
         "kv_cache_dtypes_allowed": ["auto", "fp8_e4m3"],
     }
     (tmp_path / "spec.json").write_text(json.dumps(spec))
@@ -458,7 +458,7 @@ def test_cli_round_trip(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
 def test_init_resumes_the_same_search_and_replaces_one_of_other_inputs(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ):
-    spec = {"server": "kimi", "base_flags": BASE, "space": SPACE, "workload": STORY_JOB}
+    spec = {"server": "kimi", "base_flags": BASE, "space": SPACE, "workload": KIMI_JOB}
     spec["kv_cache_dtypes_allowed"] = ["auto", "fp8_e4m3"]
     (tmp_path / "ctx.json").write_text(json.dumps(context()))
     state_file = tmp_path / "state.json"
@@ -484,7 +484,7 @@ def test_init_resumes_the_same_search_and_replaces_one_of_other_inputs(
     again = init(spec)
     assert again["resumed"] and again["trials"] == 1 and again["replaced"] is None
     assert again["started_at"] == first["started_at"]
-    other = init(spec | {"workload": STORY_JOB | {"concurrency": 100}})
+    other = init(spec | {"workload": KIMI_JOB | {"concurrency": 100}})
     assert not other["resumed"] and other["trials"] == 0
     assert other["replaced"] == {
         "started_at": first["started_at"],
@@ -492,7 +492,7 @@ def test_init_resumes_the_same_search_and_replaces_one_of_other_inputs(
         "stop_reason": None,
         "trials": 1,
     }
-    forced = init(spec | {"workload": STORY_JOB | {"concurrency": 100}}, "--force")
+    forced = init(spec | {"workload": KIMI_JOB | {"concurrency": 100}}, "--force")
     assert not forced["resumed"] and forced["replaced"]["trials"] == 0
 
 
@@ -516,13 +516,13 @@ def test_report_is_stamped_with_the_start_of_the_search(tmp_path: Path):
     ],
 )
 def test_inputs_are_checked_without_a_host(inputs: dict[str, Any], message: str):
-    given = {"space": {"mem_fraction_static": [0.9]}, "workload": STORY_JOB} | inputs
+    given = {"space": {"mem_fraction_static": [0.9]}, "workload": KIMI_JOB} | inputs
     with pytest.raises(AutotuneInputError) as err:
         autotune.validate_inputs(**given)
     assert message in str(err.value)
     assert (
         autotune.validate_inputs(
-            space=SPACE, workload=STORY_JOB, kv_cache_dtypes_allowed=["auto", "fp8_e4m3"]
+            space=SPACE, workload=KIMI_JOB, kv_cache_dtypes_allowed=["auto", "fp8_e4m3"]
         )["workload"]["num_prompts"]
         == 150
     )

@@ -19,7 +19,7 @@ from sglang_fleet.diagnose import diagnose, samples_from_log
 from sglang_fleet.modelcfg import read_model_dir
 
 ROOT = Path(__file__).resolve().parent.parent
-STORY_LOG = ROOT / "tests" / "fixtures" / "logs" / "kimi-k2.5-tp8-mf085-bf16.log"
+KIMI_LOG = ROOT / "tests" / "fixtures" / "logs" / "kimi-k2.5-tp8-mf085-bf16.log"
 KIMI_DIR = ROOT / "tests" / "fixtures" / "models" / "kimi-k2.5-int4"
 MAX_TOKENS = 149800
 
@@ -27,7 +27,7 @@ MAX_TOKENS = 149800
 # Each scenario: (running, queue, token_usage) per sample, what the client asked for and
 # what it achieved (bench_serving's mean concurrency).
 SCENARIOS: dict[str, dict[str, Any]] = {
-    # The story: ~50 of 150 running, ~100 queued, usage 0.85-0.96.
+    # The Kimi job (docs/THE-JOB.md): ~50 of 150 running, ~100 queued, usage 0.85-0.96.
     "kv_cache_bound": {
         "rows": [(46, 104, 0.91), (52, 98, 0.95), (41, 109, 0.86), (55, 95, 0.96), (49, 100, 0.9)],
         "asked": 150,
@@ -164,8 +164,8 @@ def test_kv_bound_levers_carry_the_planners_capacity():
         "args": {"avg_input_len": 1024, "avg_output_len": 1800},
         "host": {"gpu_memory_mib": 97887, "host_ram_gib": 400, "gpu_count": 8},
     }
-    # The story's log: start-up at 0.85 bf16 tp 8, then KV-bound Decode batch lines.
-    result = diagnose(log_text=STORY_LOG.read_text(), concurrency=150, plan_context=ctx)
+    # The Kimi job's log: start-up at 0.85 bf16 tp 8, then KV-bound Decode batch lines.
+    result = diagnose(log_text=KIMI_LOG.read_text(), concurrency=150, plan_context=ctx)
     assert result["verdict"] == "kv_cache_bound"
     levers = {lv["code"]: lv["message"] for lv in result["levers"]}
     # fp8 halves the cell (70272 -> 35136 B): the pool SGLang allocated, 149800 x 70272 B,
@@ -187,7 +187,7 @@ def test_kv_bound_at_the_fraction_limit_and_already_fp8():
         "args": {"mem_fraction_static": 0.91, "kv_cache_dtype": "fp8_e4m3"},
         "host": {"gpu_memory_mib": 97887, "gpu_count": 8},
     }
-    result = diagnose(smoke_result("kv_cache_bound"), STORY_LOG.read_text(), plan_context=ctx)
+    result = diagnose(smoke_result("kv_cache_bound"), KIMI_LOG.read_text(), plan_context=ctx)
     codes = lever_codes(result)
     assert "kv_cache_dtype_fp8" not in codes
     assert "mem_fraction_static_at_limit" in codes
@@ -199,7 +199,7 @@ def test_metrics_win_over_the_log_when_both_are_given():
     assert result["verdict"] == "healthy"
     assert result["evidence"]["source"] == "server_metrics"
     # The log still fills in what the samples lack.
-    fallback = diagnose(smoke_result("kv_cache_bound", with_metrics=False), STORY_LOG.read_text())
+    fallback = diagnose(smoke_result("kv_cache_bound", with_metrics=False), KIMI_LOG.read_text())
     assert fallback["evidence"]["source"] == "log"
     assert fallback["evidence"]["max_total_num_tokens"] == MAX_TOKENS
 
@@ -301,7 +301,7 @@ def test_cli_with_model_sizes_the_levers(capsys: pytest.CaptureFixture[str]):
     rc, out, _ = run_cli(
         capsys,
         "--log",
-        str(STORY_LOG),
+        str(KIMI_LOG),
         "--concurrency",
         "150",
         "--model-path",
@@ -325,7 +325,7 @@ def test_cli_bad_usage(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     bad.write_text("{")
     assert run_cli(capsys, "--smoke-result", str(bad))[0] == 2
     # A model without the GPU size cannot be planned.
-    assert run_cli(capsys, "--log", str(STORY_LOG), "--model-path", str(KIMI_DIR))[0] == 2
+    assert run_cli(capsys, "--log", str(KIMI_LOG), "--model-path", str(KIMI_DIR))[0] == 2
 
 
 def test_filter_wraps_diagnose():

@@ -196,3 +196,61 @@ def test_the_cluster_filter_reads_only_what_the_layout_needs() -> None:
     }
     [a] = describe([copy.deepcopy(kimi())], place)
     assert a["flags"]["node_rank"] == 0
+
+
+# --- which rollout play each host joins (deploy.yml) -------------------------------------------
+
+BIG = {"name": "big", "nodes": ["n1", "n2"], "router": None}
+REPLICA = {"name": "llama", "nodes": [], "router": {"url": "http://gw:8080"}}
+ALONE = {"name": "solo", "nodes": [], "router": None}
+
+
+def test_one_node_that_changes_brings_every_node_of_its_server_into_one_batch() -> None:
+    facts = {
+        "n1": {"servers": [BIG, REPLICA], "needed": False},
+        "n2": {"servers": [BIG, REPLICA], "needed": True},
+        "other": {"servers": [ALONE], "needed": True},
+        "quiet": {"servers": [ALONE], "needed": False},
+    }
+    groups = nodes.rollout_groups(["n1", "n2", "other", "quiet"], facts)
+    assert groups == {
+        "n1": ["multinode"],
+        "n2": ["multinode", "routed"],
+        "other": ["direct"],
+        "quiet": [],
+    }
+
+
+def test_nodes_that_need_nothing_stay_out_of_every_rollout_play() -> None:
+    facts = {h: {"servers": [BIG], "needed": False} for h in ("n1", "n2")}
+    assert nodes.rollout_groups(["n1", "n2"], facts) == {"n1": [], "n2": []}
+
+
+def test_a_node_left_out_of_the_run_is_refused_with_the_variable() -> None:
+    facts = {"n1": {"servers": [BIG], "needed": True}}
+    with pytest.raises(nodes.NodeError) as err:
+        nodes.rollout_groups(["n1"], facts)
+    assert err.value.variable == "sglang_server_instances[big].nodes"
+    assert "n2" in err.value.message and "--limit" in err.value.message
+
+
+def test_a_server_across_hosts_restarts_on_every_node_when_one_node_decided_so() -> None:
+    servers = [BIG, {"name": "solo", "nodes": []}]
+    assert nodes.restarts_with_nodes(servers, {"n1": [], "n2": ["big"]}) == ["big"]
+    assert nodes.restarts_with_nodes(servers, {"n1": [], "n2": []}) == []
+    # A single-host server is never added by another host's decision.
+    assert nodes.restarts_with_nodes(servers, {"n1": ["solo"], "n2": []}) == []
+
+
+def test_the_filters_read_the_check_plays_facts() -> None:
+    filters = load_plugin("filter_plugins/sglang_server.py").FilterModule().filters()
+    hostvars = {
+        "n1": {"sglang_server_servers": [BIG], "sglang_server_rollout_needed": True},
+        "n2": {"sglang_server_servers": [BIG], "sglang_server_rollout_needed": False},
+    }
+    assert filters["sglang_rollout_groups"](["n1", "n2"], hostvars) == {
+        "n1": ["multinode"],
+        "n2": ["multinode"],
+    }
+    decided = {"n1": {"own": ["big"]}, "n2": {"own": []}}
+    assert filters["sglang_node_restarts"]([BIG], decided, "own") == ["big"]

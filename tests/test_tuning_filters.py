@@ -23,7 +23,7 @@ from sglang_fleet.modelcfg import read_model_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
-STORY_LOG = (FIXTURES / "logs" / "kimi-k2.5-tp8-mf085-bf16.log").read_text()
+KIMI_LOG = (FIXTURES / "logs" / "kimi-k2.5-tp8-mf085-bf16.log").read_text()
 KIMI_CONFIG, KIMI_WEIGHTS = read_model_dir(FIXTURES / "models" / "kimi-k2.5-int4")
 INDEX = json.dumps({"metadata": {"total_size": KIMI_WEIGHTS}})
 GPU = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
@@ -55,7 +55,7 @@ def autotune_filters() -> dict[str, Any]:
 
 
 def store_text() -> str:
-    """The host's calibration.json after the story's start at 0.85 (bf16), as slurped."""
+    """The host's calibration.json after the Kimi job's start at 0.85 (bf16), as slurped."""
     key = {
         "model_config": KIMI_CONFIG,
         "weight_bytes": KIMI_WEIGHTS,
@@ -65,7 +65,7 @@ def store_text() -> str:
         "flags": FLAGS,
         "server": "kimi",
     }
-    record = calibration.build_record(STORY_LOG, None, key)
+    record = calibration.build_record(KIMI_LOG, None, key)
     return json.dumps(calibration.dump_store([record]))
 
 
@@ -151,7 +151,7 @@ def test_a_start_without_memory_figures_is_no_calibration_not_a_failure():
     attempt = calibration_filters()["sglang_calibration_attempt"]
     missing = attempt("The server is fired up and ready to roll!", None, {"flags": FLAGS})
     assert missing["record"] is None and "pre_gib" in missing["error"]
-    found = attempt(STORY_LOG, "", {"flags": FLAGS})
+    found = attempt(KIMI_LOG, "", {"flags": FLAGS})
     assert found["error"] is None and found["record"]["measured"]["max_total_num_tokens"] == 149800
 
 

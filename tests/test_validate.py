@@ -9,9 +9,10 @@ import pytest
 from sglang_fleet.servers import resolve_servers
 from sglang_fleet.validate import host_errors, server_errors
 
-# The story's host: 8 GPUs and 400 GiB of RAM as the test double reports it (ansible_memtotal_mb).
+# The Kimi job's host (docs/THE-JOB.md): 8 GPUs and 400 GiB of RAM as the test double reports
+# it (ansible_memtotal_mb).
 HOST = {"gpu_count": 8, "ram_mib": 400 * 1024}
-STORY_FLAGS = {
+KIMI_FLAGS = {
     "trust_remote_code": True,
     "mem_fraction_static": 0.88,
     "kv_cache_dtype": "fp8_e4m3",
@@ -38,12 +39,12 @@ def codes(problems: list[dict[str, str]]) -> list[str]:
     return [problem["code"] for problem in problems]
 
 
-def test_the_story_final_configuration_passes() -> None:
-    assert one({"flags": STORY_FLAGS}) == []
+def test_the_kimi_job_final_configuration_passes() -> None:
+    assert one({"flags": KIMI_FLAGS}) == []
 
 
-def test_story_hicache_300_gb_per_rank_does_not_fit_and_says_what_does() -> None:
-    [problem] = one({"flags": STORY_FLAGS | {"hicache_size": 300}})
+def test_kimi_hicache_300_gb_per_rank_does_not_fit_and_says_what_does() -> None:
+    [problem] = one({"flags": KIMI_FLAGS | {"hicache_size": 300}})
     assert problem["code"] == "hicache_host_ram"
     assert problem["variable"] == "sglang_server_instances[kimi].flags.hicache_size"
     message = problem["message"]
@@ -55,8 +56,8 @@ def test_story_hicache_300_gb_per_rank_does_not_fit_and_says_what_does() -> None
 
 def test_hicache_limit_is_exact_at_the_boundary() -> None:
     # 52 GB x 8 = 416 GB + 10.74 GB = 426.7 GB fits 429.5 GB; 53 GB x 8 = 434.7 GB does not.
-    assert one({"flags": STORY_FLAGS | {"hicache_size": 52}}) == []
-    assert codes(one({"flags": STORY_FLAGS | {"hicache_size": 53}})) == ["hicache_host_ram"]
+    assert one({"flags": KIMI_FLAGS | {"hicache_size": 52}}) == []
+    assert codes(one({"flags": KIMI_FLAGS | {"hicache_size": 53}})) == ["hicache_host_ram"]
 
 
 def test_hicache_size_counts_only_when_hierarchical_cache_is_on() -> None:

@@ -4,7 +4,7 @@ One host, one server (Llama 3.1 8B with 70 x the layers, TP 1, with an API key).
 top to bottom and each leaves the server serving:
 
 1. the converge's start (0.88, bf16 KV) calibrated the host;
-2. the story's KV-bound load (150 concurrent requests on bf16 KV) is diagnosed live;
+2. the Kimi job's KV-bound load (150 concurrent requests on bf16 KV) is diagnosed live;
 3. 0.97 is refused before anything stops (sglang_server_calibration_mode: warn overrules it:
    the deploy and rollout scenarios start their 0.99 crash that way);
 4. 0.90 with fp8 KV rolls out, its token budget within 2 % of the calibrated plan; from here
@@ -164,8 +164,8 @@ def test_the_first_start_calibrated_the_host(host):
     assert host.check_output("findmnt -n -o FSTYPE -T %s", CALIBRATIONS) != "tmpfs"
 
 
-# --- 2. live diagnosis of the story's KV-bound load -------------------------------------------
-def test_the_storys_kv_bound_load_is_diagnosed_with_the_fp8_and_fraction_levers(host):
+# --- 2. live diagnosis of the Kimi job's KV-bound load -------------------------------------------
+def test_the_kimi_jobs_kv_bound_load_is_diagnosed_with_the_fp8_and_fraction_levers(host):
     before = unit_identity(host)
     load = host.check_output(
         f"SGLANG_API_KEY=$(cat {KEY_FILE}) nohup timeout 90 python3 "
