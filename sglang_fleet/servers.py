@@ -536,6 +536,12 @@ def resolve_server(
     gpus = _check_gpus(server.get("gpus"), where)
     port = _check_port(server.get("port"), where)
     router = _check_router(server.get("router"), where, port, host, (cluster or {}).get("host"))
+    if router is not None and server.get("nodes"):
+        # A replica is rolled one host at a time, a server across hosts on all its nodes at
+        # once (docs/MULTINODE.md): one server cannot be both.
+        raise ServerConfigError(
+            f"{where}.router", "a server across hosts (nodes:) cannot sit behind a router"
+        )
     node_layout = _node_layout(server, where, cluster, len(gpus), port)
     if node_layout is None:
         return None

@@ -141,6 +141,7 @@ def _refusal(server: dict, place: dict) -> ServerConfigError:
         ({"interface": "ib9"}, "interface", "gpu-a has no IPv4 address on ib9"),
         ({"flags": {"tp_size": 8, "nnodes": 3}}, "flags.nnodes", "set from the server's nodes"),
         ({"flags": {"node_rank": 1}}, "flags.node_rank", "set from the server's nodes"),
+        ({"router": {"url": "http://gw:8080"}}, "router", "cannot sit behind a router"),
     ],
 )
 def test_bad_layouts_are_refused_naming_the_variable(changes, variable, words) -> None:
