@@ -11,27 +11,20 @@ text (as `slurp` + `b64decode` or a command's stdout give them) or already parse
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
 
 from sglang_fleet.diagnose import diagnose, diagnose_live, table_lines
+from sglang_fleet.plain import plain_mapping
 
 
 def _plain(value: Any, what: str) -> dict[str, Any] | None:
     """Ansible's lazy containers (or JSON text) as a plain dict; None for nothing."""
-    if not value:
-        return None
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise AnsibleFilterError(f"{what} is not valid JSON: {exc}") from exc
-    if not isinstance(value, Mapping):
-        raise AnsibleFilterError(f"{what} must be a mapping, got {type(value).__name__}")
-    return json.loads(json.dumps(dict(value)))
+    try:
+        return plain_mapping(value, what, optional=True)
+    except ValueError as exc:
+        raise AnsibleFilterError(str(exc)) from exc
 
 
 def sglang_diagnose(

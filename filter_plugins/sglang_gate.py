@@ -12,7 +12,6 @@ result may be what `slurp` + `b64decode` give (JSON text) or already parsed.
 from __future__ import annotations
 
 import importlib.util
-import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,20 +24,15 @@ from sglang_fleet.gate import (
     format_rollout_table,
     rollout_rows,
 )
+from sglang_fleet.plain import plain_mapping
 
 
 def _plain(value: Any, what: str, optional: bool = False) -> dict[str, Any] | None:
     """Ansible's lazy containers (or JSON text) as a plain dict."""
-    if optional and not value:
-        return None
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise AnsibleFilterError(f"{what} is not valid JSON: {exc}") from exc
-    if not isinstance(value, Mapping):
-        raise AnsibleFilterError(f"{what} must be a mapping, got {type(value).__name__}")
-    return json.loads(json.dumps(dict(value)))
+    try:
+        return plain_mapping(value, what, optional)
+    except ValueError as exc:
+        raise AnsibleFilterError(str(exc)) from exc
 
 
 def sglang_gate(result: Any, thresholds: Any = None, baseline: Any = None) -> dict[str, Any]:

@@ -16,25 +16,20 @@ a byte count or the parsed model.safetensors.index.json. The logic lives in sgla
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
 
 from sglang_fleet.modelcfg import ModelConfigError, weight_bytes_from_index
+from sglang_fleet.plain import plain_mapping
 from sglang_fleet.plan import PlanInputError, plan
 
 
 def _as_dict(value: Any, what: str) -> dict[str, Any]:
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise AnsibleFilterError(f"{what} is not valid JSON: {exc}") from exc
-    if not isinstance(value, Mapping):
-        raise AnsibleFilterError(f"{what} must be a mapping, got {type(value).__name__}")
-    return json.loads(json.dumps(dict(value)))
+    try:
+        return plain_mapping(value, what)  # type: ignore[return-value]
+    except ValueError as exc:
+        raise AnsibleFilterError(str(exc)) from exc
 
 
 def _weight_bytes(value: Any) -> int:

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from sglang_fleet import calibration, kvmath
-from sglang_fleet.plan import MIN_FREE_AFTER_GRAPH_GIB, PlanInputError, plan
+from sglang_fleet.plan import MIN_FREE_AFTER_GRAPH_GIB, PLANNER_FLAGS, PlanInputError, plan
 
 STATE_SCHEMA = "sglang-fleet/autotune/1"
 SPACE_FLAGS = (
@@ -57,21 +57,9 @@ SPACE_FLAGS = (
 LOSSLESS_KV_DTYPES = ("auto", "bf16", "bfloat16", "fp16", "float16")
 DEFAULT_TOLERANCE = 0.05
 MAX_CANDIDATES = 1024
-# Flags the planner reads (the rest of a candidate's flags are compared, not planned).
-_PLANNER_FLAGS = (
-    "tp_size",
-    "dp_size",
-    "mem_fraction_static",
-    "kv_cache_dtype",
-    "enable_hierarchical_cache",
-    "hicache_size",
-    "hicache_ratio",
-    "chunked_prefill_size",
-    "max_running_requests",
-    "context_length",
-    "page_size",
-    "cuda_graph_max_bs_decode",
-)
+# Flags the planner reads (the rest of a candidate's flags are compared, not planned), and the
+# CUDA graph batch size its calibrated prediction takes.
+_PLANNER_FLAGS = (*PLANNER_FLAGS, "cuda_graph_max_bs_decode")
 _CANNOT_START = ("not_enough_memory", "not_enough_gpus", "hicache_host_ram")
 BASELINE_ID = "base"
 # The inputs that make a search: a rerun with the same ones resumes the state, other ones

@@ -33,7 +33,13 @@ from urllib.parse import urlsplit
 from sglang_fleet import kvmath, live
 from sglang_fleet.calibrate import parse_decode_lines, parse_log
 from sglang_fleet.modelcfg import ModelConfigError, model_shape, read_model_dir
-from sglang_fleet.plan import PlanInputError, add_plan_arguments, plan, split_namespace
+from sglang_fleet.plan import (
+    PLANNER_FLAGS,
+    PlanInputError,
+    add_plan_arguments,
+    plan,
+    split_namespace,
+)
 
 # A run is KV-bound when, over the busy samples, requests waited in the queue at least this
 # share of the time ...
@@ -400,15 +406,10 @@ def _with_log_calibration(ctx: dict | None, log_text: str | None) -> dict | None
 # argument resolved, so ones whose unset state means something to the planner stay out:
 # chunked_prefill_size, max_running_requests (SGLang's default fraction depends on whether
 # they were given) and hicache_ratio (always 2.0 when unset).
-LIVE_PLAN_ARGS = (
-    "tp_size",
-    "dp_size",
-    "mem_fraction_static",
-    "kv_cache_dtype",
-    "enable_hierarchical_cache",
-    "hicache_size",
-    "context_length",
-    "page_size",
+LIVE_PLAN_ARGS = tuple(
+    flag
+    for flag in PLANNER_FLAGS
+    if flag not in ("chunked_prefill_size", "max_running_requests", "hicache_ratio")
 )
 
 _NOT_SAMPLED_LEVERS = {

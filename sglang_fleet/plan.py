@@ -46,6 +46,22 @@ from sglang_fleet import calibration, kvmath
 from sglang_fleet.calibrate import Calibration, parse_log
 from sglang_fleet.modelcfg import ModelConfigError, model_shape, read_model_dir
 
+# Flags of a server this planner reads (a server's plan_args); the rest do not change its
+# arithmetic.
+PLANNER_FLAGS = (
+    "tp_size",
+    "dp_size",
+    "mem_fraction_static",
+    "kv_cache_dtype",
+    "enable_hierarchical_cache",
+    "hicache_size",
+    "hicache_ratio",
+    "chunked_prefill_size",
+    "max_running_requests",
+    "context_length",
+    "page_size",
+)
+
 # Free GPU memory that must remain after CUDA graph capture for a large prefill to run:
 # its activations (a few GiB for an 8k-token chunk of a 7k-hidden MoE) plus allocator
 # fragmentation. Chosen against the Kimi job's runs (docs/THE-JOB.md: Kimi-K2.5 int4, 8 GPUs,

@@ -69,6 +69,7 @@ from typing import Any
 
 from sglang_fleet import nodes as _nodes
 from sglang_fleet.flags import env_file_line, exec_start, normalize_key, to_argv
+from sglang_fleet.plan import PLANNER_FLAGS
 
 SERVERS_VAR = "sglang_server_instances"
 PROFILES_VAR = "sglang_server_profiles"
@@ -682,20 +683,6 @@ LOGGING_CONFIG_ENV = "SGLANG_LOGGING_CONFIG_PATH"
 # SGLang logs its resolved server arguments, API key included, at info level through this logger
 # (docs/SGLANG.md, "Logs"): raised to WARNING on servers that have a key.
 KEY_LOGGING_LOGGER = "sglang.srt.entrypoints.engine"
-# Flags the capacity planner (sglang_fleet.plan) reads; the rest do not change its arithmetic.
-PLANNER_FLAGS = (
-    "tp_size",
-    "dp_size",
-    "mem_fraction_static",
-    "kv_cache_dtype",
-    "enable_hierarchical_cache",
-    "hicache_size",
-    "hicache_ratio",
-    "chunked_prefill_size",
-    "max_running_requests",
-    "context_length",
-    "page_size",
-)
 RUNTIME_KEYS = ("python", "launch_module", "config_dir", "state_dir")
 
 
