@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
+from kimi_job import GPU, KIMI_LOG, KIMI_RUN_FLAGS
 from yamllint import config as yamllint_config
 from yamllint import linter as yamllint_linter
 
@@ -29,18 +30,11 @@ from sglang_fleet.modelcfg import model_shape, read_model_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
-KIMI_LOG = (FIXTURES / "logs" / "kimi-k2.5-tp8-mf085-bf16.log").read_text()
 CONFIG, WEIGHTS = read_model_dir(FIXTURES / "models" / "kimi-k2.5-int4")
 SHAPE = model_shape(CONFIG)
-GPU = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
 HOST = {"gpu_memory_mib": 97887, "host_ram_gib": 400, "gpu_count": 8, "gpu_name": GPU}
 BASE = {
-    "tp_size": 8,
-    "mem_fraction_static": 0.85,
-    "kv_cache_dtype": "auto",
-    "chunked_prefill_size": 8192,
-    "num_continuous_decode_steps": 4,
-    "disable_custom_all_reduce": True,
+    **KIMI_RUN_FLAGS,
 }
 SPACE = {
     "mem_fraction_static": [0.85, 0.88, 0.90, 0.93],

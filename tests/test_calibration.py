@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from ansible.errors import AnsibleFilterError
 from conftest import load_plugin
+from kimi_job import GPU, KIMI_LOG, KIMI_RUN_FLAGS
 
 from sglang_fleet import calibration, kvmath
 from sglang_fleet.calibration import CalibrationError
@@ -25,20 +26,13 @@ from sglang_fleet.modelcfg import model_shape, read_model_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
-KIMI_LOG = (FIXTURES / "logs" / "kimi-k2.5-tp8-mf085-bf16.log").read_text()
 KIMI_CONFIG, KIMI_WEIGHTS = read_model_dir(FIXTURES / "models" / "kimi-k2.5-int4")
 LLAMA_CONFIG, LLAMA_WEIGHTS = read_model_dir(FIXTURES / "models" / "llama-3.1-8b")
 KIMI = model_shape(KIMI_CONFIG)
 LLAMA = model_shape(LLAMA_CONFIG)
 GIB = 2**30
-GPU = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
 KIMI_FLAGS = {
-    "tp_size": 8,
-    "mem_fraction_static": 0.85,
-    "kv_cache_dtype": "auto",
-    "chunked_prefill_size": 8192,
-    "num_continuous_decode_steps": 4,
-    "disable_custom_all_reduce": True,
+    **KIMI_RUN_FLAGS,
     "host": "0.0.0.0",
     "port": 8000,
     "api_key": "sk-very-secret",

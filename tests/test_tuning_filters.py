@@ -17,23 +17,17 @@ from typing import Any
 import pytest
 from ansible.errors import AnsibleFilterError
 from conftest import load_plugin
+from kimi_job import GPU, KIMI_LOG, KIMI_RUN_FLAGS
 
 from sglang_fleet import calibration
 from sglang_fleet.modelcfg import read_model_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
-KIMI_LOG = (FIXTURES / "logs" / "kimi-k2.5-tp8-mf085-bf16.log").read_text()
 KIMI_CONFIG, KIMI_WEIGHTS = read_model_dir(FIXTURES / "models" / "kimi-k2.5-int4")
 INDEX = json.dumps({"metadata": {"total_size": KIMI_WEIGHTS}})
-GPU = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
 FLAGS = {
-    "tp_size": 8,
-    "mem_fraction_static": 0.85,
-    "kv_cache_dtype": "auto",
-    "chunked_prefill_size": 8192,
-    "num_continuous_decode_steps": 4,
-    "disable_custom_all_reduce": True,
+    **KIMI_RUN_FLAGS,
     "model_path": "/shared/kimi-k2.5-int4",
     "host": "127.0.0.1",
     "port": 8000,
