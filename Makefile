@@ -17,7 +17,7 @@ export PYTHONDONTWRITEBYTECODE := 1
 help:
 	@echo "make test   - set up, then yamllint, ansible-lint, ruff, pytest and every Molecule scenario"
 	@echo "make demo   - set up, then deploy SGLang (GPU-less double) onto a local simulated GPU host"
-	@echo "make lint | pytest | molecule [SCENARIOS='deploy'] [MOLECULE_JOBS=2] | bench [BENCHES='fleet_noop'] | clean"
+	@echo "make lint | pytest | molecule [SCENARIOS='deploy'] [MOLECULE_JOBS=3] | bench [BENCHES='fleet_noop'] | clean"
 
 $(BIN)/.stamp: requirements.txt pyproject.toml gpusim/pyproject.toml scripts/find-python.sh
 	@echo "==> creating $(VENV) (Python >= 3.12) and installing requirements.txt"

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Run Molecule scenarios, MOLECULE_JOBS at a time (default 2: much of a scenario is waiting on
-# containers booting and servers starting, so two overlap well on 2 cores). Each scenario's
+# Run Molecule scenarios, MOLECULE_JOBS at a time (default 3: much of a scenario is waiting on
+# containers booting and servers starting, so three overlap well on 2 cores). Each scenario's
 # output goes to .cache/molecule-logs/<scenario>.log; a failed scenario's log tail is printed.
 # Usage: scripts/molecule-all.sh SCENARIO...
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 logs="$repo/.cache/molecule-logs"
 mkdir -p "$logs"
-jobs=${MOLECULE_JOBS:-2}
+jobs=${MOLECULE_JOBS:-3}
 declare -A pids=() started=()
 failed=()
 passed=()
