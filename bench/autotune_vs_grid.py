@@ -7,7 +7,7 @@
 Each trial is what the playbook does on a canary, on a simulated 8 x 96 GB host: start the
 server with the candidate's flags (`python -m gpusim.sglang_server`), wait for /health,
 build the calibration record from the start-up log and /server_info, run the smoke client
-(`sglang_fleet/smoke.py`) with the Kimi job's job, stop the server.
+(`sglang_fleet/smoke.py`) with the Kimi job, stop the server.
 
 The story's job is 150 concurrent requests of 2000 + 2000 tokens on Kimi-K2.5 int4, tp 8.
 Scaled down in time (--scale S, default 20): requests of 2000/S + 2000/S tokens on a copy of

@@ -92,7 +92,7 @@ Measure = Callable[[dict[str, Any]], dict[str, Any]]
 
 
 def wave_server(factor: Callable[[dict[str, Any]], float] = lambda f: 1.0) -> Measure:
-    """Output tok/s of the Kimi job's job under the wave model, times an optional factor."""
+    """Output tok/s of the Kimi job under the wave model, times an optional factor."""
 
     def measure(flags: dict[str, Any]) -> dict[str, Any]:
         work = KIMI_JOB

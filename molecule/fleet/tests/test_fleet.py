@@ -266,7 +266,7 @@ def test_the_server_across_hosts_runs_one_rank_per_node_and_serves_from_node_0()
             assert flag in launch
         assert "--tp-size 2" in launch
         env = node.file("/etc/sglang/big.env").content_string
-        assert "NCCL_SOCKET_IFNAME=eth0" in env and "GLOO_SOCKET_IFNAME=eth0" in env
+        assert 'NCCL_SOCKET_IFNAME="eth0"' in env and 'GLOO_SOCKET_IFNAME="eth0"' in env
     assert generate(node0, 30001) == 8
     # Node 1 answers only SGLang's dummy health endpoint.
     health = node1.run(
