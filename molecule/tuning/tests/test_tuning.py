@@ -245,7 +245,11 @@ def test_090_with_fp8_rolls_out_within_2_percent_of_the_calibrated_plan(host):
     before = unit_identity(host)
     run = run_playbook("deploy.yml", extravars=NOW)
     assert run.rc == 0, run.failures
-    [planned] = [r["ansible_facts"]["_sglang_server_plan"] for r in run.task_results("Plan llama")]
+    # Planned twice: by deploy.yml's check play and by the rollout; the same figures both times.
+    plans = [r["ansible_facts"]["_sglang_server_plan"] for r in run.task_results("Plan llama")]
+    assert len(plans) == 2, plans
+    planned = plans[-1]
+    assert plans[0]["max_total_num_tokens"] == planned["max_total_num_tokens"]
     assert planned["errors"] == []
     assert planned["details"]["calibrated"], planned["warnings"]
     reported = server_info(host)["max_total_num_tokens"]
