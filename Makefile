@@ -13,8 +13,9 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help test demo lint pytest molecule host image wheelhouse bench clean
+.PHONY: help check test demo lint pytest molecule host image wheelhouse bench clean
 help:
+	@echo "make check  - the quick loop, no containers: yamllint, ansible-lint, ruff and the unit tests"
 	@echo "make test   - set up, then yamllint, ansible-lint, ruff, pytest and every Molecule scenario"
 	@echo "make demo   - set up, then deploy SGLang (GPU-less double) onto a local simulated GPU host"
 	@echo "make lint | pytest | molecule [SCENARIOS='deploy'] [MOLECULE_JOBS=3] | bench [BENCHES='fleet_noop'] | clean"
@@ -40,9 +41,15 @@ lint: $(BIN)/.stamp
 	@echo "==> ruff"; $(BIN)/ruff check . && $(BIN)/ruff format --check .
 
 # No image here: the one test that needs a real systemd builds it on demand (tests/test_flags.py).
-# The wheelhouse holds the pinned SGLang wheel that tests/test_ml_env_vars.py reads.
+# The wheelhouse holds the pinned SGLang wheel that tests/test_ml_env_vars.py reads. Most tests
+# wait on processes, sockets and leases rather than compute, so PYTEST_JOBS of them run at once.
+PYTEST_JOBS ?= 4
 pytest: $(BIN)/.stamp wheelhouse
-	@echo "==> pytest"; $(BIN)/pytest
+	@echo "==> pytest"; $(BIN)/pytest -n $(PYTEST_JOBS)
+
+# The inner loop: everything that needs no container, no image and no dockerd.
+check: lint $(BIN)/.stamp wheelhouse
+	@echo "==> pytest (no containers)"; $(BIN)/pytest -n $(PYTEST_JOBS) -m "not container"
 
 molecule: $(BIN)/.stamp image wheelhouse
 	@scripts/molecule-all.sh $(SCENARIOS)

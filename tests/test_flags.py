@@ -308,6 +308,7 @@ def _exec(
 
 
 @pytest.mark.slow
+@pytest.mark.container
 def test_hostile_values_round_trip_through_real_systemd(systemd_container: str) -> None:
     name = systemd_container
     # The executable itself needs quoting too: a path with a space and a percent sign.
