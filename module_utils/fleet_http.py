@@ -25,7 +25,7 @@ import re
 import socket
 import ssl
 import time
-from typing import Callable, Optional
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 DEFAULT_DEADLINE_S = 10.0
@@ -63,7 +63,7 @@ def redact_url(url: object) -> str:
     return _USERINFO.sub(r"\1***@", str(url))
 
 
-def _host_problem(host: str) -> Optional[str]:
+def _host_problem(host: str) -> str | None:
     try:
         ipaddress.ip_address(host)
         return None
@@ -123,7 +123,7 @@ class _DeadlineReader(io.RawIOBase):
     def readinto(self, buffer: bytearray) -> int:  # type: ignore[override]
         left = self._deadline - self._clock()
         if left <= 0:
-            raise socket.timeout("the deadline passed")
+            raise socket.timeout("the deadline passed")  # noqa: UP041 (3.9: not TimeoutError)
         self._sock.settimeout(left)
         return self._sock.recv_into(buffer)
 
@@ -137,7 +137,7 @@ class _DeadlineSocket:
     def _left(self) -> float:
         left = self._deadline - self._clock()
         if left <= 0:
-            raise socket.timeout("the deadline passed")
+            raise socket.timeout("the deadline passed")  # noqa: UP041 (3.9: not TimeoutError)
         return left
 
     def sendall(self, data: bytes) -> None:
@@ -176,8 +176,8 @@ def request(
     url: str,
     *,
     method: str = "GET",
-    headers: Optional[dict[str, str]] = None,
-    body: Optional[bytes] = None,
+    headers: dict[str, str] | None = None,
+    body: bytes | None = None,
     deadline_s: float = DEFAULT_DEADLINE_S,
     max_bytes: int = DEFAULT_MAX_BYTES,
     clock: Clock = time.monotonic,
@@ -188,7 +188,7 @@ def request(
     shown = redact_url(url)
     deadline = clock() + deadline_s
     conn = _connection(scheme, host, port, max(deadline_s, 0.001))
-    raw: Optional[socket.socket] = None
+    raw: socket.socket | None = None
     try:
         conn.connect()
         raw = conn.sock
@@ -205,7 +205,7 @@ def request(
         data = _read_body(response, max_bytes, shown)
         names = {name.lower(): value for name, value in response.getheaders()}
         return Response(response.status, response.reason, names, data)
-    except socket.timeout:
+    except socket.timeout:  # noqa: UP041 (on Python 3.9 it is not TimeoutError)
         raise HttpError(
             "timeout", f"{method} {shown} did not answer in full within {deadline_s:g} s"
         ) from None

@@ -35,7 +35,6 @@ import time
 from typing import Any, Callable
 
 
-
 def _reader_beside_this_file() -> Any:
     """module_utils/fleet_http.py as copied beside live.py on a GPU host (diagnose.yml)."""
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fleet_http.py")
