@@ -43,9 +43,10 @@ class HttpError(Exception):
     Codes: bad_url, unreachable, timeout, too_large, redirect, bad_response.
     """
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, reason: str = "") -> None:
         super().__init__(message)
         self.code = code
+        self.reason = reason or message
 
 
 class Response:
@@ -210,7 +211,8 @@ def request(
             "timeout", f"{method} {shown} did not answer in full within {deadline_s:g} s"
         ) from None
     except (OSError, http.client.HTTPException) as exc:
-        raise HttpError("unreachable", f"cannot reach {shown}: {redact_url(exc)}") from None
+        reason = redact_url(exc)
+        raise HttpError("unreachable", f"cannot reach {shown}: {reason}", reason) from None
     finally:
         conn.close()
         if raw is not None:
