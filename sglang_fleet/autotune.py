@@ -311,7 +311,7 @@ def new_state(
             "host": dict(context["host"]),
             "sglang_version": context.get("sglang_version"),
         },
-        "calibrations": calibration.load_store(context.get("calibration")),
+        "calibrations": _calibrations(context, server),
         "candidates": _grid(base_flags, typed_space),
         "trials": [],
         "speed_model": None,
@@ -322,6 +322,16 @@ def new_state(
     state["spec_digest"] = spec_digest(state)
     _replan(state)
     return state
+
+
+def _calibrations(context: Mapping[str, Any], server: str) -> list[dict[str, Any]]:
+    try:
+        return calibration.load_store(context.get("calibration"))
+    except calibration.CalibrationError as exc:
+        raise AutotuneInputError(
+            f"the host's calibration.json of server {server} (autotune context calibration) "
+            f"cannot be used: {exc}; move it away and start the server once to record a new one"
+        ) from None
 
 
 def _check_context(context: Mapping[str, Any], workload: Mapping[str, int]) -> None:
