@@ -913,7 +913,7 @@ class _CompletionsStream(_SseStream):
 
 
 def parse_prometheus(text: str) -> dict[str, float]:
-    """Sample values by metric name, summed over label sets (one per tp/dp rank)."""
+    """Finite sample values by metric name, summed over label sets (one per tp/dp rank)."""
     totals: dict[str, float] = {}
     for line in text.splitlines():
         if not line or line[0] == "#":
@@ -934,7 +934,7 @@ def parse_prometheus(text: str) -> dict[str, float]:
             value = float(fields[0])
         except ValueError:
             continue
-        if not math.isnan(value):
+        if math.isfinite(value):  # +Inf would reach the result file as JSON's Infinity
             totals[name] = totals.get(name, 0.0) + value
     return totals
 
