@@ -87,6 +87,24 @@ def sglang_calibration_store(
     return calibration.dump_store(calibration.add_record(records, record, int(limit)))
 
 
+def sglang_calibration_store_update(
+    store: Any, record: dict, path: str = "calibration.json", server: str = "?"
+) -> dict[str, Any]:
+    """{store: the store with `record` added, or None; error: why the file on the host is not
+    a store (naming it and the server), or None}. The record step of a healthy start writes
+    only a store it could read: it never fails that start, and never overwrites what it
+    cannot read (the next pre-flight refuses it by name)."""
+    try:
+        records = calibration.load_store(store if store not in (None, "") else None)
+    except calibration.CalibrationError as exc:
+        return {
+            "store": None,
+            "error": f"{path} (calibrations of server {server}) is not a calibration store: "
+            f"{exc}; this start's record is not kept. Move the file away.",
+        }
+    return {"store": calibration.dump_store(calibration.add_record(records, record)), "error": None}
+
+
 def sglang_model_fingerprint(model_config: Any, weights: Any) -> str:
     """The checkpoint identity a record and the planner compare (config.json + bytes)."""
     config = _parsed(model_config, "model_config")
@@ -104,5 +122,6 @@ class FilterModule:
             "sglang_calibration_attempt": sglang_calibration_attempt,
             "sglang_server_info_public": sglang_server_info_public,
             "sglang_calibration_store": sglang_calibration_store,
+            "sglang_calibration_store_update": sglang_calibration_store_update,
             "sglang_model_fingerprint": sglang_model_fingerprint,
         }

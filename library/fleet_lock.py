@@ -157,6 +157,7 @@ import errno
 import fcntl
 import hashlib
 import json
+import math
 import os
 import secrets
 import stat
@@ -215,7 +216,8 @@ class Found:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """A finite JSON number (json.loads reads NaN and Infinity; no age or lease is either)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def record_problem(data: Any) -> str:
@@ -224,7 +226,7 @@ def record_problem(data: Any) -> str:
         return f"not a lock record (JSON {type(data).__name__})"
     typed = {"token": str, "run_id": str, "owner": dict, "host_clock": dict, "depth": int}
     missing = [key for key, kind in typed.items() if not isinstance(data.get(key), kind)]
-    if not _is_number(data.get("lease_s")):
+    if not _is_number(data.get("lease_s")) or data["lease_s"] <= 0:
         missing.append("lease_s")
     clock = data.get("host_clock") if isinstance(data.get("host_clock"), dict) else {}
     times = ("taken_boottime", "renewed_boottime", "taken_wall", "renewed_wall")
@@ -315,6 +317,11 @@ def measure(found: Found, now: HostClock, fallback_lease_s: float) -> Ages:
         age, renewed = now.wall - hc["taken_wall"], now.wall - hc["renewed_wall"]
         why = "the host rebooted since" if now.boot_id else "the host has no boot id"
         clock, note, lease = "wall", f"{why}: by its wall clock", rec["lease_s"]
+        if now.boot_id and hc["boot_id"] and min(age, renewed) < 0:
+            # Written in an earlier boot, so at least as long ago as this boot began: a wall
+            # clock that says "in the future" (set back at boot) cannot hold the lock forever.
+            age, renewed = max(age, now.boottime), max(renewed, now.boottime)
+            note = f"{note}; the host's clock went back, ages counted from this boot's start"
     if min(age, renewed) < 0:
         note = f"{note}; the host's clock went back, ages counted as 0".lstrip("; ")
     return Ages(max(age, 0.0), max(renewed, 0.0), float(lease), clock, note)
@@ -419,10 +426,14 @@ def _write_temp(path: str, record: dict[str, Any]) -> str:
     directory, name = os.path.split(path)
     temp = os.path.join(directory, f".{name}.{secrets.token_hex(6)}.tmp")
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(json.dumps(record, sort_keys=True).encode() + b"\n")
-        handle.flush()
-        os.fsync(handle.fileno())
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(json.dumps(record, sort_keys=True, allow_nan=False).encode() + b"\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+    except BaseException:
+        os.unlink(temp)
+        raise
     return temp
 
 
@@ -448,7 +459,13 @@ def create(path: str, record: dict[str, Any]) -> bool:
 
 
 def replace(path: str, record: dict[str, Any]) -> None:
-    os.replace(_write_temp(path, record), path)
+    """Put a complete record in place; a failed replace leaves no temporary file behind."""
+    temp = _write_temp(path, record)
+    try:
+        os.replace(temp, path)
+    except BaseException:
+        os.unlink(temp)
+        raise
     _sync_dir(path)
 
 

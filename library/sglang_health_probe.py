@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import re
 import subprocess
-import urllib.error
-import urllib.request
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.fleet_http import HttpError, request
 
 DOCUMENTATION = r"""
 module: sglang_health_probe
@@ -123,12 +122,10 @@ def journal_lines(unit: str, since: float) -> list[str]:
 
 
 def http_status(url: str, timeout: float) -> int | None:
+    """The status of GET url within timeout (all of it), or None; a redirect is no health."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            return int(response.status)
-    except urllib.error.HTTPError as err:
-        return int(err.code)
-    except (OSError, ValueError):
+        return request(url, deadline_s=timeout, max_bytes=1 << 20).status
+    except HttpError:
         return None
 
 

@@ -122,10 +122,10 @@ import stat
 import subprocess
 import urllib.error
 import urllib.parse
-import urllib.request
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.fleet_http import HttpError, redact_url, request
 
 
 def _sha1(path: str) -> str:
@@ -269,15 +269,17 @@ def check_router(want: dict[str, Any], key: str | None, timeout: int) -> tuple[l
     headers = {"Accept": "application/json"}
     if key:
         headers["Authorization"] = f"Bearer {key}"
+    shown = redact_url(url)
     try:
-        request = urllib.request.Request(f"{url}/workers", headers=headers)
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            workers = json.loads(response.read().decode("utf-8", errors="replace"))["workers"]
+        answer = request(f"{url}/workers", headers=headers, deadline_s=timeout)
+        if answer.status != 200:
+            raise ValueError(f"HTTP {answer.status}")
+        workers = json.loads(answer.body.decode("utf-8", errors="replace"))["workers"]
         listed = {_url_key(str(worker.get("url", ""))) for worker in workers}
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        return [], [f"{label}: router {url} did not answer ({err})"]
+    except (HttpError, ValueError, KeyError, TypeError) as err:
+        return [], [f"{label}: router {shown} did not answer ({redact_url(err)})"]
     if _url_key(want["worker_url"]) not in listed:
-        return [f"{label}: router {url} does not list {want['worker_url']}"], []
+        return [f"{label}: router {shown} does not list {redact_url(want['worker_url'])}"], []
     return [], []
 
 

@@ -4,16 +4,16 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.fleet_http import HttpError, Response, check_url, redact_url, request
 
 DOCUMENTATION = r"""
 module: sglang_router_workers
@@ -29,6 +29,9 @@ description:
   - Removing a worker fails, before anything is removed, when fewer than C(min_healthy_others)
     other healthy workers would be left to serve.
   - Check mode reports what would change without adding, removing or draining.
+  - Every request goes through module_utils/fleet_http.py, bounded as a whole by
+    C(request_timeout), its answer capped in size, redirects never followed (the key never
+    goes to another host); URLs with C(user:password@) are refused and never printed.
 options:
   router_url:
     description: Base URL of the router (scheme, host, port), for example C(http://127.0.0.1:30000).
@@ -92,7 +95,7 @@ options:
     type: float
     default: 1
   request_timeout:
-    description: Seconds one HTTP request may take.
+    description: Seconds one HTTP request may take, all of it (connect, headers and body).
     type: float
     default: 10
 author: sglang-fleet
@@ -155,6 +158,7 @@ _LISTED_FIELDS = ("id", "url", "is_healthy", "load", "model_id")
 # Two zero readings in a row: one could fall between a request leaving the router and the
 # replica's scheduler admitting it.
 _ZERO_READINGS = 2
+_MAX_ANSWER_BYTES = 16 << 20
 
 
 class RouterError(Exception):
@@ -180,7 +184,12 @@ def normalize_url(url: str) -> str:
 def check_worker_url(url: str) -> str | None:
     """Why a worker URL cannot work with the router, or None."""
     if _WORKER_URL_RE.match(url):
+        try:
+            check_url(url, "worker_url")
+        except HttpError as err:
+            return str(err)
         return None
+    url = redact_url(url)
     return (
         f"worker_url {url!r} must be http(s)://host[:port] with no path and no trailing slash "
         "(sglang-router 0.3.2 does not normalise URLs: 'http://host:port/' never gets healthy)"
@@ -194,7 +203,7 @@ class RouterClient:
     base_url: str
     api_key: str | None = None
     timeout: float = 10.0
-    opener: Callable[..., Any] = field(default=urllib.request.urlopen)
+    send: Callable[..., Response] = field(default=request)
 
     def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         url = self.base_url.rstrip("/") + path
@@ -205,19 +214,32 @@ class RouterClient:
             headers["Content-Type"] = "application/json"
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
-        request = urllib.request.Request(url, data=data, method=method, headers=headers)
         try:
-            with self.opener(request, timeout=self.timeout) as response:
-                return _decode(response.read())
-        except urllib.error.HTTPError as err:
-            raise RouterError(_http_error_message(method, url, err)) from None
-        except (OSError, ValueError) as err:
-            raise RouterError(f"cannot reach the router at {url}: {err}") from None
+            answer = self.send(
+                url,
+                method=method,
+                headers=headers,
+                body=data,
+                deadline_s=self.timeout,
+                max_bytes=_MAX_ANSWER_BYTES,
+            )
+        except HttpError as err:
+            if err.code == "unreachable":
+                raise RouterError(
+                    f"cannot reach the router at {redact_url(url)}: {err.reason}"
+                ) from None
+            raise RouterError(f"the router at {redact_url(self.base_url)}: {err}") from None
+        if answer.status >= 400:
+            raise RouterError(_http_error_message(method, url, answer))
+        return _decode(answer.body)
 
     def list_workers(self) -> list[dict[str, Any]]:
         answer = self._request("GET", "/workers")
         if not isinstance(answer, dict) or not isinstance(answer.get("workers"), list):
-            raise RouterError(f"GET {self.base_url}/workers answered {answer!r}, not a worker list")
+            raise RouterError(
+                f"GET {redact_url(self.base_url)}/workers answered {answer!r:.300}, "
+                "not a worker list"
+            )
         return [w for w in answer["workers"] if isinstance(w, dict)]
 
     def add_worker(self, url: str, worker_api_key: str | None) -> dict[str, Any]:
@@ -245,14 +267,15 @@ def _as_dict(answer: Any) -> dict[str, Any]:
     return answer if isinstance(answer, dict) else {"message": answer}
 
 
-def _http_error_message(method: str, url: str, err: urllib.error.HTTPError) -> str:
-    detail = err.read().decode("utf-8", errors="replace").strip()[:300]
-    if err.code == 401:
+def _http_error_message(method: str, url: str, answer: Response) -> str:
+    detail = answer.body.decode("utf-8", errors="replace").strip()[:300]
+    url = redact_url(url)
+    if answer.status == 401:
         return (
             f"{method} {url}: the router answered 401 (unauthorized): set api_key to the "
             "router's --api-key"
         )
-    return f"{method} {url}: the router answered {err.code}: {detail or err.reason}"
+    return f"{method} {url}: the router answered {answer.status}: {detail or answer.reason}"
 
 
 def find_worker(workers: list[dict[str, Any]], url: str) -> dict[str, Any] | None:
@@ -337,7 +360,10 @@ def wait_until_gone(client: RouterClient, req: Request, clock: Clock) -> list[di
 
 
 def parse_in_flight(metrics_text: str) -> float | None:
-    """Running plus queued requests over every label set, or None when neither gauge is there."""
+    """Running plus queued requests over every label set, or None when neither gauge is there.
+
+    ValueError for a reading that is no count (negative, NaN, infinite): running 1 and queued
+    -1 must never add up to a drained replica."""
     total = 0.0
     found = False
     for line in metrics_text.splitlines():
@@ -345,40 +371,46 @@ def parse_in_flight(metrics_text: str) -> float | None:
         if not match or match.group(1) not in DRAIN_METRICS:
             continue
         try:
-            total += float(match.group(2))
+            value = float(match.group(2))
         except ValueError:
             continue
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"{match.group(1)} reads {match.group(2)}, not a count of requests")
+        total += value
         found = True
     return total if found else None
 
 
-def read_in_flight(url: str, timeout: float, opener: Callable[..., Any]) -> float:
+def read_in_flight(url: str, timeout: float, send: Callable[..., Response] = request) -> float:
+    shown = redact_url(url)
     try:
-        with opener(urllib.request.Request(url), timeout=timeout) as response:
-            text = response.read().decode("utf-8", errors="replace")
-    except urllib.error.HTTPError as err:
+        answer = send(url, deadline_s=timeout, max_bytes=_MAX_ANSWER_BYTES)
+    except HttpError as err:
+        raise RouterError(f"cannot read drain_metrics_url: {err}") from None
+    if answer.status != 200:
         raise RouterError(
-            f"drain_metrics_url {url} answered {err.code}: the replica must run with "
+            f"drain_metrics_url {shown} answered {answer.status}: the replica must run with "
             "--enable-metrics (sglang_server flag enable_metrics: true)"
-        ) from None
-    except (OSError, ValueError) as err:
-        raise RouterError(f"cannot read drain_metrics_url {url}: {err}") from None
-    in_flight = parse_in_flight(text)
+        )
+    try:
+        in_flight = parse_in_flight(answer.body.decode("utf-8", errors="replace"))
+    except ValueError as err:
+        raise RouterError(f"drain_metrics_url {shown}: {err}") from None
     if in_flight is None:
         raise RouterError(
-            f"drain_metrics_url {url} has neither {' nor '.join(DRAIN_METRICS)}: is it an "
+            f"drain_metrics_url {shown} has neither {' nor '.join(DRAIN_METRICS)}: is it an "
             "SGLang server's /metrics?"
         )
     return in_flight
 
 
-def drain(req: Request, clock: Clock, opener: Callable[..., Any]) -> dict[str, Any]:
+def drain(req: Request, clock: Clock, send: Callable[..., Response] = request) -> dict[str, Any]:
     """Wait until the replica runs and queues nothing (two readings in a row), bounded."""
     url = req.drain_metrics_url or ""
     start = clock.monotonic()
     zeros = 0
     while True:
-        in_flight = read_in_flight(url, req.request_timeout, opener)
+        in_flight = read_in_flight(url, req.request_timeout, send)
         zeros = zeros + 1 if in_flight == 0 else 0
         elapsed = round(clock.monotonic() - start, 2)
         if zeros >= _ZERO_READINGS:
@@ -406,7 +438,7 @@ def ensure_present(client: RouterClient, req: Request, clock: Clock) -> dict[str
 
 
 def ensure_absent(
-    client: RouterClient, req: Request, clock: Clock, opener: Callable[..., Any]
+    client: RouterClient, req: Request, clock: Clock, send: Callable[..., Response]
 ) -> dict[str, Any]:
     workers = client.list_workers()
     worker = find_worker(workers, req.worker_url)
@@ -426,18 +458,37 @@ def ensure_absent(
         workers = wait_until_gone(client, req, clock) if req.wait else client.list_workers()
     result["workers"] = workers
     if req.drain_metrics_url:
-        result.update(drain(req, clock, opener))
+        result.update(drain(req, clock, send))
     return result
+
+
+def check_urls(router_url: str, req: Request) -> None:
+    """router_url and drain_metrics_url readable by the reader, and no worker that is the
+    router itself (a router that routes to itself loops every request)."""
+    try:
+        _, router_host, router_port, _ = check_url(router_url, "router_url")
+        if req.drain_metrics_url:
+            check_url(req.drain_metrics_url, "drain_metrics_url")
+    except HttpError as err:
+        raise RouterError(str(err)) from None
+    if req.worker_url and not check_worker_url(req.worker_url):
+        _, host, port, _ = check_url(req.worker_url, "worker_url")
+        if (host.lower(), port) == (router_host.lower(), router_port):
+            raise RouterError(
+                f"worker_url {redact_url(req.worker_url)} is the router itself "
+                f"({redact_url(router_url)}): a worker must be an SGLang server"
+            )
 
 
 def run(
     client: RouterClient,
     req: Request,
     clock: Clock | None = None,
-    opener: Callable[..., Any] = urllib.request.urlopen,
+    send: Callable[..., Response] = request,
 ) -> dict[str, Any]:
     """Carry out one request; raises RouterError with the operator's message."""
     clock = clock or Clock()
+    check_urls(client.base_url, req)
     if req.state == "list":
         return {"changed": False, "workers": summarize(client.list_workers())}
     if not req.worker_url:
@@ -448,7 +499,7 @@ def run(
     if req.state == "present":
         result = ensure_present(client, req, clock)
     else:
-        result = ensure_absent(client, req, clock, opener)
+        result = ensure_absent(client, req, clock, send)
     worker = find_worker(result["workers"], req.worker_url)
     result["worker"] = {key: worker.get(key) for key in _LISTED_FIELDS} if worker else None
     result["workers"] = summarize(result["workers"])

@@ -63,7 +63,9 @@ _PLANNER_FLAGS = (*PLANNER_FLAGS, "cuda_graph_max_bs_decode")
 _CANNOT_START = ("not_enough_memory", "not_enough_gpus", "hicache_host_ram")
 BASELINE_ID = "base"
 # The inputs that make a search: a rerun with the same ones resumes the state, other ones
-# start a new search (spec_digest).
+# start a new search (spec_digest). The context is the checkpoint (model_config, weight_bytes),
+# the GPUs (model, memory, count) and the SGLang version: a GPU swap or an upgrade is a new
+# search, never a resumed one whose winner was measured on something else.
 SPEC_KEYS = (
     "server",
     "base_flags",
@@ -73,7 +75,14 @@ SPEC_KEYS = (
     "tolerance",
     "max_trials",
     "margin_gib",
+    "context",
 )
+WORKLOAD_KEYS = ("input_len", "output_len", "concurrency", "num_prompts")
+# Bounds that keep every figure of a plan finite: no request is longer than 16 Mi tokens and no
+# job has more prompts or concurrency than that.
+MAX_WORKLOAD_VALUE = 1 << 24
+# Prune codes a calibration can lift: only then is the baseline trial worth a restart.
+_CALIBRATION_REVISES = ("cannot_start", "oom_risk", "cannot_fit")
 
 
 class AutotuneInputError(ValueError):
@@ -159,18 +168,31 @@ def validate_workload(workload: Any) -> dict[str, int]:
         raise AutotuneInputError(
             "autotune_workload must be a mapping {input_len, output_len, concurrency, num_prompts}"
         )
+    unknown = sorted(str(key) for key in workload if key not in WORKLOAD_KEYS)
+    if unknown:
+        raise AutotuneInputError(
+            f"autotune_workload: unknown key(s) {', '.join(unknown)}; "
+            f"allowed: {', '.join(WORKLOAD_KEYS)}"
+        )
     out = {}
     for name in ("input_len", "output_len", "concurrency"):
         if workload.get(name) is None:
             raise AutotuneInputError(f"autotune_workload.{name} is required")
-        out[name] = _positive_int(workload[name], f"autotune_workload.{name}")
+        out[name] = _bounded_int(workload[name], f"autotune_workload.{name}")
     prompts = workload.get("num_prompts")
     out["num_prompts"] = (
         out["concurrency"]
         if prompts is None
-        else _positive_int(prompts, "autotune_workload.num_prompts")
+        else _bounded_int(prompts, "autotune_workload.num_prompts")
     )
     return out
+
+
+def _bounded_int(value: Any, where: str) -> int:
+    number = _positive_int(value, where)
+    if number > MAX_WORKLOAD_VALUE:
+        raise AutotuneInputError(f"{where}: {value!r} is above {MAX_WORKLOAD_VALUE}")
+    return number
 
 
 def validate_slo(slo: Any) -> dict[str, float | None]:
@@ -267,6 +289,10 @@ def new_state(
     for name in ("model_config", "weight_bytes", "host"):
         if context.get(name) is None:
             raise AutotuneInputError(f"autotune context lacks {name}")
+    _check_context(context, typed["workload"])
+    margin = _as_float(margin_gib)
+    if isinstance(margin_gib, bool) or margin is None or not 0 <= margin < math.inf:
+        raise AutotuneInputError(f"autotune margin_gib: {margin_gib!r} is not a number >= 0")
     typed_space = typed["space"]
     state: dict[str, Any] = {
         "schema": STATE_SCHEMA,
@@ -285,7 +311,7 @@ def new_state(
             "host": dict(context["host"]),
             "sglang_version": context.get("sglang_version"),
         },
-        "calibrations": calibration.load_store(context.get("calibration")),
+        "calibrations": _calibrations(context, server),
         "candidates": _grid(base_flags, typed_space),
         "trials": [],
         "speed_model": None,
@@ -296,6 +322,38 @@ def new_state(
     state["spec_digest"] = spec_digest(state)
     _replan(state)
     return state
+
+
+def _calibrations(context: Mapping[str, Any], server: str) -> list[dict[str, Any]]:
+    try:
+        return calibration.load_store(context.get("calibration"))
+    except calibration.CalibrationError as exc:
+        raise AutotuneInputError(
+            f"the host's calibration.json of server {server} (autotune context calibration) "
+            f"cannot be used: {exc}; move it away and start the server once to record a new one"
+        ) from None
+
+
+def _check_context(context: Mapping[str, Any], workload: Mapping[str, int]) -> None:
+    """What every candidate's plan needs from the host and the model, before any trial."""
+    host = context["host"]
+    if not isinstance(host, Mapping):
+        raise AutotuneInputError("autotune context host must be a mapping")
+    for name in ("gpu_memory_mib", "gpu_count"):
+        value = _as_float(host.get(name))
+        if value is None or not 0 < value < math.inf:
+            raise AutotuneInputError(
+                f"autotune context host.{name}: {host.get(name)!r} is not a positive number "
+                "(read from the host's GPUs)"
+            )
+    model = context["model_config"]
+    window = model.get("max_position_embeddings") if isinstance(model, Mapping) else None
+    need = workload["input_len"] + workload["output_len"]
+    if isinstance(window, int) and not isinstance(window, bool) and 0 < window < need:
+        raise AutotuneInputError(
+            f"autotune_workload: input_len + output_len = {need} tokens, more than the model's "
+            f"context window (max_position_embeddings {window})"
+        )
 
 
 def _grid(base: Mapping[str, Any], space: Mapping[str, list]) -> list[dict[str, Any]]:
@@ -538,6 +596,15 @@ def _needs_baseline(state: Mapping[str, Any]) -> bool:
     return not any(c["predicted"] and c["predicted"]["calibrated"] for c in state["candidates"])
 
 
+def _calibration_may_help(state: Mapping[str, Any]) -> bool:
+    """A candidate left, or one pruned for a reason measured memory can lift: otherwise a
+    baseline start would restart the server for a search that cannot run any trial."""
+    return any(
+        c["status"] == "pending" or (c["prune"] or {}).get("code") in _CALIBRATION_REVISES
+        for c in state["candidates"]
+    )
+
+
 def next_trial(state: dict[str, Any]) -> dict[str, Any] | None:
     """The next flag set to try ({n, candidate, flags, tuned, predicted}), or None when done.
 
@@ -548,7 +615,7 @@ def next_trial(state: dict[str, Any]) -> dict[str, Any] | None:
         return state["in_flight"]
     if state["done"]:
         return None
-    if _needs_baseline(state):
+    if _needs_baseline(state) and _calibration_may_help(state):
         trial = {
             "n": len(state["trials"]) + 1,
             "candidate": BASELINE_ID,
@@ -576,8 +643,24 @@ def next_trial(state: dict[str, Any]) -> dict[str, Any] | None:
     return trial
 
 
+def _not_finite(smoke: Mapping[str, Any]) -> list[str]:
+    """Figures of a smoke result that are present but not finite numbers (NaN would beat every
+    real trial in a max(), and fail no SLO in a comparison)."""
+    bad = []
+    for name in (*_FIGURES, "output_throughput"):
+        value = smoke.get(name)
+        if value is not None and (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+            or value < 0
+        ):
+            bad.append(name)
+    return sorted(set(bad))
+
+
 def _outcome(state: Mapping[str, Any], smoke: Mapping[str, Any] | None, error: str | None) -> str:
-    if error or not smoke:
+    if error or not smoke or _not_finite(smoke):
         return "failed"
     slo = state["slo"]
     failed = int(smoke.get("failed") or 0)
@@ -605,6 +688,8 @@ def record_trial(
     if state["in_flight"] is None or state["in_flight"]["candidate"] != trial["candidate"]:
         raise AutotuneInputError(f"trial {trial.get('candidate')!r} is not the one in flight")
     smoke, error = result.get("smoke"), result.get("error")
+    if isinstance(smoke, Mapping) and _not_finite(smoke) and not error:
+        error = f"the smoke result's {', '.join(_not_finite(smoke))} is not a finite number >= 0"
     predicted = state["in_flight"].get("predicted") or {}
     row = {
         "n": state["in_flight"]["n"],
@@ -639,19 +724,14 @@ def _clip(text: str | None, limit: int = 2400) -> str | None:
     return f"{text[:head]}\n[...]\n{text[-(limit - head) :]}"
 
 
+_FIGURES = ("output_throughput", "p99_ttft_ms", "p99_tpot_ms", "completed", "failed", "duration")
+
+
 def _smoke_figures(smoke: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The figures kept in the state; one that is not a finite number is kept as None."""
     smoke = smoke or {}
-    return {
-        name: smoke.get(name)
-        for name in (
-            "output_throughput",
-            "p99_ttft_ms",
-            "p99_tpot_ms",
-            "completed",
-            "failed",
-            "duration",
-        )
-    }
+    bad = _not_finite(smoke)
+    return {name: None if name in bad else smoke.get(name) for name in _FIGURES}
 
 
 def _waves(state: Mapping[str, Any], result: Mapping[str, Any], predicted: Mapping) -> int | None:
@@ -798,12 +878,88 @@ def _read_json(path: str) -> Any:
     return json.loads(Path(path).read_text(encoding="utf-8"))
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+_STATE_TYPES: dict[str, type | tuple[type, ...]] = {
+    "server": str,
+    "base_flags": dict,
+    "space": dict,
+    "workload": dict,
+    "slo": dict,
+    "tolerance": (int, float),
+    "margin_gib": (int, float),
+    "context": dict,
+    "calibrations": (dict, list),
+    "candidates": list,
+    "trials": list,
+    "done": bool,
+    "spec_digest": str,
+}
+
+
+def _state_problem(state: Any) -> str:
+    """Why a parsed state file is not a whole autotune state of this schema ('' when it is)."""
+    if not isinstance(state, dict):
+        return f"not an autotune state (JSON {type(state).__name__})"
+    if state.get("schema") != STATE_SCHEMA:
+        return f"schema {state.get('schema')!r}, not {STATE_SCHEMA!r}"
+    bad = [k for k, kind in _STATE_TYPES.items() if not isinstance(state.get(k), kind)]
+    if not isinstance(state.get("in_flight"), dict | None):
+        bad.append("in_flight")
+    if not all(
+        isinstance(c, dict) and {"id", "tuned", "status"} <= set(c)
+        for c in state.get("candidates") or [None]
+    ):
+        bad.append("candidates[]")
+    if not all(
+        isinstance(t, dict) and "candidate" in t and "outcome" in t
+        for t in state.get("trials") or []
+    ):
+        bad.append("trials[]")
+    if bad:
+        return f"missing or bad: {', '.join(sorted(set(bad)))}"
+    if state["spec_digest"] != spec_digest(state):
+        return "its inputs do not match its spec_digest (edited by hand?)"
+    return ""
+
+
+def load_state(path: str | Path) -> dict[str, Any]:
+    """The state file, checked: AutotuneInputError naming the file and the server otherwise."""
+    try:
+        state = json.loads(Path(path).read_text(encoding="utf-8"), parse_constant=_no_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        state, problem = None, f"not JSON ({exc})"
+    else:
+        problem = _state_problem(state)
+    if problem:
+        server = state.get("server") if isinstance(state, dict) else None
+        raise AutotuneInputError(
+            f"autotune state {path} (server {server if isinstance(server, str) else '?'}): "
+            f"{problem}; move it away, or run init --force to start a new search"
+        )
+    return state
+
+
 def save_state(state: Mapping[str, Any], path: str | Path) -> None:
     """Write atomically: an interrupted run must find a whole state file."""
     target = Path(path)
     tmp = target.with_name(f".{target.name}.{os.getpid()}")
     tmp.write_text(json.dumps(state, indent=1) + "\n", encoding="utf-8")
     os.replace(tmp, target)
+
+
+def _old_state(path: str, force: bool) -> dict[str, Any] | None:
+    """The state a rerun finds: checked, unless --force replaces it whatever it holds."""
+    if not Path(path).exists():
+        return None
+    try:
+        return load_state(path)
+    except AutotuneInputError:
+        if not force:
+            raise
+        return {"started_at": None, "done": None, "stop_reason": "unreadable", "trials": []}
 
 
 def _cmd_init(ns: argparse.Namespace) -> Any:
@@ -820,7 +976,7 @@ def _cmd_init(ns: argparse.Namespace) -> Any:
         max_trials=spec.get("max_trials"),
         margin_gib=spec.get("margin_gib", MIN_FREE_AFTER_GRAPH_GIB),
     )
-    old = _read_json(ns.state) if Path(ns.state).exists() else None
+    old = _old_state(ns.state, ns.force)
     if old is not None and not ns.force and old.get("spec_digest") == state["spec_digest"]:
         return load_summary(old) | {"resumed": True, "replaced": None}  # a rerun goes on
     save_state(state, ns.state)
@@ -848,14 +1004,14 @@ def load_summary(state: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _cmd_next(ns: argparse.Namespace) -> Any:
-    state = _read_json(ns.state)
+    state = load_state(ns.state)
     trial = next_trial(state)
     save_state(state, ns.state)
     return trial
 
 
 def _cmd_record(ns: argparse.Namespace) -> Any:
-    state = _read_json(ns.state)
+    state = load_state(ns.state)
     if state["in_flight"] is None:
         raise AutotuneInputError("no trial is in flight: call next first")
     row = record_trial(state, state["in_flight"], _read_json(ns.result))
@@ -864,7 +1020,7 @@ def _cmd_record(ns: argparse.Namespace) -> Any:
 
 
 def _cmd_report(ns: argparse.Namespace) -> Any:
-    state = _read_json(ns.state)
+    state = load_state(ns.state)
     return write_report(state, ns.out_dir, ns.stamp or state.get("started_at") or _stamp())
 
 

@@ -359,18 +359,94 @@ def _now() -> str:
 
 
 # --- the store on the host ----------------------------------------------------------------
+# What no GPU start measures: bounds past which a figure is damage, not a measurement (the
+# largest GPUs hold a few hundred GiB; a KV pool of 2^40 tokens would need petabytes).
+MAX_GPU_GIB = 4096.0
+MAX_POOL_TOKENS = 1 << 40
+_GIB_FIGURES = ("pre_gib", "post_gib", "weight_gib", "kv_size_gib", "pool_end_free_gib",
+                "free_after_graph_gib", "graph_gib")  # fmt: skip
+_COUNT_FIGURES = ("max_total_num_tokens", "max_running_requests", "context_len",
+                  "chunked_prefill_size", "cell_size_bytes")  # fmt: skip
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def _figure_problem(name: str, value: Any, limit: float) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return f"measured.{name} is {value!r}, not a finite number"
+    if not -1 <= value <= limit:  # chunked_prefill_size -1 means disabled
+        return f"measured.{name} {value:g} is outside -1..{limit:g}"
+    return None
+
+
+def _shape_problem(record: Any) -> str | None:
+    if not isinstance(record, Mapping):
+        return f"not a record (JSON {type(record).__name__})"
+    if record.get("schema") != SCHEMA:
+        return f"record schema {record.get('schema')!r}, not {SCHEMA}"
+    if not isinstance(record.get("key"), Mapping) or not isinstance(
+        record.get("measured"), Mapping
+    ):
+        return "a record holds a key and measured figures (mappings)"
+    missing = [name for name in _REQUIRED if record["measured"].get(name) is None]
+    return f"measured.{missing[0]} is missing" if missing else None
+
+
+def _physical_problem(key: Mapping[str, Any], measured: Mapping[str, Any]) -> str | None:
+    problems = [_figure_problem(n, measured.get(n), MAX_GPU_GIB) for n in _GIB_FIGURES]
+    problems += [_figure_problem(n, measured.get(n), MAX_POOL_TOKENS) for n in _COUNT_FIGURES]
+    problem = next((p for p in problems if p), None)
+    if problem:
+        return problem
+    pre, post = float(measured["pre_gib"]), float(measured["post_gib"])
+    free, gpu_mib = float(measured["free_after_graph_gib"]), _num(key.get("gpu_memory_mib"))
+    gpu_gib = gpu_mib / 1024 if gpu_mib and gpu_mib > 0 else MAX_GPU_GIB
+    if not 0 < post <= pre <= gpu_gib * 1.01 or not 0 <= free <= gpu_gib:
+        return (
+            f"measured pre_gib {pre:g}, post_gib {post:g}, free_after_graph_gib {free:g} are "
+            f"not 0 < post <= pre <= the GPU's {gpu_gib:g} GiB with 0 <= free <= it"
+        )
+    if measured["max_total_num_tokens"] < 1:
+        return "measured.max_total_num_tokens is below 1"
+    return None
+
+
+def record_problem(record: Any) -> str | None:
+    """Why an entry of the store is not a record this version can plan with (None: it is)."""
+    return _shape_problem(record) or _physical_problem(record["key"], record["measured"])
+
+
 def load_store(text: str | bytes | Mapping | list | None) -> list[dict[str, Any]]:
-    """Records from the store file (JSON text, parsed, or empty/missing = none)."""
+    """Records from the store file (JSON text, parsed, or empty/missing = none).
+
+    Every entry must be a record of this schema with finite, physical figures: anything else
+    raises CalibrationError saying which entry and why (the caller adds the file and the
+    server), never dropped quietly, so a refusal on calibration cannot turn into a warning."""
     if text is None or (isinstance(text, str | bytes) and not text.strip()):
         return []
-    data = json.loads(text) if isinstance(text, str | bytes) else text
+    try:
+        data = (
+            json.loads(text, parse_constant=_no_constant) if isinstance(text, str | bytes) else text
+        )
+    except (ValueError, RecursionError) as exc:
+        raise CalibrationError(f"not JSON ({str(exc)[:200]})") from None
     if isinstance(data, Mapping) and "records" in data:
+        if data.get("schema") != STORE_SCHEMA:
+            raise CalibrationError(f"store schema {data.get('schema')!r}, not {STORE_SCHEMA!r}")
         data = data["records"]
     elif isinstance(data, Mapping):
         data = [data]
     if not isinstance(data, list):
         raise CalibrationError("a calibration store holds {schema, records: [...]}")
-    return [dict(r) for r in data if isinstance(r, Mapping) and r.get("schema") == SCHEMA]
+    for index, record in enumerate(data):
+        problem = record_problem(record)
+        if problem:
+            raise CalibrationError(f"record {index}: {problem}")
+    return [dict(r) for r in data]
 
 
 def dump_store(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:

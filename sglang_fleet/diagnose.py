@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 from dataclasses import dataclass
@@ -364,7 +365,8 @@ def diagnose(
     """Classify one run. Pure: inputs are the smoke result, the log text and optional planner
     context {model_config, weight_bytes, args, host} used to size the levers; a log with
     start-up lines calibrates that plan unless the context brings its own calibration."""
-    smoke = smoke_result or {}
+    dropped: list[str] = []
+    smoke = finite_only(smoke_result or {}, "smoke result", dropped)
     samples = samples_from_metrics(smoke.get("server_metrics"))
     source, schedulers = "server_metrics", 1
     if not samples and log_text:
@@ -378,7 +380,28 @@ def diagnose(
     ctx = _with_log_calibration(plan_context, log_text)
     verdict = _classify(ev)
     notes = [HICACHE_NOTE] if verdict == "kv_cache_bound" else []
+    notes += _dropped_note(dropped)
     return {"verdict": verdict, "evidence": ev, "levers": _levers(verdict, ev, ctx), "notes": notes}
+
+
+def finite_only(value: Any, where: str, dropped: list[str]) -> Any:
+    """The value with every NaN or infinite number replaced by None (JSON reads Infinity and
+    NaN; no count, rate or time is either), naming each in ``dropped``."""
+    if isinstance(value, float) and not math.isfinite(value):
+        dropped.append(where)
+        return None
+    if isinstance(value, dict):
+        return {k: finite_only(v, f"{where}.{k}", dropped) for k, v in value.items()}
+    if isinstance(value, list):
+        return [finite_only(v, f"{where}[{i}]", dropped) for i, v in enumerate(value)]
+    return value
+
+
+def _dropped_note(dropped: list[str]) -> list[str]:
+    if not dropped:
+        return []
+    shown = ", ".join(dropped[:5]) + (f" and {len(dropped) - 5} more" if len(dropped) > 5 else "")
+    return [f"Values that are not finite numbers were left out: {shown}."]
 
 
 def _with_log_calibration(ctx: dict | None, log_text: str | None) -> dict | None:
@@ -563,7 +586,8 @@ def diagnose_live(
     columns) and `server` (the flags read); a sample that failed gives verdict unknown, its
     `error` and the lever that fixes it.
     """
-    sample = _as_sample(sample)
+    dropped: list[str] = []
+    sample = finite_only(_as_sample(sample), "live sample", dropped)
     if sample.get("error"):
         return _not_sampled(sample)
     metrics = sample.get("server_metrics") or {}
@@ -594,7 +618,7 @@ def diagnose_live(
             "Requests ran or waited but no token was decoded in the window: the server may "
             "be stuck (check its log), or only prefilled."
         )
-    result["notes"] += list(sample.get("warnings") or [])
+    result["notes"] += list(sample.get("warnings") or []) + _dropped_note(dropped)
     result["server"] = {"url": sample.get("url")} | info
     result["row"] = _row(result)
     result["summary"] = _one_line(result)

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Sample a running SGLang server without touching it: /metrics over a window, /server_info once.
 
-Standard library only, Python >= 3.9: a playbook copies this single file to a GPU
-host (servers listen on loopback there) and runs it with the host's python3. From the repo:
+Standard library only, Python >= 3.9: a playbook copies this file and the one HTTP reader,
+module_utils/fleet_http.py, beside it to a GPU host (servers listen on loopback there) and runs
+it with the host's python3. From the repo:
 
     python3 -m sglang_fleet.live --url http://127.0.0.1:30000 [--window 30] [--interval 1] \\
         [--api-key-file FILE] [--json OUT]
@@ -15,28 +16,48 @@ the command line (visible to every user of the host in ``ps``).
 Prints (and with --json also writes) one JSON object, the "live sample" of docs/DIAGNOSIS.md:
 ``server_metrics`` in the shape the smoke result has (docs/CONTRACTS.md), ``server_info`` (the
 resolved flags the levers need, never the key), ``warnings`` and ``error``. Exit status: 0
-sampled; 1 the server could not be sampled (``error.code``: unreachable, no_metrics,
-unauthorized, http_error, bad_response); 2 bad usage.
+sampled; 1 the server could not be sampled (``error.code``: unreachable, timeout, too_large,
+redirect, no_metrics, unauthorized, http_error, bad_response); 2 bad usage. Every request is
+bounded as a whole (HTTP_TIMEOUT_S), redirects are never followed (the key stays on the host it
+was given for), and a URL is printed without its ``user:password@``.
 """
 
 from __future__ import annotations
 
 import argparse
-import http.client
+import importlib.util
 import json
 import math
 import os
 import re
 import sys
 import time
-import urllib.error
-import urllib.request
 from typing import Any, Callable
-from urllib.parse import urlsplit
+
+
+def _reader_beside_this_file() -> Any:
+    """module_utils/fleet_http.py as copied beside live.py on a GPU host (diagnose.yml)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fleet_http.py")
+    spec = importlib.util.spec_from_file_location("fleet_http", path)
+    if spec is None or spec.loader is None or not os.path.isfile(path):
+        sys.exit(f"live.py: {path} is missing: copy module_utils/fleet_http.py beside live.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+try:
+    from sglang_fleet.module_utils import fleet_http
+except ImportError:  # alone on a GPU host, without the package
+    fleet_http = _reader_beside_this_file()
+HttpError, redact_url, request = fleet_http.HttpError, fleet_http.redact_url, fleet_http.request
+check_http_url = fleet_http.check_url
 
 DEFAULT_WINDOW_S = 30.0
 DEFAULT_INTERVAL_S = 1.0
-HTTP_TIMEOUT_S = 10.0
+HTTP_TIMEOUT_S = 10.0  # one whole request: connect, headers and body
+MIN_INTERVAL_S = 0.1  # each reading is a scrape the server serves; 10 a second is plenty
+MAX_METRICS_BYTES = 16 << 20
 
 # Scheduler gauges (docs/DIAGNOSIS.md, "What /metrics holds"): one series per scheduler that
 # reports, labelled tp_rank, pp_rank, moe_ep_rank and, with data parallelism, dp_rank.
@@ -117,7 +138,8 @@ class SampleError(Exception):
 
 
 def parse_series(text: str) -> list[tuple[str, dict[str, str], float]]:
-    """Every sample line as (name, labels, value); comments and NaN values are skipped."""
+    """Every sample line as (name, labels, value); comments and values that are not finite
+    numbers (NaN, +Inf, -Inf: legal Prometheus, but no count or gauge here) are skipped."""
     series = []
     for line in text.splitlines():
         if not line or line[0] == "#":
@@ -129,7 +151,7 @@ def parse_series(text: str) -> list[tuple[str, dict[str, str], float]]:
             value = float(match.group(3))
         except ValueError:
             continue
-        if math.isnan(value):
+        if not math.isfinite(value):
             continue
         labels = dict(_LABEL.findall(match.group(2) or ""))
         series.append((match.group(1), labels, value))
@@ -181,34 +203,36 @@ def aggregate(series: list[tuple[str, dict[str, str], float]]) -> dict[str, floa
 
 
 def check_url(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise UsageError(f"--url must look like http://HOST:PORT, got {url!r}")
+    """The base URL without a trailing slash; UsageError (the URL shown without credentials)
+    for anything the reader refuses (module_utils/fleet_http.py, check_url)."""
     try:
-        parts.port  # noqa: B018  (urlsplit checks the port only when asked for it)
-    except ValueError as exc:
-        raise UsageError(f"--url has a bad port: {url!r}") from exc
+        check_http_url(url, "--url")
+    except HttpError as exc:
+        raise UsageError(str(exc)) from None
     return url.rstrip("/")
 
 
-def http_fetcher(base_url: str, api_key: str | None, timeout: float = HTTP_TIMEOUT_S) -> Fetch:
-    """GET base_url + path -> (status, body). Proxies from the environment are ignored: the
+def http_fetcher(
+    base_url: str,
+    api_key: str | None,
+    timeout: float = HTTP_TIMEOUT_S,
+    max_bytes: int = MAX_METRICS_BYTES,
+) -> Fetch:
+    """GET base_url + path -> (status, body), the whole exchange within ``timeout`` seconds,
+    at most ``max_bytes`` of body, no redirect followed, no proxy from the environment: the
     server is reached directly, as the smoke client does."""
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     headers = {"User-Agent": "sglang-fleet-live"}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
 
     def fetch(path: str) -> tuple[int, bytes]:
-        request = urllib.request.Request(base_url + path, headers=headers)
         try:
-            with opener.open(request, timeout=timeout) as response:
-                return response.status, response.read()
-        except urllib.error.HTTPError as exc:
-            return exc.code, exc.read()
-        except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise SampleError("unreachable", f"cannot reach {base_url}: {reason}") from exc
+            answer = request(
+                base_url + path, headers=headers, deadline_s=timeout, max_bytes=max_bytes
+            )
+        except HttpError as exc:
+            raise SampleError(exc.code, str(exc)) from None
+        return answer.status, answer.body
 
     return fetch
 
@@ -336,29 +360,33 @@ def sample_server(
     """The live sample (docs/DIAGNOSIS.md). Raises SampleError when the first reading fails;
     later readings that fail are counted and skipped (a busy server may answer late)."""
     base = check_url(url)
+    shown = redact_url(base)
     fetch = fetch or http_fetcher(base, api_key)
     start = clock()
-    readings = [(start, read_metrics(fetch, base))]
-    info, warnings = read_server_info(fetch, base, bool(api_key))
-    missed, last_error = 0, ""
-    step = 1
-    while True:
-        due = start + step * interval
-        if due > start + window + 1e-9:
-            break
-        sleep(max(0.0, due - clock()))
-        step += 1
+    readings = [(start, read_metrics(fetch, shown))]
+    info, warnings = read_server_info(fetch, shown, bool(api_key))
+    missed, skipped, last_error = 0, 0, ""
+    step, steps = 1, int(window / interval + 1e-9)
+    while step <= steps:
+        sleep(max(0.0, start + step * interval - clock()))
         try:
-            readings.append((clock(), read_metrics(fetch, base)))
+            readings.append((clock(), read_metrics(fetch, shown)))
         except SampleError as exc:
             missed += 1
             last_error = str(exc)
+        # A reading that took longer than the interval is not made up for with a burst: the
+        # readings it overran are skipped, so the window bounds the time and the count.
+        late = max(step + 1, math.ceil((clock() - start) / interval - 1e-9))
+        skipped += max(0, min(late, steps + 1) - step - 1)
+        step = late
     if missed:
-        warnings.append(f"{missed} of {step} readings failed (last: {last_error})")
+        warnings.append(f"{missed} of {steps + 1} readings failed (last: {last_error})")
+    if skipped:
+        warnings.append(f"{skipped} of {steps + 1} readings skipped: the server answered slowly")
     if len(readings) < 2:
-        raise SampleError("bad_response", f"only one reading of {base}/metrics succeeded")
+        raise SampleError("bad_response", f"only one reading of {shown}/metrics succeeded")
     return {
-        "url": base,
+        "url": shown,
         "interval_s": interval,
         "server_info": info,
         "server_metrics": summarize(readings, warnings),
@@ -369,7 +397,7 @@ def sample_server(
 
 def error_sample(url: str, code: str, message: str) -> dict[str, Any]:
     return {
-        "url": url,
+        "url": redact_url(url),
         "server_info": None,
         "server_metrics": None,
         "warnings": [],
@@ -446,6 +474,11 @@ def read_api_key(path: str | None) -> str | None:
 
 
 def check_window(window: float, interval: float) -> None:
+    if interval < MIN_INTERVAL_S:
+        raise UsageError(
+            f"--interval {interval:g} is below {MIN_INTERVAL_S:g} s: every reading is a "
+            "/metrics scrape the server has to serve"
+        )
     if interval > window:
         raise UsageError(f"--interval {interval:g} must not exceed --window {window:g}")
 

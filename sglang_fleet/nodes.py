@@ -10,17 +10,22 @@ The interface is the server's `interface`, else each host's default-route interf
 facts; node 0's address is its IPv4 address on that interface. Everything here is checked
 before anything stops: a node listed twice, a node the inventory does not know, nodes that
 describe the server differently (another node list, another number of GPUs), an interface a
-node lacks, a dist-init port that is the server's own port.
+node lacks, a dist-init port that is the server's own port, a privileged port, a port another
+server on node 0 listens on or rendezvous at, a loopback address for node 0, two nodes with one
+address (one machine under two inventory names).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 DEFAULT_DIST_INIT_PORT = 50000
+# Ports below this belong to system services (ssh is 22): never a rendezvous port.
+MIN_DIST_INIT_PORT = 1024
 # Linux interface names: up to 15 characters, no '/', no white space.
 INTERFACE_RE = re.compile(r"[A-Za-z0-9_.:@-]{1,15}")
 # Flags the node layout sets; a flag layer of a server with nodes may not set them too.
@@ -76,7 +81,7 @@ def host_facts(facts: Mapping[str, Any] | None, servers: Any) -> dict[str, Any]:
         if address:
             addresses[str(name)] = str(address)
     default = (facts.get("default_ipv4") or {}).get("interface")
-    described = {}
+    described, ports = {}, {}
     for server in servers if isinstance(servers, list) else []:
         if isinstance(server, Mapping) and isinstance(server.get("name"), str):
             gpus = server.get("gpus")
@@ -84,11 +89,16 @@ def host_facts(facts: Mapping[str, Any] | None, servers: Any) -> dict[str, Any]:
                 "nodes": server.get("nodes"),
                 "gpu_count": len(gpus) if isinstance(gpus, list) else None,
             }
+            ports[server["name"]] = {
+                "port": server.get("port"),
+                "dist_init_port": server.get("dist_init_port"),
+            }
     return {
         "facts_known": bool(facts),
         "default_interface": str(default) if default else None,
         "addresses": addresses,
         "servers": described,
+        "ports": ports,
     }
 
 
@@ -111,6 +121,12 @@ def _port(value: Any, variable: str, server_port: int) -> int:
         value = DEFAULT_DIST_INIT_PORT
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
         raise NodeError(variable, f"{value!r} is not a port number (1..65535)")
+    if value < MIN_DIST_INIT_PORT:
+        raise NodeError(
+            variable,
+            f"{value} is a system service's port (below {MIN_DIST_INIT_PORT}; ssh is 22): pick a "
+            f"free port from {MIN_DIST_INIT_PORT} to 65535",
+        )
     if value == server_port:
         raise NodeError(variable, f"{value} is the server's own port; pick another")
     return value
@@ -152,6 +168,54 @@ def _interface_of(
             variable, f"{node} has no IPv4 address on {interface} (its interfaces: {have})"
         )
     return interface, address
+
+
+def _port_taken(name: str, port: int, node0: str, cluster: Mapping[str, Any], where: str) -> None:
+    """Node 0 hosts the rendezvous: no other server there may listen on the port or meet there."""
+    known = cluster[node0]
+    for other, ports in (known.get("ports") or {}).items():
+        if other == name or not isinstance(ports, Mapping):
+            continue
+        theirs = (known.get("servers") or {}).get(other) or {}
+        their_nodes = theirs.get("nodes") if isinstance(theirs.get("nodes"), list) else []
+        rendezvous = None
+        if their_nodes and their_nodes[0] == node0:
+            rendezvous = ports.get("dist_init_port") or DEFAULT_DIST_INIT_PORT
+        if port in (ports.get("port"), rendezvous):
+            what = "serves on" if port == ports.get("port") else "meets its nodes on"
+            raise NodeError(
+                f"{where}.dist_init_port",
+                f"server {other} on {node0} (node 0) {what} port {port}: give each server "
+                "across hosts its own dist_init_port",
+            )
+
+
+def _addresses_apart(
+    nodes: tuple[str, ...], chosen: str | None, cluster: Mapping[str, Any], where: str
+) -> str:
+    """Node 0's address, after checking it is reachable from other hosts and that no two
+    nodes share an address (one machine listed under two inventory names)."""
+    seen: dict[str, str] = {}
+    for node in nodes:
+        if node != nodes[0] and not cluster[node].get("facts_known"):
+            continue  # refused by name where its own layout is made
+        _, address = _interface_of(node, chosen, cluster[node], where)
+        if node == nodes[0]:
+            parsed = ipaddress.ip_address(address.split("%")[0])
+            if parsed.is_loopback or parsed.is_unspecified:
+                raise NodeError(
+                    f"{where}.interface" if chosen else f"{where}.nodes",
+                    f"{node} (node 0) has {address} there, which no other host can reach: "
+                    "choose the interface the nodes share (interface)",
+                )
+        if address in seen:
+            raise NodeError(
+                f"{where}.nodes",
+                f"{seen[address]} and {node} both have {address}: one machine under two "
+                "inventory names cannot be two nodes",
+            )
+        seen[address] = node
+    return next(iter(seen))  # node 0 is always first
 
 
 def _same_description(
@@ -197,7 +261,8 @@ def layout(
     if host is None or host not in nodes:
         return None
     _same_description(str(server.get("name")), nodes, gpu_count, cluster, where)
-    _, address = _interface_of(nodes[0], chosen, cluster[nodes[0]], where)
+    _port_taken(str(server.get("name")), port, nodes[0], cluster, where)
+    address = _addresses_apart(nodes, chosen, cluster, where)
     interface, _ = _interface_of(host, chosen, cluster[host], where)
     dist_init = f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
     return Layout(nodes, nodes.index(host), interface, dist_init)

@@ -331,6 +331,10 @@ class _Connection(asyncio.BufferedProtocol):
             return b""
         lines = buf[:end].decode("latin-1").split("\r\n")
         version, status = lines[0].split(" ", 2)[:2]
+        if status.startswith("1") and status != "101":
+            # An interim answer (100 Continue, 103 Early Hints): the response follows it.
+            self._buf = b""
+            return self._parse_head(buf[end + 4 :], t)
         headers = {}
         for line in lines[1:]:
             name, _, value = line.partition(":")
@@ -688,13 +692,13 @@ class _SseStream(_Exchange):
             self.on_events(block, t)
 
     def _lf_only(self, data: bytes) -> bytes:
-        """SSE lines may end in CRLF, and one CRLF can straddle two reads."""
+        """SSE lines may end in CRLF, LF or a bare CR, and one CRLF can straddle two reads."""
         if self.held_cr:
             data = b"\r" + data
             self.held_cr = False
         if data[-1:] == b"\r":
             data, self.held_cr = data[:-1], True
-        return data.replace(b"\r\n", b"\n")
+        return data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
 
     def on_events(self, block: bytes, t: float) -> None:
         """Complete events that arrived together at ``t``, one at a time."""
@@ -795,10 +799,10 @@ class _GenerateStream(_SseStream):
             super().on_events(block, t)
             return
         first_count = _number_after(block, first)
-        if first_count <= self.tokens:
-            super().on_events(block, t)
+        last_count = _rising_counts(block, first, first_count)
+        if first_count <= self.tokens or last_count is None or b'"error"' in block:
+            super().on_events(block, t)  # one by one: each event is judged on its own
             return
-        last_count = _number_after(block, block.rfind(_COMPLETION_TOKENS_KEY))
         self.add_tokens(first_count - self.tokens, t)
         if last_count > first_count:
             self.add_tokens(last_count - first_count, t)
@@ -808,9 +812,9 @@ class _GenerateStream(_SseStream):
 
     def on_event(self, payload: bytes, t: float) -> None:
         key = payload.rfind(_COMPLETION_TOKENS_KEY)
+        if self.fail_if_error(payload):
+            return  # an error fails the request, whatever count rides beside it
         if key < 0:
-            if self.fail_if_error(payload):
-                return
             if payload[:1] != b"{":
                 self.on_error(f"stream chunk is not JSON: {payload[:100]!r}", MALFORMED)
             else:
@@ -820,6 +824,11 @@ class _GenerateStream(_SseStream):
         new = _number_after(payload, key) - self.tokens
         if new > 0:
             self.add_tokens(new, t)
+        elif new < 0:
+            self.on_error(
+                f"completion_tokens went backwards: {self.tokens + new} after {self.tokens}",
+                MALFORMED,
+            )
 
     def final_counts(self) -> int:
         if not self.last_payload:
@@ -841,6 +850,19 @@ class _GenerateStream(_SseStream):
         self.record.prompt_tokens = _count_in(meta, "prompt_tokens") or 0
         self.record.output_tokens = count
         return count
+
+
+def _rising_counts(block: bytes, pos: int, count: int) -> int | None:
+    """The last completion_tokens count of a block of events if no count is below the one
+    before it (a stream that goes back is judged event by event), else None."""
+    while True:
+        pos = block.find(_COMPLETION_TOKENS_KEY, pos + 1)
+        if pos < 0:
+            return count
+        following = _number_after(block, pos)
+        if following < count:
+            return None
+        count = following
 
 
 class _CompletionsStream(_SseStream):
@@ -891,7 +913,7 @@ class _CompletionsStream(_SseStream):
 
 
 def parse_prometheus(text: str) -> dict[str, float]:
-    """Sample values by metric name, summed over label sets (one per tp/dp rank)."""
+    """Finite sample values by metric name, summed over label sets (one per tp/dp rank)."""
     totals: dict[str, float] = {}
     for line in text.splitlines():
         if not line or line[0] == "#":
@@ -912,7 +934,7 @@ def parse_prometheus(text: str) -> dict[str, float]:
             value = float(fields[0])
         except ValueError:
             continue
-        if not math.isnan(value):
+        if math.isfinite(value):  # +Inf would reach the result file as JSON's Infinity
             totals[name] = totals.get(name, 0.0) + value
     return totals
 

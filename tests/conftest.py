@@ -47,9 +47,34 @@ def load_plugin(relative_path: str) -> ModuleType:
 
 # What Ansible ships to the host beside a module: module_utils/<name>.py as
 # ansible.module_utils.<name>.
-for _util in sorted((ROOT / "module_utils").glob("*.py")):
+for _util in sorted((ROOT / "module_utils").glob("[!_]*.py")):
     load_plugin(f"module_utils/{_util.name}")
     sys.modules[f"ansible.module_utils.{_util.stem}"] = sys.modules[f"module_utils.{_util.stem}"]
+
+# The same in a process of its own, for a module run as Ansible runs it (an arguments file):
+# module_utils/<name>.py registered as ansible.module_utils.<name>, then the module as __main__.
+_MODULE_BOOT = """
+import importlib.util, pathlib, runpy, sys
+for path in sorted(pathlib.Path(sys.argv[1]).glob("[!_]*.py")):
+    spec = importlib.util.spec_from_file_location("ansible.module_utils." + path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+sys.argv = sys.argv[2:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def module_argv(relative_path: str, *args: str) -> list[str]:
+    """argv that runs library/<module>.py as Ansible would, its module_utils imports working."""
+    return [
+        sys.executable,
+        "-c",
+        _MODULE_BOOT,
+        str(ROOT / "module_utils"),
+        str(ROOT / relative_path),
+        *args,
+    ]
 
 
 @pytest.fixture

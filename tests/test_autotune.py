@@ -249,6 +249,20 @@ def test_with_a_calibration_no_baseline_is_needed():
     assert autotune.next_trial(state)["candidate"] != autotune.BASELINE_ID
 
 
+def test_no_baseline_restart_when_no_candidate_could_ever_run():
+    """Every candidate pruned for a reason no calibration lifts: the search ends without
+    restarting the canary for a baseline; one that a calibration may lift still gets it."""
+    state = search(calibrated=False)
+    for candidate in state["candidates"]:
+        candidate.update(status="pruned", prune={"code": "invalid", "reason": "test"})
+    assert autotune.next_trial(state) is None
+    assert state["done"] and state["stop_reason"] == "every candidate was tried or pruned"
+    state = search(calibrated=False)
+    for candidate in state["candidates"]:
+        candidate.update(status="pruned", prune={"code": "cannot_start", "reason": "test"})
+    assert autotune.next_trial(state)["candidate"] == autotune.BASELINE_ID
+
+
 # --- driving from Ansible -----------------------------------------------------------------
 def test_next_trial_is_stable_until_recorded_so_a_rerun_resumes():
     state = search(calibrated=False)

@@ -131,13 +131,29 @@ def test_after_a_host_reboot_ages_come_from_the_wall_clock_and_say_so(lock: Path
     assert "lease ended 1 min 40 s ago" in holder["summary"]
 
 
-def test_a_wall_clock_that_went_back_gives_age_zero_not_negative(lock: Path) -> None:
+def test_a_wall_clock_that_went_back_gives_no_negative_age(lock: Path) -> None:
+    """Another boot: never a negative age, and at least this boot's age (1000 s here)."""
     clock = Clock()
     take(lock, clock)
     clock.boot_id, clock.wall = "another-boot", clock.wall - 5000
     holder = take(lock, clock, run_id="run-b")["holder"]
-    assert holder["age_s"] == 0 and "went back" in holder["clock_note"]
-    assert "taken 0 s ago" in holder["summary"]
+    assert holder["age_s"] == 1000 and "went back" in holder["clock_note"]
+    assert "taken 16 min 40 s ago" in holder["summary"]
+
+
+def test_a_renewal_in_the_future_from_an_earlier_boot_counts_from_this_boots_start(
+    lock: Path,
+) -> None:
+    """Written before this boot began, so at least this boot's age ago, whatever the wall
+    clock says: a lock whose renewal lies in the future does not hold on every try."""
+    clock = Clock()
+    take(lock, clock, lease_s=900)
+    clock.boot_id, clock.boottime, clock.wall = "another-boot", 60.0, clock.wall - 5000
+    holder = take(lock, clock, run_id="run-b")["holder"]
+    assert holder["age_s"] == 60 and holder["lease_left_s"] == 840
+    assert "went back" in holder["clock_note"] and "this boot's start" in holder["clock_note"]
+    clock.boottime = 901.0
+    assert take(lock, clock, run_id="run-b")["holder"]["lease_left_s"] == -1
 
 
 # --------------------------------------------------------------------------- module: states

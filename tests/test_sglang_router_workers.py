@@ -29,7 +29,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from conftest import load_plugin
+from conftest import load_plugin, module_argv
 
 ROOT = Path(__file__).resolve().parent.parent
 LAUNCHER = ROOT / "roles" / "sglang_router" / "files" / "sglang-router-launch.py"
@@ -470,7 +470,7 @@ def test_queued_requests_count_as_in_flight() -> None:
         result = mod.drain(
             request(state="absent", drain_metrics_url=replica + "/metrics", drain_timeout=0.2),
             mod.Clock(),
-            urllib.request.urlopen,
+            mod.request,
         )
     assert result["drained"] is False
     assert result["running_reqs"] == 3
@@ -482,7 +482,7 @@ def test_a_drain_that_does_not_finish_gives_up_without_failing() -> None:
         result = mod.drain(
             request(state="absent", drain_metrics_url=replica + "/metrics", drain_timeout=0.3),
             mod.Clock(),
-            urllib.request.urlopen,
+            mod.request,
         )
     assert result == {"drained": False, "running_reqs": 7, "drain_seconds": result["drain_seconds"]}
     assert result["drain_seconds"] >= 0.3
@@ -494,7 +494,7 @@ def test_a_replica_without_metrics_is_named_as_the_cause() -> None:
         serve(_metrics_handler(metrics)) as replica,
         pytest.raises(mod.RouterError, match=r"answered 404: .*--enable-metrics"),
     ):
-        mod.read_in_flight(replica + "/metrics", 5, urllib.request.urlopen)
+        mod.read_in_flight(replica + "/metrics", 5)
 
 
 def test_metrics_without_the_gauges_are_refused() -> None:
@@ -503,7 +503,7 @@ def test_metrics_without_the_gauges_are_refused() -> None:
         serve(_metrics_handler(metrics)) as replica,
         pytest.raises(mod.RouterError, match="has neither sglang:num_running_reqs"),
     ):
-        mod.read_in_flight(replica + "/metrics", 5, urllib.request.urlopen)
+        mod.read_in_flight(replica + "/metrics", 5)
 
 
 def test_parse_in_flight_sums_every_rank_and_skips_lookalikes() -> None:
@@ -529,7 +529,7 @@ def run_module(args: dict[str, Any], tmp_path: Path) -> tuple[int, dict[str, Any
     args_file = tmp_path / "args.json"
     args_file.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": args}), encoding="utf-8")
     done = subprocess.run(
-        [sys.executable, str(ROOT / "library" / "sglang_router_workers.py"), str(args_file)],
+        module_argv("library/sglang_router_workers.py", str(args_file)),
         capture_output=True,
         text=True,
         timeout=60,

@@ -883,6 +883,12 @@ def test_parse_prometheus_sums_label_sets_and_skips_comments() -> None:
     assert values["odd"] == 2.0
 
 
+def test_parse_prometheus_skips_infinities() -> None:
+    """+Inf is legal Prometheus text but no count: it would reach the result as Infinity."""
+    values = smoke.parse_prometheus('g{r="0"} +Inf\ng{r="1"} 2\nh -Inf\nk 1e400\n')
+    assert values == {"g": 2.0}
+
+
 # ------------------------------------------------------------------------------------------
 # Command line: exit codes, API key, JSON file (server in a thread, real clock)
 # ------------------------------------------------------------------------------------------
