@@ -26,6 +26,7 @@ from gpusim import SGLANG_VERSION
 from gpusim.engine import Request, Scheduler
 from gpusim.faults import STALL, Fault, FaultFileError, FaultSwitch
 from gpusim.memory import MemoryPlan
+from gpusim.sglang_metrics import SchedulerExtras, http_middleware
 from gpusim.state import state_dir
 from gpusim.tokenizer import WordTokenizer
 
@@ -55,9 +56,10 @@ class ServerState:
 
 
 class Metrics:
-    """The sglang: Prometheus series a deployment watches (names/labels of SGLang)."""
+    """The sglang: Prometheus series a deployment watches (names/labels of SGLang); the rest of
+    what SGLang 0.5.23 serves is in gpusim/sglang_metrics.py."""
 
-    def __init__(self, model_name: str) -> None:
+    def __init__(self, model_name: str, page_size: int = 1) -> None:
         self.registry = CollectorRegistry()
         sched = {
             "model_name": model_name,
@@ -74,7 +76,8 @@ class Metrics:
             return Gauge(name, doc, list(sched), registry=r)
 
         def counter(name: str, doc: str) -> Counter:
-            return Counter(name, doc, list(tok), registry=r)
+            # Counted per finished request, split by streaming (as SGLang's tokenizer manager).
+            return Counter(name, doc, [*tok, "is_streaming"], registry=r)
 
         self.running = gauge("sglang:num_running_reqs", "The number of running requests.")
         self.queue = gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.")
@@ -87,8 +90,10 @@ class Metrics:
         self.prompt = counter("sglang:prompt_tokens", "Number of prefill tokens processed.")
         self.generation = counter("sglang:generation_tokens", "Number of generation tokens.")
         self.requests = counter("sglang:num_requests", "Number of requests processed.")
-        self.aborted = counter("sglang:num_aborted_requests", "Number of requests aborted.")
-        buckets = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 120, 160)
+        self.aborted = Counter(
+            "sglang:num_aborted_requests", "Number of requests aborted.", list(tok), registry=r
+        )
+        buckets = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
         self.ttft = Histogram(
             "sglang:time_to_first_token_seconds",
             "Histogram of time to first token in seconds.",
@@ -106,9 +111,9 @@ class Metrics:
         self.e2e = Histogram(
             "sglang:e2e_request_latency_seconds",
             "Histogram of End-to-end request latency in seconds",
-            list(tok),
+            [*tok, "is_streaming"],
             registry=r,
-            buckets=buckets,
+            buckets=(*buckets, 600, 1200, 1800, 2400),
         )
         self.queue_time = Histogram(
             "sglang:queue_time_seconds",
@@ -118,12 +123,21 @@ class Metrics:
             buckets=buckets,
         )
         self._synced: dict[str, int] = {}
+        for streaming in ("false", "true"):
+            for metric in (self.prompt, self.generation, self.requests):
+                metric.labels(**tok, is_streaming=streaming)
+        self.extras = SchedulerExtras(r, sched, tok)
+        self.page_size = page_size
+        self._startup_published = False
 
     def _sync_counter(self, metric: Counter, key: str, value: int) -> None:
         delta = value - self._synced.get(key, 0)
         if delta > 0:
             metric.labels(**self.tok_labels).inc(delta)
             self._synced[key] = value
+
+    def middleware(self) -> Any:
+        return http_middleware(self.extras)
 
     def refresh(self, scheduler: Scheduler) -> None:
         s, labels = scheduler.stats, self.sched_labels
@@ -135,18 +149,26 @@ class Metrics:
         hit = s.cached_tokens_total / s.prompt_tokens_total if s.prompt_tokens_total else 0.0
         self.hit.labels(**labels).set(hit)
         self.max_tokens.labels(**labels).set(scheduler.max_total)
-        self._sync_counter(self.prompt, "prompt", s.prompt_tokens_total)
-        self._sync_counter(self.generation, "generation", s.generation_tokens_total)
-        self._sync_counter(self.requests, "requests", s.num_requests_total)
         self._sync_counter(self.aborted, "aborted", s.num_aborted_requests_total)
+        if not self._startup_published:
+            self.extras.set_startup(scheduler.plan, scheduler, self.page_size)
+            self._startup_published = True
+        self.extras.refresh(scheduler)
 
     def observe_finished(self, req: Request) -> None:
+        streaming = str(req.stream).lower()
+        self.prompt.labels(**self.tok_labels, is_streaming=streaming).inc(req.prompt_tokens)
+        self.generation.labels(**self.tok_labels, is_streaming=streaming).inc(req.generated)
+        self.requests.labels(**self.tok_labels, is_streaming=streaming).inc()
+        self.extras.observe_finished(req)
         if req.first_token_at is None or req.finished_at is None:
             return
-        self.ttft.labels(**self.tok_labels, is_streaming=str(req.stream).lower()).observe(
+        self.ttft.labels(**self.tok_labels, is_streaming=streaming).observe(
             req.first_token_at - req.created
         )
-        self.e2e.labels(**self.tok_labels).observe(req.finished_at - req.created)
+        self.e2e.labels(**self.tok_labels, is_streaming=streaming).observe(
+            req.finished_at - req.created
+        )
         if req.admitted is not None:
             self.queue_time.labels(**self.sched_labels).observe(req.admitted - req.created)
         if req.generated > 1:
@@ -677,6 +699,9 @@ def _auth_middleware(api_key: str) -> Callable[[web.Request, Handler], Awaitable
 
 def build_app(state: ServerState, api_key: str | None) -> web.Application:
     middlewares = [_auth_middleware(api_key)] if api_key else []
+    if state.metrics is not None:
+        # Outermost, so that refused (401) and unknown (404) requests are counted too.
+        middlewares.insert(0, state.metrics.middleware())
     app = web.Application(middlewares=middlewares, client_max_size=64 * 1024 * 1024)
     app["state"] = state
     app.router.add_get("/health", health)

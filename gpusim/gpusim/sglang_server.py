@@ -454,7 +454,9 @@ class Launcher:
             served_model_name=served,
             model_info=info,
             tokenizer=WordTokenizer.from_dir(tokenizer_dir),
-            metrics=Metrics(served) if getattr(args, "enable_metrics", False) else None,
+            metrics=Metrics(served, page_size=getattr(args, "page_size", None) or 1)
+            if getattr(args, "enable_metrics", False)
+            else None,
         )
 
     async def serve(self, model: ModelShape, mem_args: MemoryArgs, sock: socket.socket) -> int:
