@@ -53,6 +53,11 @@ class ServerState:
     startup_time: float = field(default_factory=time.time)
     metrics: Metrics | None = None
     faults: FaultSwitch = field(default_factory=lambda: FaultSwitch(state_dir()))
+    # The model's embedding size, and how the launcher dies of a scheduler exception
+    # (exception type, message): SGLang does not check input_ids, and an id outside the
+    # embedding kills its scheduler and with it the whole server.
+    vocab_size: int = 0
+    fatal: Callable[[str, str], None] | None = None
 
 
 class Metrics:
@@ -194,11 +199,24 @@ def _error(status: int, message: str) -> web.Response:
     return web.json_response(body, status=status)
 
 
+def _generate_error(message: str) -> web.Response:
+    """The shape SGLang's /generate gives a request it refuses: {"error": {"message": ...}}."""
+    return web.json_response({"error": {"message": message}}, status=400)
+
+
+class _NotJson(web.HTTPBadRequest):
+    """A body that is no JSON: SGLang (FastAPI) answers a 400 in its OpenAI error layout."""
+
+    def __init__(self, message: str) -> None:
+        body = {"object": "error", "message": message, "type": "Bad Request", "param": None}
+        super().__init__(text=json.dumps({**body, "code": 400}), content_type="application/json")
+
+
 async def _json_body(request: web.Request) -> dict[str, Any]:
     try:
         body = await request.json()
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise web.HTTPBadRequest(text=f"Invalid JSON body: {exc}") from exc
+        raise _NotJson(f"1 validation error: JSON decode error: {exc}") from exc
     if not isinstance(body, dict):
         raise web.HTTPBadRequest(text="Request body must be a JSON object")
     return body
@@ -235,6 +253,17 @@ def _generation(state: ServerState) -> Iterator[Fault | None]:
         yield fault
     finally:
         switch.in_flight -= 1
+
+
+def _check_ids(state: ServerState, ids: list[int]) -> None:
+    """An id outside the vocabulary: the real scheduler's embedding lookup raises IndexError and
+    the whole server goes down (SGLang 0.5.23 does not validate input_ids)."""
+    if not ids or not state.vocab_size or state.fatal is None:
+        return
+    if min(ids) >= 0 and max(ids) < state.vocab_size:
+        return
+    state.fatal("IndexError", "index out of range in self")
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _crash(state: ServerState, reason: str) -> None:
@@ -473,8 +502,18 @@ async def _generate(
     if source is None:
         return _error(400, "Either text or input_ids should be provided.")
     ids, count = _prompt_of(state, source)
+    _check_ids(state, ids)
     params = body.get("sampling_params") or {}
     max_new = params.get("max_new_tokens")
+    if max_new is not None and int(max_new) < 0:
+        return _generate_error(f"max_new_tokens must be at least 0, got {int(max_new)}.")
+    context = int(state.model_info.get("context_len") or 0)
+    if context and count > context:
+        # SGLang's tokenizer manager refuses it before scheduling (0.5.23 wording).
+        return _generate_error(
+            f"The input ({count} tokens) is longer than the model's context length "
+            f"({context} tokens)."
+        )
     stream = bool(body.get("stream", False))
     req = _new_request(
         ids,
@@ -697,8 +736,19 @@ def _auth_middleware(api_key: str) -> Callable[[web.Request, Handler], Awaitable
     return check
 
 
+@web.middleware
+async def _json_not_found(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """An unknown path: FastAPI's JSON 404, as SGLang answers it."""
+    try:
+        return await handler(request)
+    except web.HTTPNotFound:
+        return web.json_response({"detail": "Not Found"}, status=404)
+
+
 def build_app(state: ServerState, api_key: str | None) -> web.Application:
-    middlewares = [_auth_middleware(api_key)] if api_key else []
+    middlewares = [_json_not_found]
+    if api_key:
+        middlewares.append(_auth_middleware(api_key))
     if state.metrics is not None:
         # Outermost, so that refused (401) and unknown (404) requests are counted too.
         middlewares.insert(0, state.metrics.middleware())
