@@ -2,7 +2,7 @@
 
     {{ sglang_server_instances | sglang_server_describe(profiles, overrides, defaults,
                                                          nccl_env, runtime, cluster,
-                                                         tuned) }}
+                                                         tuned, device) }}
     {{ sglang_server_instances | sglang_server_cluster(hostvars, inventory_hostname) }}
     {{ servers | sglang_host_errors(host) }}         host: {gpu_count, ram_mib}
     {{ servers | map('sglang_server_errors', host) }}
@@ -56,9 +56,11 @@ def sglang_server_describe(  # noqa: PLR0917 (Jinja passes filter arguments by p
     runtime: dict | None = None,
     cluster: dict | None = None,
     tuned: dict | None = None,
+    device: str = "cuda",
 ) -> list[dict]:
     """sglang_fleet.servers.describe_servers(): every server with what the role writes;
-    cluster {host: inventory_hostname} gives the default host of a router's worker URL."""
+    cluster {host: inventory_hostname} gives the default host of a router's worker URL; device
+    is the host's default (sglang_server_device)."""
     try:
         return _servers.describe_servers(
             _plain(servers),
@@ -69,6 +71,7 @@ def sglang_server_describe(  # noqa: PLR0917 (Jinja passes filter arguments by p
             runtime=_plain(runtime or {}),
             cluster=_plain(cluster or {}),
             tuned=_plain(tuned or {}),
+            device=_plain(device),
         )
     except (_servers.ServerConfigError, ValueError) as exc:
         raise AnsibleFilterError(str(exc)) from exc

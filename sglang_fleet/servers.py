@@ -7,6 +7,7 @@ A server in `sglang_server_instances`::
       served_model_name: kimi-k2.5    # optional
       port: 8000
       gpus: [0, 1, 2, 3, 4, 5, 6, 7]
+      device: cuda                    # optional: cuda (default: sglang_server_device) or cpu
       profile: throughput             # optional: a key of sglang_server_profiles
       flags: {mem_fraction_static: 0.88}
       env: {NCCL_PROTO: LL}
@@ -17,6 +18,16 @@ A server in `sglang_server_instances`::
         url: http://gateway-01:30000  # the router's API as this host reaches it
         worker_url: http://gpu-node-01:8000   # optional: this server as the router lists it;
                                       # default http://<inventory_hostname>:<port>
+
+A CPU server (`device: cpu`, or sglang_server_device: cpu for the host; docs/CPU-SERVERS.md)
+runs SGLang's CPU engine: it lists no `gpus`, may list the `cpus` its ranks are bound to, and
+gets the engine's environment and flags from its device, not from a layer an operator must
+remember: SGLANG_USE_CPU_ENGINE=1 (what makes SGLang's is_cpu() true), --device cpu, and
+--attention-backend torch_native unless a layer sets a backend (SGLang's CPU default,
+intel_amx, needs an sgl-kernel CPU build). With more than one rank per host,
+SGLANG_CPU_OMP_THREADS_BIND comes from `cpus` (split evenly, one '|'-separated group per rank)
+unless an env layer sets it. --max-total-tokens is checked by validate.py: on CPU SGLang sizes
+the KV pool from free RAM.
 
 Precedence (later wins; nested mappings such as json_model_override_args combine key by key; a
 value of null removes the key set by an earlier layer):
@@ -95,6 +106,8 @@ SERVER_KEYS = (
     "served_model_name",
     "port",
     "gpus",
+    "device",
+    "cpus",
     "profile",
     "flags",
     "env",
@@ -122,8 +135,17 @@ MANAGED_FLAGS = {
     "served_model_name": "served_model_name",
     "api_key": "api_key (a secret: it goes to a root-only config file, never to argv)",
     "config": "nothing (the role passes --config for the secrets file itself)",
+    "device": "device (cuda or cpu; a CPU server gets the CPU engine's environment too)",
 }
-MANAGED_ENV = {"CUDA_VISIBLE_DEVICES": "gpus"}
+MANAGED_ENV = {"CUDA_VISIBLE_DEVICES": "gpus", "SGLANG_USE_CPU_ENGINE": "device"}
+DEVICE_VAR = "sglang_server_device"
+DEVICES = ("cuda", "cpu")
+# SGLang's CPU engine (docs/CPU-SERVERS.md): the switch, and where each rank's OpenMP threads go.
+CPU_ENGINE_ENV = {"SGLANG_USE_CPU_ENGINE": "1"}
+CPU_BIND_ENV = "SGLANG_CPU_OMP_THREADS_BIND"
+# On CPUs without Intel AMX SGLang falls back to this anyway; with AMX its default (intel_amx)
+# needs an sgl-kernel CPU build, which PyPI does not have.
+CPU_ATTENTION_BACKEND = "torch_native"
 OVERRIDE_KEYS = ("flags", "env")
 DEFAULTS_KEYS = ("flags", "env", "host")
 
@@ -352,6 +374,111 @@ def _check_gpus(value: Any, where: str) -> list[int]:
     return list(value)
 
 
+def _check_device(value: Any, variable: str) -> str:
+    if value not in DEVICES:
+        raise ServerConfigError(
+            variable, f"{value!r} is not a device; allowed: {', '.join(DEVICES)}"
+        )
+    return str(value)
+
+
+def _check_cpus(value: Any, where: str) -> list[int]:
+    variable = f"{where}.cpus"
+    if value is None:
+        return []
+    if not isinstance(value, list) or not value:
+        raise ServerConfigError(variable, "must be a non-empty list of CPU ids, like [0, 1, 2, 3]")
+    for cpu in value:
+        if isinstance(cpu, bool) or not isinstance(cpu, int) or cpu < 0:
+            raise ServerConfigError(variable, f"{cpu!r} is not a CPU id (an integer >= 0)")
+    if len(set(value)) != len(value):
+        raise ServerConfigError(variable, f"{value} lists a CPU twice")
+    return list(value)
+
+
+def _cpu_ranges(cpus: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2,5' (the CPU list syntax SGLang and taskset read)."""
+    parts: list[str] = []
+    start = prev = cpus[0]
+    for cpu in [*cpus[1:], None]:
+        if cpu is not None and cpu == prev + 1:
+            prev = cpu
+            continue
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+        if cpu is not None:
+            start = prev = cpu
+    return ",".join(parts)
+
+
+def cpu_threads_bind(cpus: list[int], ranks: int) -> str | None:
+    """SGLANG_CPU_OMP_THREADS_BIND for `ranks` ranks over `cpus` ('0-1|2-3'), None when the CPUs
+    do not split evenly."""
+    if ranks < 1 or not cpus or len(cpus) % ranks:
+        return None
+    size = len(cpus) // ranks
+    return "|".join(_cpu_ranges(cpus[i * size : (i + 1) * size]) for i in range(ranks))
+
+
+def _cpu_ranks(flags: Mapping[str, Any]) -> int | None:
+    """SGLang's world size on a CPU host: tp x pp x dp (numa_utils.init_threads_binding)."""
+    sizes = [_positive_int(flags, key) for key in ("tp_size", "pp_size", "dp_size")]
+    if None in sizes:
+        return None
+    return math.prod(size for size in sizes if size is not None)
+
+
+def _cpu_engine(
+    flags: dict[str, Any],
+    origins: dict[str, str],
+    env: dict[str, Any],
+    cpus: list[int],
+    where: str,
+) -> dict[str, Any]:
+    """A CPU server's flags (in place) and its engine environment (returned)."""
+    flags["device"] = "cpu"
+    origins["device"] = f"{where}.device"
+    if flags.get("attention_backend") is None:
+        flags["attention_backend"] = CPU_ATTENTION_BACKEND
+        origins["attention_backend"] = f"{where}.device"
+    engine_env = dict(CPU_ENGINE_ENV)
+    ranks = _cpu_ranks(flags)
+    if CPU_BIND_ENV in env or ranks is None:
+        return engine_env  # an env layer binds the ranks itself; validate.py reports bad sizes
+    if cpus:
+        bind = cpu_threads_bind(cpus, ranks)
+        if bind is None:
+            raise ServerConfigError(
+                f"{where}.cpus",
+                f"{len(cpus)} CPUs do not split evenly over {ranks} ranks (tp_size x pp_size x "
+                f"dp_size); list a multiple of {ranks} CPUs",
+            )
+        engine_env[CPU_BIND_ENV] = bind
+    elif ranks > 1:
+        raise ServerConfigError(
+            f"{where}.cpus",
+            f"a CPU server with {ranks} ranks needs its CPUs: list them in cpus (split evenly "
+            f"over the ranks) or set env.{CPU_BIND_ENV} ('0-23|24-47'); without either SGLang "
+            "runs at most one rank per NUMA node",
+        )
+    return engine_env
+
+
+def _device_fields(
+    server: Mapping[str, Any], where: str, default: str
+) -> tuple[str, list[int], list[int]]:
+    """(device, gpus, cpus) of a server: a GPU server lists gpus, a CPU server none."""
+    device = _check_device(server.get("device", default), f"{where}.device")
+    if device == "cpu":
+        if server.get("gpus") is not None:
+            raise ServerConfigError(
+                f"{where}.gpus", "a CPU server (device: cpu) uses no GPUs: leave gpus out"
+            )
+        return device, [], _check_cpus(server.get("cpus"), where)
+    if server.get("cpus") is not None:
+        raise ServerConfigError(f"{where}.cpus", "only applies to a CPU server (device: cpu)")
+    return device, _check_gpus(server.get("gpus"), where), []
+
+
 def _check_port(value: Any, where: str) -> int:
     if isinstance(value, str) and value.isascii() and value.isdigit():
         value = int(value)
@@ -517,10 +644,12 @@ def resolve_server(
     *,
     cluster: Mapping[str, Any] | None = None,
     tuned: Mapping[str, Any] | None = None,
+    device: str = "cuda",
 ) -> dict[str, Any] | None:
     """One resolved server description (see the module docstring); None for a multi-node
     server this host is not a node of. cluster: {host: this host's inventory name (the default
-    host of router.worker_url), hosts: {...}} for multi-node servers."""
+    host of router.worker_url), hosts: {...}} for multi-node servers. device: the host's default
+    device (sglang_server_device), which the server's own `device` overrides."""
     if not isinstance(server, Mapping):
         raise ServerConfigError(f"{SERVERS_VAR}[{index}]", "must be a mapping")
     name = _check_name(server, index)
@@ -534,7 +663,8 @@ def resolve_server(
     host = _check_text(
         server.get("host", defaults.get("host", DEFAULT_HOST)), f"{where}.host", required=True
     )
-    gpus = _check_gpus(server.get("gpus"), where)
+    device, gpus, cpus = _device_fields(server, where, device)
+    cpu = device == "cpu"
     port = _check_port(server.get("port"), where)
     router = _check_router(server.get("router"), where, port, host, (cluster or {}).get("host"))
     if router is not None and server.get("nodes"):
@@ -543,7 +673,8 @@ def resolve_server(
         raise ServerConfigError(
             f"{where}.router", "a server across hosts (nodes:) cannot sit behind a router"
         )
-    node_layout = _node_layout(server, where, cluster, len(gpus), port)
+    # A CPU server's node is one "device" for the tp_size default: one rank unless flags say.
+    node_layout = _node_layout(server, where, cluster, len(gpus) or 1, port)
     if node_layout is None:
         return None
     profile, profile_flags = _profile_layer(server, profiles, where)
@@ -581,10 +712,11 @@ def resolve_server(
         env = {**node_layout.env(), **env}
 
     if "tp_size" not in flags:
-        tp_size = default_tp_size(flags, len(gpus))
+        tp_size = default_tp_size(flags, len(gpus) or 1)
         if tp_size is not None:
             flags["tp_size"] = tp_size
-            origins["tp_size"] = f"{where}.gpus"
+            origins["tp_size"] = f"{where}.{'device' if cpu else 'gpus'}"
+    engine_env = _cpu_engine(flags, origins, env, cpus, where) if cpu else {}
     flags.update(model_path=model_path, host=host, port=port)
     origins.update(model_path=f"{where}.model_path", host=f"{where}.host", port=f"{where}.port")
     if served_name is not None:
@@ -592,6 +724,9 @@ def resolve_server(
         origins["served_model_name"] = f"{where}.served_model_name"
 
     cuda_visible_devices = ",".join(str(gpu) for gpu in gpus)
+    # What the unit's EnvironmentFile holds: the merged env plus the device's own variables
+    # (a GPU server's GPU set; a CPU server's engine switch and rank binding).
+    device_env = engine_env if cpu else {"CUDA_VISIBLE_DEVICES": cuda_visible_devices}
     return {
         "name": name,
         "unit": f"sglang@{name}.service",
@@ -600,13 +735,14 @@ def resolve_server(
         "port": port,
         "host": host,
         "gpus": gpus,
+        "device": device,
+        "cpus": cpus,
         "cuda_visible_devices": cuda_visible_devices,
         "profile": profile,
         "flags": flags,
         "flag_origins": origins,
         "env": env,
-        # What the unit's EnvironmentFile holds: the merged env plus the server's GPU set.
-        "environment": {**env, "CUDA_VISIBLE_DEVICES": cuda_visible_devices},
+        "environment": {**env, **device_env},
         # The key itself stays out of the description, which Ansible prints and diffs.
         "api_key_set": api_key_set,
         "router": router,
@@ -624,12 +760,14 @@ def resolve_servers(
     *,
     cluster: Mapping[str, Any] | None = None,
     tuned: dict | None = None,
+    device: str = "cuda",
 ) -> list[dict]:
     """Resolve every server of a host; errors raise ServerConfigError naming the variable.
 
-    cluster ({host: this host's inventory name, hosts: {name: nodes.host_facts(...)}}) places
-    multi-node servers (a server whose nodes do not include this host is left out) and gives
-    the default host of a router's worker URL.
+    device: the host's default device (sglang_server_device). cluster ({host: this host's
+    inventory name, hosts: {name: nodes.host_facts(...)}}) places multi-node servers (a server
+    whose nodes do not include this host is left out) and gives the default host of a router's
+    worker URL.
     """
     if servers is None:
         servers = []
@@ -640,8 +778,18 @@ def resolve_servers(
     defaults = _mapping(defaults, DEFAULTS_VAR)
     tuned = _mapping(tuned, TUNED_VAR)
     _check_keys(defaults, DEFAULTS_VAR, DEFAULTS_KEYS)
+    device = _check_device(device, DEVICE_VAR)
     placed = [
-        resolve_server(server, index, profiles, overrides, defaults, cluster=cluster, tuned=tuned)
+        resolve_server(
+            server,
+            index,
+            profiles,
+            overrides,
+            defaults,
+            cluster=cluster,
+            tuned=tuned,
+            device=device,
+        )
         for index, server in enumerate(servers)
     ]
     resolved = [server for server in placed if server is not None]
@@ -774,13 +922,15 @@ def describe_servers(
     runtime: dict | None = None,
     cluster: dict | None = None,
     tuned: dict | None = None,
+    device: str = "cuda",
 ) -> list[dict]:
     """The one call the role makes: inventory -> resolved servers with everything it writes.
 
     nccl_env (the host family's NCCL settings) is the lowest environment layer, under
     defaults.env. runtime: {python, launch_module, config_dir, state_dir}. cluster: where
     multi-node servers run and this host's name (resolve_servers()). tuned: {name: flags}, the
-    highest flag layer (sglang_server_tuned_flags). Each server is
+    highest flag layer (sglang_server_tuned_flags). device: the host's default device
+    (sglang_server_device: cuda or cpu), under each server's own `device`. Each server is
     resolve_server()'s description plus flag_argv (the flags as SGLang's parser reads them),
     argv (the whole command), exec_start (the ExecStart= value), env_lines (the EnvironmentFile),
     logging_config and load_credential (servers with an API key), paths, plan_args (the
@@ -790,7 +940,9 @@ def describe_servers(
     base_env = _env_layer(nccl_env, "sglang_server_nccl_env")
     defaults["env"] = combine(base_env, _env_layer(defaults.get("env"), f"{DEFAULTS_VAR}.env"))
     checked_runtime = _runtime(runtime or {})
-    resolved = resolve_servers(servers, profiles, overrides, defaults, cluster=cluster, tuned=tuned)
+    resolved = resolve_servers(
+        servers, profiles, overrides, defaults, cluster=cluster, tuned=tuned, device=device
+    )
     return [{**server, **_rendered(server, checked_runtime)} for server in resolved]
 
 

@@ -18,6 +18,10 @@ Rules (SGLang checks some of them only after loading weights, or per rank, or no
 - Every GPU index exists on the host; mem_fraction_static in (0, 1) (SGLang does not check it);
   port in 1..65535; servers on one host share no GPU and no port, and their HiCache pools fit
   the host RAM together.
+- A CPU server (device: cpu, docs/CPU-SERVERS.md) has no GPU set to check; it needs
+  max_total_tokens (a positive integer): on CPU SGLang sizes the KV pool from the host's free
+  RAM, so without a cap one server takes most of the host. Servers on one host share no CPU of
+  their `cpus`.
 - A server behind a router (its `router` field, docs/ROUTER.md) runs with enable_metrics: the
   drain before its restart reads its /metrics; and it listens where the router reaches it: a
   server on loopback only cannot be a worker of a router that reaches it by another address.
@@ -144,6 +148,24 @@ def _check_gpu_set(
                 )
             )
     return problems
+
+
+def _check_cpu_tokens(server: Mapping[str, Any]) -> list[Problem]:
+    """A CPU server's KV pool must be capped (docs/CPU-SERVERS.md)."""
+    flags = server.get("flags") or {}
+    value = _int_value(flags.get("max_total_tokens"))
+    if value is not None and value >= 1:
+        return []
+    shown = flags.get("max_total_tokens")
+    return [
+        _problem(
+            "cpu_max_total_tokens",
+            _flag_var(server, "max_total_tokens"),
+            f"{shown!r}{_where_set(server, 'max_total_tokens')} must be an integer >= 1 on a CPU "
+            "server (device: cpu): SGLang's CPU engine sizes the KV pool from the host's free "
+            "RAM unless it is capped; the planner (sglang_fleet.plan) prints what fits",
+        )
+    ]
 
 
 def _check_radix(server: Mapping[str, Any]) -> list[Problem]:
@@ -285,10 +307,14 @@ def server_errors(server: dict, host: dict) -> list[dict]:
     problems += _check_mem_fraction(server)
     problems += _check_radix(server)
     problems += _check_router(server)
+    cpu = server.get("device") == "cpu"
+    if cpu:
+        problems += _check_cpu_tokens(server)
     sizes = _parallel_sizes(server, problems)
     if sizes is not None:
         problems += _check_nnodes(server, sizes)
-        problems += _check_gpu_set(server, sizes, _host_int(host, "gpu_count"))
+        if not cpu:
+            problems += _check_gpu_set(server, sizes, _host_int(host, "gpu_count"))
         problems += _check_hicache_ram(server, sizes, _host_int(host, "ram_mib"))
     return problems
 
@@ -300,6 +326,10 @@ def _shared(servers: list[dict], key: str) -> dict[Any, list[str]]:
         for value in values if isinstance(values, list) else [values]:
             users.setdefault(value, []).append(str(server.get("name")))
     return {value: names for value, names in users.items() if len(names) > 1}
+
+
+def _with_cpus(servers: list[dict]) -> list[dict]:
+    return [server for server in servers if server.get("cpus")]
 
 
 def _total_hicache(servers: list[dict], ram_mib: int | None) -> list[Problem]:
@@ -337,6 +367,17 @@ def host_errors(servers: list[dict], host: dict) -> list[dict]:
                 f"{SERVERS_VAR}[{names[-1]}].gpus",
                 f"GPU {gpu} is also used by {', '.join(names[:-1])}; servers on one host need "
                 "disjoint GPU sets",
+            )
+        )
+    for cpu, names in sorted(
+        _shared(_with_cpus(servers), "cpus").items(), key=lambda item: str(item[0])
+    ):
+        problems.append(
+            _problem(
+                "cpu_shared",
+                f"{SERVERS_VAR}[{names[-1]}].cpus",
+                f"CPU {cpu} is also used by {', '.join(names[:-1])}; CPU servers on one host "
+                "need disjoint CPU sets",
             )
         )
     for port, names in sorted(_shared(servers, "port").items(), key=lambda item: str(item[0])):
