@@ -96,8 +96,18 @@ def sglang_server_plan(  # noqa: PLR0917 (Jinja passes filter arguments by posit
     calibration: dict | None = None,
 ) -> dict:
     """The plan of one described server on its GPUs (min memory.total, name) and the host's
-    RAM, with the host's calibration records when `calibration` is given."""
+    RAM, with the host's calibration records when `calibration` is given; a CPU server's on
+    the host's RAM alone."""
     server = _as_dict(server, "server")
+    if server.get("device") == "cpu":
+        # A CPU server (docs/CPU-SERVERS.md) is planned on host RAM only; it has no GPUs.
+        args = {
+            **server.get("plan_args", {}),
+            **_as_dict(workload or {}, "workload"),
+        }
+        return sglang_plan(
+            model_config, weights, args, {"host_ram_gib": float(host_ram_mib) / 1024}
+        )
     gpu_list = [_as_dict(gpu, "gpu") for gpu in (gpus or [])]
     if not gpu_list:
         raise AnsibleFilterError(f"sglang_server_plan: no GPU reported for {server.get('name')}")

@@ -10,6 +10,8 @@ Line formats are SGLang 0.5.23's (older forms where they differ are accepted too
               avail mem=X GB.
               (<= 0.5.19: "Capture cuda graph end. Time elapsed: ... avail mem=X GB.")
     [...] max_total_num_tokens=N, chunked_prefill_size=N, ..., available_gpu_mem=X GB
+              (CPU engine: "available_cpu_mem=X GB"; no pool-end or CUDA graph lines, and
+              "avail mem" is host RAM per NUMA node: docs/CPU-SERVERS.md)
     [... TP0] KV Cache VA upper bound. ... / Post-capture KV sizing: ...
               (the KV pool is sized after graph capture: see `post_capture_kv_sizing`)
     [... TP0] Decode batch, #running-req: N, #token: N, token usage: 0.xx, cuda graph: True,
@@ -45,7 +47,7 @@ _GRAPH_END = re.compile(rf"Capture .*graph end\..*?avail mem={_NUM} GB", re.IGNO
 _SCHED = re.compile(
     r"max_total_num_tokens=(\d+), chunked_prefill_size=(-?\d+), max_prefill_tokens=(\d+), "
     r"max_running_requests=(\d+), context_len=(\d+)"
-    rf"(?:, available_gpu_mem={_NUM} GB)?"
+    rf"(?:, available_(gpu|cpu)_mem={_NUM} GB)?"
 )
 # 0.5.23 sizes the KV pool after CUDA graph capture for some hybrid models (and only with
 # SGLANG_ENABLE_POST_CAPTURE_KV_SIZING): its memory then follows another formula.
@@ -86,8 +88,12 @@ class Calibration:
     chunked_prefill_size: int | None = None
     max_running_requests: int | None = None
     context_len: int | None = None
-    # available_gpu_mem of the scheduler line: free on rank 0 once start-up is done.
+    # available_gpu_mem (available_cpu_mem on CPU) of the scheduler line: free on rank 0 once
+    # start-up is done.
     startup_avail_gib: float | None = None
+    # "cpu" when the log is the CPU engine's (available_cpu_mem, or server_args device), else
+    # "cuda" once the scheduler line or server_args says so; None when the log does not say.
+    device: str | None = None
     architecture: str | None = None
     post_capture_kv_sizing: bool = False
     # Every value of the server_args line that parses as a Python literal.
@@ -145,6 +151,9 @@ def _server_args(cal: Calibration, msg: str) -> None:
     cal.dp_size = int(dp) if dp is not None else None
     cal.kv_cache_dtype = text("kv_cache_dtype")
     cal.model_path = text("model_path")
+    device = text("device")
+    if device is not None:
+        cal.device = "cpu" if device == "cpu" else "cuda"
 
 
 def _literal_args(msg: str) -> dict[str, object]:
@@ -191,8 +200,9 @@ def _scheduler_line(cal: Calibration, msg: str) -> bool:
     cal.chunked_prefill_size = int(m[2])
     cal.max_running_requests = int(m[4])
     cal.context_len = int(m[5])
-    if m[6] is not None:
-        cal.startup_avail_gib = float(m[6])
+    if m[7] is not None:
+        cal.startup_avail_gib = float(m[7])
+        cal.device = "cpu" if m[6] == "cpu" else cal.device or "cuda"
     return True
 
 

@@ -283,6 +283,8 @@ def _record_key(
         "model_path": _first(key.get("model_path"), _resolved("model_path", info, cal, known)),
         "model_fingerprint": fingerprint,
         "architecture": cal.architecture,
+        # cpu for SGLang's CPU engine (its "avail mem" is host RAM, docs/CPU-SERVERS.md).
+        "device": cal.device or "cuda",
         "gpu_name": key.get("gpu_name"),
         "gpu_memory_mib": _num(key.get("gpu_memory_mib")),
         "sglang_version": _first(key.get("sglang_version"), info.get("version")),

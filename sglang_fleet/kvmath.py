@@ -271,3 +271,45 @@ def hicache_host_gib_per_rank(
 def floor_to(value: float, step: float) -> float:
     """Round down to a multiple of step (suggested fractions must not exceed a limit)."""
     return math.floor(value / step + 1e-9) * step
+
+
+# --- CPU engine (docs/CPU-SERVERS.md) ---------------------------------------------------
+# On CPU SGLang sizes the KV pool from the host's free RAM (per NUMA node) unless
+# --max-total-tokens caps it, so the planner plans host RAM: weights + KV + process overhead.
+# Overhead measured with SGLang 0.5.23 on the tiny test Llama (tp 1, docs/CPU-SERVERS.md):
+# launcher, scheduler and detokenizer together held about 1.3 GB RSS with a few MB of weights
+# and KV; per extra rank a scheduler process of about 0.8 GB.
+CPU_SERVER_OVERHEAD_GIB = 0.5
+CPU_RANK_OVERHEAD_GIB = 0.8
+# What a CPU plan leaves free of the host's RAM for the OS, page cache and other processes.
+CPU_RAM_FRACTION = 0.8
+
+
+def cpu_kv_bytes(cell_size: int, tp_size: int, dp_size: int, tokens: int) -> int:
+    """Host bytes of a CPU server's KV pools: every rank holds `cell_size` bytes per token (its
+    share of the heads for MHA, the whole latent for MLA), and each DP replica has its pool."""
+    return cell_size * tp_size * dp_size * tokens
+
+
+def cpu_host_ram_gib(weight_bytes: int, kv_bytes: int, tp_size: int, dp_size: int) -> float:
+    """Host RAM a CPU server needs: weights once per DP replica, its KV, process overhead."""
+    ranks = tp_size * dp_size
+    overhead = CPU_SERVER_OVERHEAD_GIB + CPU_RANK_OVERHEAD_GIB * ranks
+    return (weight_bytes * dp_size + kv_bytes) / GIB + overhead
+
+
+def cpu_tokens_fitting(
+    ram_gib: float,
+    weight_bytes: int,
+    *,
+    cell_size: int,
+    tp_size: int,
+    dp_size: int,
+    page_size: int = 1,
+) -> int:
+    """The largest --max-total-tokens whose server needs at most `ram_gib` of host RAM."""
+    spare = ram_gib - cpu_host_ram_gib(weight_bytes, 0, tp_size, dp_size)
+    per_token = cell_size * tp_size * dp_size
+    if spare <= 0 or per_token <= 0:
+        return 0
+    return max_total_num_tokens(spare, per_token, page_size)

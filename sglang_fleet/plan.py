@@ -29,6 +29,12 @@ must hold CUDA graphs and the activations of the largest prefill):
   **error** naming the prediction, the margin and the highest fraction that keeps it.
   `calibration_mode: warn` makes it a warning (the operator overrules it), `ignore` plans
   with estimates only.
+
+CPU servers (`device: cpu`, docs/CPU-SERVERS.md): SGLang's CPU engine sizes the KV pool from
+the host's free RAM unless --max-total-tokens caps it, so the plan is of host RAM instead of GPU
+memory: weights + max_total_tokens x cell size x ranks + process overhead must fit
+host_ram_gib x CPU_RAM_FRACTION. Without max_total_tokens it is an error that names the cap
+that fits; no GPU fact is needed.
 """
 
 from __future__ import annotations
@@ -60,7 +66,10 @@ PLANNER_FLAGS = (
     "max_running_requests",
     "context_length",
     "page_size",
+    "device",
+    "max_total_tokens",
 )
+DEVICES = ("cuda", "cpu")
 
 # Free GPU memory that must remain after CUDA graph capture for a large prefill to run:
 # its activations (a few GiB for an 8k-token chunk of a 7k-hidden MoE) plus allocator
@@ -100,6 +109,8 @@ ARG_DEFAULTS: dict[str, Any] = {
     "server_flags": None,
     "sglang_version": None,
     "cuda_graph_max_bs_decode": None,
+    "device": "cuda",
+    "max_total_tokens": None,
 }
 HOST_KEYS = ("gpu_memory_mib", "host_ram_gib", "gpu_count", "gpu_name")
 
@@ -137,6 +148,7 @@ _INT_RANGES: dict[str, tuple[int, int]] = {
     "avg_output_len": (0, _MAX_COUNT),
     "gpu_count": (0, _MAX_COUNT),  # 0 is a host without GPUs: a plan error, not bad usage
     "cuda_graph_max_bs_decode": (1, _MAX_COUNT),
+    "max_total_tokens": (1, _MAX_COUNT),
 }
 
 
@@ -259,6 +271,12 @@ def _typed(values: dict[str, Any]) -> dict[str, Any]:
             out[key] = _as_structure(key, value)
         elif key == "calibration_mode":
             out[key] = _as_choice(key, value)
+        elif key == "device":
+            if value not in DEVICES:
+                raise PlanInputError(
+                    f"must be one of {', '.join(DEVICES)}, got {_shown(value)}", key
+                )
+            out[key] = str(value)
         elif key in _INT_RANGES:
             out[key] = _as_int(key, value)
         elif key in _FLOAT_RANGES:
@@ -279,13 +297,13 @@ def _merge_args(args: dict[str, Any]) -> dict[str, Any]:
     return dict(ARG_DEFAULTS) | _typed(args)
 
 
-def _typed_host(host: dict[str, Any]) -> dict[str, Any]:
+def _typed_host(host: dict[str, Any], device: str = "cuda") -> dict[str, Any]:
     if not isinstance(host, dict):
         raise PlanInputError(f"host facts must be a mapping, got {_shown(host)}")
     unknown = sorted(map(str, set(host) - set(HOST_KEYS)))
     if unknown:
         raise PlanInputError(f"unknown host fact(s): {', '.join(unknown)}")
-    if host.get("gpu_memory_mib") is None:
+    if device == "cuda" and host.get("gpu_memory_mib") is None:
         raise PlanInputError(
             "is required: the host's memory per GPU in MiB, as nvidia-smi reports it",
             "gpu_memory_mib",
@@ -436,6 +454,9 @@ class _Planner:
             reserve = kvmath.multimodal_reserve_gib(self.shape)
             rest = kvmath.rest_gib(self.pre, self.post, self.fraction, reserve)
             tokens = kvmath.max_total_num_tokens(rest, cell, int(self.a["page_size"]))
+        if self.a["max_total_tokens"] is not None:
+            # SGLang caps the pool it computed at --max-total-tokens.
+            tokens = min(tokens, int(self.a["max_total_tokens"]))
         if rest <= 0:
             self._not_enough_memory(rest)
         return rest, tokens
@@ -646,6 +667,130 @@ class _Planner:
         }
 
 
+class _CpuPlanner(_Planner):
+    """A CPU server's plan (docs/CPU-SERVERS.md): host RAM and --max-total-tokens."""
+
+    def __init__(
+        self, config: dict[str, Any], weight_bytes: int, args: dict[str, Any], host: dict[str, Any]
+    ):
+        self.a = _merge_args(args)
+        self.host = _typed_host(host, "cpu")
+        _check_inputs(self.a)
+        try:
+            self.shape = model_shape(config)
+        except ModelConfigError as exc:
+            raise PlanInputError(str(exc), "model_config") from exc
+        self.weight_bytes = _check_weight_bytes(weight_bytes)
+        self.tp = int(self.a["tp_size"])
+        self.dp = int(self.a["dp_size"])
+        self.dtype = str(self.a["kv_cache_dtype"])
+        self.warnings = []
+        self.errors = []
+        self.cal = _log_calibration(self.a)
+        ram = self.host.get("host_ram_gib")
+        self.ram_gib = None if ram is None else float(ram)
+
+    def _tokens(self, cell: int) -> tuple[int, int | None]:
+        """(tokens planned, the cap that fits host RAM or None when RAM is unknown)."""
+        page = int(self.a["page_size"])
+        fitting = None
+        if self.ram_gib is not None:
+            budget = self.ram_gib * kvmath.CPU_RAM_FRACTION
+            fitting = kvmath.cpu_tokens_fitting(
+                budget,
+                self.weight_bytes,
+                cell_size=cell,
+                tp_size=self.tp,
+                dp_size=self.dp,
+                page_size=page,
+            )
+        given = self.a["max_total_tokens"]
+        if given is not None:
+            return int(given) // page * page, fitting
+        hint = f" ({fitting} fit in {kvmath.CPU_RAM_FRACTION:.0%} of host RAM)" if fitting else ""
+        self.errors.append(
+            _issue(
+                "cpu_max_total_tokens",
+                "A CPU server needs --max-total-tokens: SGLang's CPU engine sizes the KV pool "
+                f"from the host's free RAM unless it is capped, taking most of it{hint}; cap it "
+                "at what the workload needs.",
+            )
+        )
+        return fitting or 0, fitting
+
+    def check_ram(self, tokens: int, needed_gib: float, fitting: int | None) -> None:
+        if self.ram_gib is None:
+            self.warnings.append(
+                _issue("host_ram_unknown", "host_ram_gib is not known: host RAM is not checked.")
+            )
+            return
+        budget = self.ram_gib * kvmath.CPU_RAM_FRACTION
+        if needed_gib > budget:
+            self.errors.append(
+                _issue(
+                    "cpu_host_ram",
+                    f"max_total_tokens {tokens} needs {needed_gib:.2f} GiB of host RAM (weights "
+                    f"{self.weight_bytes * self.dp / kvmath.GIB:.2f} GiB, KV and process "
+                    f"overhead), more than {kvmath.CPU_RAM_FRACTION:.0%} of the host's "
+                    f"{self.ram_gib:.1f} GiB; at most {fitting or 0} tokens fit.",
+                )
+            )
+
+    def check_ignored(self) -> None:
+        ignored = [k for k in ("mem_fraction_static", "enable_hierarchical_cache") if self.a[k]]
+        if self.a["calibration"] or self.a["calibration_log"]:
+            ignored.append("calibration (GPU memory records)")
+        if ignored:
+            self.warnings.append(
+                _issue(
+                    "cpu_ignored",
+                    f"Not planned for a CPU server: {', '.join(ignored)}; the CPU plan is of "
+                    "host RAM and max_total_tokens.",
+                )
+            )
+
+    def run(self) -> dict[str, Any]:
+        cell = kvmath.cell_size_bytes(self.shape, self.dtype, self.tp)
+        tokens, fitting = self._tokens(cell)
+        kv_bytes = kvmath.cpu_kv_bytes(cell, self.tp, self.dp, tokens)
+        needed = kvmath.cpu_host_ram_gib(self.weight_bytes, kv_bytes, self.tp, self.dp)
+        self.check_ram(tokens, needed, fitting)
+        self.check_ignored()
+        self.check_dtype()
+        self.check_context()
+        concurrent = self.concurrency(tokens)
+        speed, speed_source = self.per_request_tok_s()
+        headroom = None if self.ram_gib is None else self.ram_gib - needed
+        return {
+            "cell_size_bytes": cell,
+            "max_total_num_tokens": tokens,
+            "max_concurrent_requests": concurrent,
+            "kv_bound_output_tok_s": round(concurrent * speed, 1),
+            # Host RAM left once the server is up (GPU plans: outside the static pool).
+            "headroom_gib": None if headroom is None else round(headroom, 2),
+            "hicache_host_gib_total": 0.0,
+            "warnings": self.warnings,
+            "errors": self.errors,
+            "details": {
+                "device": "cpu",
+                "attention": self.shape.attention,
+                "architecture": self.shape.architecture,
+                "kv_cache_dtype": self.dtype,
+                "kv_pool_gib": round(kv_bytes / kvmath.GIB, 3),
+                "weights_gib": round(self.weight_bytes * self.dp / kvmath.GIB, 3),
+                "host_ram_needed_gib": round(needed, 3),
+                "host_ram_gib": self.ram_gib,
+                "max_total_tokens_fitting": fitting,
+                "calibrated": False,
+                "calibration": None,
+                "tokens_per_request": self.a["avg_input_len"] + self.a["avg_output_len"],
+                "per_request_tok_s": round(speed, 2),
+                "per_request_tok_s_source": speed_source,
+                "dp_size": self.dp,
+            },
+        }
+
+
 def plan(model_config: dict, weight_bytes: int, args: dict, host: dict) -> dict:
     """Plan one flag set. Pure: every input is data (the pre-flight slurps it from the host).
 
@@ -653,8 +798,11 @@ def plan(model_config: dict, weight_bytes: int, args: dict, host: dict) -> dict:
     args: SGLang flag values by field name (tp_size, mem_fraction_static, ...) plus workload
     (avg_input_len, avg_output_len, per_request_tok_s) and calibration_log (log text);
     host: gpu_memory_mib, host_ram_gib, gpu_count. Raises PlanInputError on bad input.
+    args device "cpu" plans a CPU server (host RAM and max_total_tokens; no GPU fact needed).
     """
-    return _Planner(model_config, weight_bytes, args, host).run()
+    device = args.get("device", "cuda") if isinstance(args, dict) else "cuda"
+    planner = _CpuPlanner if device == "cpu" else _Planner
+    return planner(model_config, weight_bytes, args, host).run()
 
 
 # --- command line ----------------------------------------------------------------------
@@ -674,6 +822,10 @@ def add_plan_arguments(parser: argparse.ArgumentParser, *, model_required: bool)
     parser.add_argument("--max-running-requests", type=int, default=None)
     parser.add_argument("--context-length", type=int, default=None)
     parser.add_argument("--page-size", type=int, default=None)
+    parser.add_argument(
+        "--device", choices=DEVICES, default=None, help="cpu: plan host RAM (docs/CPU-SERVERS.md)"
+    )
+    parser.add_argument("--max-total-tokens", type=int, default=None)
     parser.add_argument(
         "--gpu-memory-mib", type=float, default=None, help="per GPU, as nvidia-smi reports"
     )
@@ -717,8 +869,28 @@ def split_namespace(ns: argparse.Namespace) -> tuple[dict[str, Any], dict[str, A
     return args, host
 
 
+def _cpu_summary(result: dict[str, Any]) -> list[str]:
+    d = result["details"]
+    return [
+        f"{d['architecture']} ({d['attention']}) on CPU, KV {d['kv_cache_dtype']}",
+        f"cell size {result['cell_size_bytes']} B/token, "
+        f"max_total_num_tokens {result['max_total_num_tokens']} "
+        f"(fitting host RAM: {d['max_total_tokens_fitting']})",
+        f"concurrent requests {result['max_concurrent_requests']}, "
+        f"KV-bound output ~{result['kv_bound_output_tok_s']} tok/s "
+        f"({d['per_request_tok_s']} tok/s per request, {d['per_request_tok_s_source']})",
+        f"host RAM needed {d['host_ram_needed_gib']} GiB of {d['host_ram_gib']} GiB "
+        f"(weights {d['weights_gib']}, KV {d['kv_pool_gib']}), left {result['headroom_gib']} GiB",
+    ]
+
+
 def _summary(result: dict[str, Any]) -> str:
     d = result["details"]
+    if d.get("device") == "cpu":
+        lines = _cpu_summary(result)
+        lines += [f"ERROR {e['code']}: {e['message']}" for e in result["errors"]]
+        lines += [f"WARNING {w['code']}: {w['message']}" for w in result["warnings"]]
+        return "\n".join(lines)
     lines = [
         f"{d['architecture']} ({d['attention']}), KV {d['kv_cache_dtype']}, "
         f"mem_fraction_static {d['mem_fraction_static']} "

@@ -12,7 +12,14 @@ mean the same thing. Pass the API key through the environment (``SGLANG_API_KEY`
 ``--api-key``: a command line is visible to every user of the host in ``ps``.
 
 Exit status: 0 when the run completed (even with failed requests: the gate judges), 1 when the
-server could not be reached at all, 2 on bad usage (a message naming the flag, no traceback).
+server could not be reached at all or stopped answering before the run (a message naming the
+server, no traceback), 2 on bad usage (a message naming the flag, no traceback).
+
+Random token ids (backend sglang) are drawn below the model's vocabulary size, as SGLang's own
+benchmark draws them from its tokenizer: SGLang does not check input_ids, and one id at or above
+the embedding's size kills its scheduler and the whole server. The size is --vocab-size, else
+read from the model directory the server names in /model_info (config.json's vocab_size, and
+tokenizer.json's ids where present: the smaller); when neither says, the run is refused.
 
 A request counts as completed only when its answer is right: a 200 stream that ends with the
 server's final record (``meta_info`` on /generate, ``usage`` on /v1/completions) reporting
@@ -50,9 +57,10 @@ from urllib.parse import urlsplit
 Clock = Callable[[], float]
 T = TypeVar("T")
 
-# Token ids drawn for random prompts stay below the smallest vocabulary in common use (32000,
-# Llama 2) and above the ids tokenizers reserve for special tokens.
-_TOKEN_IDS = range(100, 32000)
+# Token ids drawn for random prompts start above the ids tokenizers reserve for special tokens
+# and stay below the model's vocabulary size (module docstring).
+_FIRST_TOKEN_ID = 100
+_MODEL_FILE_LIMIT_BYTES = 64 * 1024 * 1024
 _WORDS = (  # noqa: SIM905 (a paragraph reads better than a hundred one-word lines)
     "the of and to in is that for it as was with be by on not he this are or his from at which "
     "but have an they you were her she there been one all we their has would when if so no what "
@@ -104,7 +112,12 @@ _PARSE_ERRORS = (ValueError, IndexError, KeyError, TypeError, AttributeError, Re
 
 
 class ServerUnreachable(Exception):
-    """The server did not accept a connection at all (exit status 1)."""
+    """The server did not accept a connection at all, or stopped answering before the run
+    (exit status 1)."""
+
+
+class VocabularyUnknown(Exception):
+    """The model's vocabulary size cannot be found (exit status 2: pass --vocab-size)."""
 
 
 def _os_reason(err: BaseException) -> str:
@@ -142,12 +155,18 @@ class Config:
     slo_tpot_ms: float | None = None
     metrics_interval: float = 0.5
     timeout: float = 600.0
+    vocab_size: int | None = None
 
 
-def _generate_body(cfg: Config, rng: random.Random, model: str) -> bytes:
+def token_ids(vocab_size: int) -> range:
+    """The ids random prompts are drawn from: below vocab_size, above the special tokens."""
+    return range(min(_FIRST_TOKEN_ID, vocab_size // 4), vocab_size)
+
+
+def _generate_body(cfg: Config, rng: random.Random, model: str, ids_from: range) -> bytes:
     """One request body; a fixed seed gives the same workload on every run."""
     if cfg.backend == "sglang":
-        ids = rng.choices(_TOKEN_IDS, k=cfg.random_input_len)
+        ids = rng.choices(ids_from, k=cfg.random_input_len)
         payload: dict[str, Any] = {
             "input_ids": ids,
             "sampling_params": {
@@ -172,13 +191,69 @@ def _generate_body(cfg: Config, rng: random.Random, model: str) -> bytes:
     return json.dumps(payload, separators=(",", ":")).encode()
 
 
-def _bodies(cfg: Config, seed: int, model: str, count: int | None) -> Iterator[bytes]:
+def _bodies(
+    cfg: Config, seed: int, model: str, count: int | None, ids_from: range
+) -> Iterator[bytes]:
     """Request bodies in a fixed order; endless when ``count`` is None (duration mode)."""
     rng = random.Random(seed)
     sent = 0
     while count is None or sent < count:
-        yield _generate_body(cfg, rng, model)
+        yield _generate_body(cfg, rng, model, ids_from)
         sent += 1
+
+
+def _read_json_file(path: str) -> Any:
+    """A model file as JSON, or None when it is absent, unreadable, too big or not JSON."""
+    try:
+        if os.path.getsize(path) > _MODEL_FILE_LIMIT_BYTES:
+            return None
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except (OSError, ValueError):
+        return None
+
+
+def _config_vocab(config: Any) -> int | None:
+    """config.json's vocab_size (a multimodal wrapper keeps it in text_config)."""
+    if not isinstance(config, dict):
+        return None
+    for holder in (config, config.get("text_config")):
+        if isinstance(holder, dict):
+            size = holder.get("vocab_size")
+            if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+                return size
+    return None
+
+
+def _tokenizer_vocab(tokenizer: Any) -> int | None:
+    """One past the highest id tokenizer.json knows (its model's vocab and added tokens)."""
+    if not isinstance(tokenizer, dict):
+        return None
+    ids: list[int] = []
+    vocab = (
+        (tokenizer.get("model") or {}).get("vocab")
+        if isinstance(tokenizer.get("model"), dict)
+        else None
+    )
+    if isinstance(vocab, dict):
+        ids += [v for v in vocab.values() if isinstance(v, int)]
+    elif isinstance(vocab, list):  # Unigram: [[piece, score], ...], ids are positions
+        ids.append(len(vocab) - 1)
+    for token in tokenizer.get("added_tokens") or []:
+        if isinstance(token, dict) and isinstance(token.get("id"), int):
+            ids.append(token["id"])
+    return max(ids) + 1 if ids else None
+
+
+def vocab_size_of(directory: str) -> int | None:
+    """The vocabulary size of a model directory on this host: the smaller of config.json's
+    vocab_size and tokenizer.json's ids (a token id must be valid for both), or None."""
+    sizes = [
+        _config_vocab(_read_json_file(os.path.join(directory, "config.json"))),
+        _tokenizer_vocab(_read_json_file(os.path.join(directory, "tokenizer.json"))),
+    ]
+    known = [size for size in sizes if size]
+    return min(known) if known else None
 
 
 # --------------------------------------------------------------------------------------------
@@ -1012,6 +1087,12 @@ class Benchmark:
     async def run(self) -> dict[str, Any]:
         try:
             return await self._run()
+        except (OSError, asyncio.TimeoutError) as err:
+            # Request failures are recorded per request; anything else that loses the server
+            # ends the run with its name, never a traceback.
+            raise ServerUnreachable(
+                f"lost the server at {shown_url(self.cfg.url)}: {_os_reason(err)}"
+            ) from None
         finally:
             self.client.close()
 
@@ -1019,11 +1100,15 @@ class Benchmark:
         cfg = self.cfg
         metrics_before = await self._first_contact("/metrics", read_metrics(self.client))
         model = await self._first_contact("/v1/models", self._model_name())
+        ids_from = await self._first_contact("/model_info", self._token_ids())
         if cfg.warmup_requests > 0:
-            warmup = _bodies(cfg, cfg.seed + 2, model, cfg.warmup_requests)
+            warmup = _bodies(cfg, cfg.seed + 2, model, cfg.warmup_requests, ids_from)
             await self._dispatch(warmup, None, math.inf, None, None)
             if metrics_before is not None:
-                metrics_before = await read_metrics(self.client)
+                # The warm-up can take a server down (a bad request, out of memory).
+                metrics_before = await self._first_contact(
+                    "/metrics after the warm-up", read_metrics(self.client)
+                )
 
         t0 = self.clock()
         timeline = Timeline(t0)
@@ -1033,7 +1118,7 @@ class Benchmark:
         if metrics_before is not None:
             sampling = asyncio.ensure_future(sampler.run(stop))
         deadline = t0 + cfg.duration if cfg.duration is not None else None
-        bodies = _bodies(cfg, cfg.seed, model, cfg.num_prompts)
+        bodies = _bodies(cfg, cfg.seed, model, cfg.num_prompts, ids_from)
         records = await self._dispatch(
             bodies, cfg.max_concurrency, cfg.request_rate, deadline, timeline
         )
@@ -1058,6 +1143,37 @@ class Benchmark:
             raise ServerUnreachable(
                 f"cannot reach the server at {where} (GET {path}): {_os_reason(err)}"
             ) from None
+
+    async def _token_ids(self) -> range:
+        """Where random prompt ids come from (module docstring); /model_info names the model."""
+        if self.cfg.backend != "sglang":
+            return range(0)  # the OpenAI backend sends words
+        if self.cfg.vocab_size:
+            return token_ids(self.cfg.vocab_size)
+        status, body = await self.client.get("/model_info")
+        info: Any = None
+        if status == 200:
+            with contextlib.suppress(*_PARSE_ERRORS):
+                info = json.loads(body)
+        paths = []
+        if isinstance(info, dict):
+            paths = [info.get(k) for k in ("tokenizer_path", "model_path")]
+        named = [p for p in paths if isinstance(p, str) and p]
+        for path in named:
+            size = vocab_size_of(path)
+            if size:
+                return token_ids(size)
+        where = shown_url(self.cfg.url)
+        source = (
+            f"/model_info names {', '.join(sorted(set(named)))}"
+            if named
+            else (f"/model_info answered {status} without a model path")
+        )
+        raise VocabularyUnknown(
+            f"cannot tell the vocabulary size of the model served at {where}: {source}, and no "
+            "config.json or tokenizer.json with it is readable here; pass --vocab-size (token "
+            "ids at or above it would take the server down)"
+        )
 
     async def _model_name(self) -> str:
         """The OpenAI backend needs a model name: --model, else the server's first one."""
@@ -1367,6 +1483,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--metrics-interval", type=_positive_float, default=0.5,
         help="seconds between /metrics samples")  # fmt: skip
     add("--timeout", type=_positive_float, default=600.0, help="seconds allowed per request")
+    add("--vocab-size", type=_positive_int, default=None,
+        help="draw token ids below this (default: from the model /model_info names)")  # fmt: skip
     add("--json", dest="json_out", default=None, help="write the result JSON here")
     return parser
 
@@ -1424,6 +1542,7 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         slo_tpot_ms=args.slo_tpot_ms,
         metrics_interval=args.metrics_interval,
         timeout=args.timeout,
+        vocab_size=args.vocab_size,
     )
 
 
@@ -1445,6 +1564,9 @@ def main(argv: list[str] | None = None) -> int:
     except ServerUnreachable as err:
         print(f"smoke: {err}", file=sys.stderr)
         return 1
+    except VocabularyUnknown as err:
+        print(f"smoke: {err}", file=sys.stderr)
+        return 2
     if args.json_out:
         try:
             _write_json(args.json_out, result)

@@ -22,6 +22,12 @@ import pytest
 
 from sglang_fleet import smoke
 
+# The model /model_info names: the double's fixture (config.json and a word-level tokenizer.json),
+# whose vocabulary bounds the token ids the client draws.
+MODEL_DIR = (
+    Path(__file__).resolve().parents[1] / "gpusim" / "gpusim" / "fixtures" / "llama-3.1-8b-instruct"
+)
+
 # Long enough for the client's event loop to read what the server just wrote before the server
 # moves the clock on; only the count of these sleeps adds to the test time.
 SETTLE_S = 0.005
@@ -200,6 +206,9 @@ class ScriptedServer:
             if self.metrics_text is None:
                 return [Step(head(404, "Content-Length: 9") + b"not found")]
             body = self.metrics_text.encode()
+            return [Step(head(200, f"Content-Length: {len(body)}") + body)]
+        if request.path == "/model_info":
+            body = json.dumps({"model_path": str(MODEL_DIR)}).encode()
             return [Step(head(200, f"Content-Length: {len(body)}") + body)]
         if request.path == "/v1/models":
             body = json.dumps({"object": "list", "data": [{"id": "served-model"}]}).encode()
@@ -1132,3 +1141,117 @@ def test_json_keys_follow_the_contract() -> None:
     ):
         assert f"`{key}`" in section
         assert key in result
+
+
+# ------------------------------------------------------------------------------------------
+# Token ids below the model's vocabulary; a server that dies during the run
+# ------------------------------------------------------------------------------------------
+
+
+def write_model(folder: Path, vocab_size: int, tokenizer_ids: int | None = None) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps({"vocab_size": vocab_size}))
+    if tokenizer_ids is not None:
+        vocab = {f"w{i}": i for i in range(tokenizer_ids - 1)}
+        added = [{"id": tokenizer_ids - 1, "content": "</s>"}]
+        tokenizer = {"model": {"type": "WordLevel", "vocab": vocab}, "added_tokens": added}
+        (folder / "tokenizer.json").write_text(json.dumps(tokenizer))
+    return folder
+
+
+def test_vocab_size_is_the_smaller_of_config_and_tokenizer(tmp_path: Path) -> None:
+    assert smoke.vocab_size_of(str(write_model(tmp_path / "a", 1000))) == 1000
+    assert smoke.vocab_size_of(str(write_model(tmp_path / "b", 1000, 600))) == 600
+    assert smoke.vocab_size_of(str(write_model(tmp_path / "c", 500, 600))) == 500
+    assert smoke.vocab_size_of(str(tmp_path / "missing")) is None
+    wrapped = tmp_path / "d"
+    wrapped.mkdir()
+    (wrapped / "config.json").write_text(json.dumps({"text_config": {"vocab_size": 77}}))
+    assert smoke.vocab_size_of(str(wrapped)) == 77
+
+
+def test_token_ids_stay_below_a_small_vocabulary(tmp_path: Path) -> None:
+    """A 1000-token model: every id drawn is < 1000 (SGLang dies on one that is not)."""
+    model = write_model(tmp_path / "tiny", 1000)
+
+    async def handler(request: Request, server: ScriptedServer) -> list[Step] | None:
+        if request.path == "/model_info":
+            body = json.dumps({"model_path": str(model)}).encode()
+            return [Step(head(200, f"Content-Length: {len(body)}") + body)]
+        return generate_script([0.01])
+
+    async def main() -> tuple[dict[str, Any], ScriptedServer]:
+        server = ScriptedServer(FakeClock(), handler)
+        server._route = handler_first(server, handler)  # type: ignore[method-assign]
+        url = await server.start()
+        try:
+            config = smoke.Config(
+                url=url, num_prompts=4, warmup_requests=0, random_input_len=500, random_output_len=1
+            )
+            return await smoke.Benchmark(config, server.clock).run(), server
+        finally:
+            await server.stop()
+
+    result, server = asyncio.run(main())
+    assert result["completed"] == 4
+    ids = [i for r in server.generate_requests() for i in r.json()["input_ids"]]
+    assert len(ids) == 2000
+    assert max(ids) < 1000
+    assert max(ids) > 900  # drawn across the whole vocabulary, not a fixed small range
+
+
+def handler_first(server: ScriptedServer, handler: Handler) -> Callable[[Request], Any]:
+    """Route /model_info to the test's handler before the scripted server's own answer."""
+    own = ScriptedServer._route
+
+    async def route(request: Request) -> list[Step] | None:
+        if request.path == "/model_info":
+            return await handler(request, server)
+        return await own(server, request)
+
+    return route
+
+
+def test_vocab_size_flag_needs_no_model_info() -> None:
+    result, server = run_against(
+        scripted(generate_script([0.01])), num_prompts=1, random_output_len=1, vocab_size=300
+    )
+    assert result["completed"] == 1
+    assert max(server.generate_requests()[0].json()["input_ids"]) < 300
+    assert all(r.path != "/model_info" for r in server.requests)
+
+
+def test_unknown_vocabulary_is_refused_before_any_generation(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    async def nowhere(request: Request, server: ScriptedServer) -> list[Step] | None:
+        body = json.dumps({"model_path": str(tmp_path / "not-here")}).encode()
+        return [Step(head(200, f"Content-Length: {len(body)}") + body)]
+
+    with ThreadedServer(always_two_tokens) as srv:
+        srv.server._route = handler_first(srv.server, nowhere)  # type: ignore[method-assign]
+        code = smoke.main(["--url", srv.url, "--num-prompts", "1", *TWO])
+    assert code == 2
+    assert srv.server.generate_requests() == []
+    err = capsys.readouterr().err
+    assert f"cannot tell the vocabulary size of the model served at {srv.url}" in err
+    assert "pass --vocab-size" in err
+    assert "Traceback" not in err
+
+
+def test_a_server_that_dies_in_the_warmup_ends_with_its_name_not_a_traceback(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """What the real SGLang does on an out-of-range id: the whole server goes away."""
+
+    async def die(request: Request, server: ScriptedServer) -> list[Step] | None:
+        assert server._server is not None
+        server._server.close()  # nothing listens any more
+        return None  # and this connection closes without an answer
+
+    with ThreadedServer(die, metrics_text="sglang:num_running_reqs 0\n") as srv:
+        code = smoke.main(["--url", srv.url, "--num-prompts", "2", *TWO])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert f"cannot reach the server at {srv.url} (GET /metrics after the warm-up)" in err
+    assert "Traceback" not in err

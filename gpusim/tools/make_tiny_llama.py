@@ -19,6 +19,10 @@ import json
 import sys
 from pathlib import Path
 
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>")
 UNK_ID, BOS_ID, EOS_ID = 0, 1, 2
 # A chat template, so /v1/chat/completions works too.
@@ -49,10 +53,7 @@ def word(index: int) -> str:
             return out
 
 
-def build_tokenizer(vocab_size: int, max_length: int):  # noqa: ANN201 (transformers type, imported lazily)
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
+def build_tokenizer(vocab_size: int, max_length: int) -> PreTrainedTokenizerFast:
     vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS)}
     for i in range(vocab_size - len(SPECIAL_TOKENS)):
         vocab[word(i)] = len(vocab)
@@ -69,10 +70,7 @@ def build_tokenizer(vocab_size: int, max_length: int):  # noqa: ANN201 (transfor
     )
 
 
-def build_model(vocab_size: int, max_length: int, seed: int):  # noqa: ANN201 (torch type, imported lazily)
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
+def build_model(vocab_size: int, max_length: int, seed: int) -> LlamaForCausalLM:
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=vocab_size,
@@ -83,8 +81,20 @@ def build_model(vocab_size: int, max_length: int, seed: int):  # noqa: ANN201 (t
         **SHAPE,
     )
     model = LlamaForCausalLM(config).to(torch.bfloat16)
-    model.config.torch_dtype = "bfloat16"
+    model.config.dtype = "bfloat16"
     return model
+
+
+def write_index(directory: Path) -> None:
+    """model.safetensors.index.json: what the project's planner reads (metadata.total_size,
+    sglang_fleet/modelcfg.py) and a sharded checkpoint has; one shard here."""
+    weights = directory / "model.safetensors"
+    header_len = int.from_bytes(weights.read_bytes()[:8], "little")
+    header = json.loads(weights.read_bytes()[8 : 8 + header_len])
+    names = sorted(name for name in header if name != "__metadata__")
+    total = sum(header[name]["data_offsets"][1] - header[name]["data_offsets"][0] for name in names)
+    index = {"metadata": {"total_size": total}, "weight_map": dict.fromkeys(names, weights.name)}
+    (directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
 
 
 def write(directory: Path, vocab_size: int, max_length: int, seed: int) -> None:
@@ -95,6 +105,9 @@ def write(directory: Path, vocab_size: int, max_length: int, seed: int) -> None:
     model = build_model(vocab_size, max_length, seed)
     model.save_pretrained(directory, safe_serialization=True)
     tokenizer.save_pretrained(directory)
+    write_index(directory)
+    for path in directory.iterdir():
+        path.chmod(0o644)  # readable by the unprivileged user a server runs as
     config = json.loads((directory / "config.json").read_text())
     print(
         f"tiny Llama in {directory}: vocab_size={config['vocab_size']}, "
