@@ -7,13 +7,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 ALL_SCENARIOS := $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/molecule.yml))))
 # Longest first, so that the parallel slots finish together; any scenario not named here runs last.
-LONGEST_FIRST := tuning fleet rollout deploy gpu_cleanup provision
+LONGEST_FIRST := tuning fleet real_sglang rollout deploy gpu_cleanup provision
 SCENARIOS ?= $(filter $(ALL_SCENARIOS),$(LONGEST_FIRST)) $(filter-out $(LONGEST_FIRST),$(ALL_SCENARIOS))
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help test demo lint pytest molecule host image wheelhouse bench clean
+.PHONY: help test demo lint pytest molecule host image wheelhouse cpu-image bench clean
 help:
 	@echo "make test   - set up, then yamllint, ansible-lint, ruff, pytest and every Molecule scenario"
 	@echo "make demo   - set up, then deploy SGLang (GPU-less double) onto a local simulated GPU host"
@@ -34,6 +34,12 @@ image: host
 wheelhouse: $(BIN)/.stamp
 	@scripts/build-wheelhouse.sh
 
+# The real SGLang's CPU set (about 650 MB of wheels) and the test-host image layer with it
+# installed by the ml_env role: only molecule/real_sglang needs them, so only it builds them.
+cpu-image: $(BIN)/.stamp image
+	@scripts/build-wheelhouse.sh cpu
+	@scripts/build-cpu-testhost-image.sh
+
 lint: $(BIN)/.stamp
 	@echo "==> yamllint"; $(BIN)/yamllint --strict .
 	@echo "==> ansible-lint (production profile)"; $(BIN)/ansible-lint --profile production
@@ -44,7 +50,7 @@ lint: $(BIN)/.stamp
 pytest: $(BIN)/.stamp wheelhouse
 	@echo "==> pytest"; $(BIN)/pytest
 
-molecule: $(BIN)/.stamp image wheelhouse
+molecule: $(BIN)/.stamp image wheelhouse $(if $(filter real_sglang,$(SCENARIOS)),cpu-image)
 	@scripts/molecule-all.sh $(SCENARIOS)
 
 test: lint pytest molecule
@@ -59,4 +65,4 @@ bench: $(BIN)/.stamp image wheelhouse
 	@for b in $(BENCHES); do echo "==> bench/$$b.py"; $(BIN)/python bench/$$b.py; done
 
 clean:
-	rm -rf $(VENV) .cache/wheelhouse reports
+	rm -rf $(VENV) .cache/wheelhouse .cache/cpu-wheelhouse reports

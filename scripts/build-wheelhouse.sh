@@ -60,7 +60,7 @@ if [ "${1:-}" = cpu ]; then
     -print0 | sort -z | xargs -0 cat; } | sha256sum | cut -c1-12)
   mkdir -p "$cpu_out"
   if [ "$(cat "$cpu_out/.downloads" 2>/dev/null)" != "$cpu_key" ]; then
-    say "downloading SGLang's CPU set for CPython 3.11 ($(grep -c '==' "$lock") pins of $lock; about 650 MB)"
+    say "downloading SGLang's CPU set for CPython 3.11 ($(grep -cE '^[A-Za-z0-9].*==' "$lock") pins of $lock; about 650 MB)"
     rm -f "$cpu_out"/sglang_fleet_*.whl  # pip download keeps the wheels it finds
     quiet "$pip" download --disable-pip-version-check --no-deps -d "$cpu_out" "${target[@]}" -r "$lock"
     say "building the torchvision and sgl_kernel stand-in wheels"
