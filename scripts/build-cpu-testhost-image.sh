@@ -21,7 +21,10 @@ playbook="$repo/molecule/real_sglang/ml_env_layer.yml"
 base=sglang-fleet-testhost:latest
 [ -s "$payload" ] || { echo "build-cpu-testhost-image: $payload missing (scripts/build-wheelhouse.sh cpu)" >&2; exit 1; }
 
-recipe_hash=$( { docker image inspect -f '{{.Id}}' "$base"; cat "$0" "$settings" "$playbook";
+# The base by its recipe tag (scripts/build-test-image.sh), not its id: a rebuild of the same
+# recipe elsewhere on the machine must not invalidate this layer.
+recipe_hash=$( { docker image inspect -f '{{join .RepoTags " "}}' "$base" | tr ' ' '\n' | grep -v ':latest$';
+  cat "$0" "$settings" "$playbook";
   cat "$repo/.cache/cpu-wheelhouse/.downloads"; cat "$repo/gpusim/tools/sglang-0.5.23-cpu.lock";
   cat "$repo/roles/ml_env/defaults/main.yml" "$repo/roles/ml_env/vars/main.yml"; } | sha256sum | cut -c1-12)
 image="sglang-fleet-testhost-cpu:$recipe_hash"
