@@ -38,7 +38,8 @@ builder=sglang-fleet-cpu-layer-build
 docker rm -f "$builder" >/dev/null 2>&1 || true
 trap 'docker rm -f "$builder" >/dev/null 2>&1 || true' EXIT
 say "installing SGLang's CPU set with the ml_env role into a $base container (a few minutes)"
-docker run -d --name "$builder" --entrypoint /bin/sleep "$base" infinity >/dev/null
+# The base has no ENTRYPOINT: the command alone is replaced here, and set back at the commit.
+docker run -d --name "$builder" "$base" sleep infinity >/dev/null
 docker cp - "$builder:/opt" <"$payload"
 ANSIBLE_CONFIG="$repo/ansible.cfg" SGLANG_FLEET_REPO="$repo" "$repo/.venv/bin/ansible-playbook" \
   -i "$builder," -c community.docker.docker -e "@$settings" "$playbook" \
@@ -46,6 +47,6 @@ ANSIBLE_CONFIG="$repo/ansible.cfg" SGLANG_FLEET_REPO="$repo" "$repo/.venv/bin/an
   || { tail -n 40 "$repo/.cache/cpu-layer-build.log" >&2; exit 1; }
 docker exec "$builder" rm -rf /root/.cache/pip
 say "committing $image"
-docker commit --change 'CMD ["/sbin/init"]' --change 'ENTRYPOINT []' "$builder" "$image" >/dev/null
+docker commit --change 'CMD ["/sbin/init"]' "$builder" "$image" >/dev/null
 docker tag "$image" sglang-fleet-testhost-cpu:latest
 say "CPU test-host image ready: $image ($(docker image inspect -f '{{.Size}}' "$image" | numfmt --to=iec))"
