@@ -7,13 +7,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 ALL_SCENARIOS := $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/molecule.yml))))
 # Longest first, so that the parallel slots finish together; any scenario not named here runs last.
-LONGEST_FIRST := tuning fleet rollout deploy gpu_cleanup provision
+LONGEST_FIRST := tuning fleet real_sglang rollout deploy gpu_cleanup provision
 SCENARIOS ?= $(filter $(ALL_SCENARIOS),$(LONGEST_FIRST)) $(filter-out $(LONGEST_FIRST),$(ALL_SCENARIOS))
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help check test demo lint pytest molecule host image wheelhouse sglang-ref resolve-gpu-deps bench clean
+.PHONY: help check test demo lint pytest molecule host image wheelhouse cpu-image sglang-ref resolve-gpu-deps bench clean
 help:
 	@echo "make check  - the quick loop, no containers: yamllint, ansible-lint, ruff and the unit tests"
 	@echo "make test   - set up, then yamllint, ansible-lint, ruff, pytest and every Molecule scenario"
@@ -35,6 +35,12 @@ image: host
 
 wheelhouse: $(BIN)/.stamp
 	@scripts/build-wheelhouse.sh
+
+# The real SGLang's CPU set (about 650 MB of wheels) and the test-host image layer with it
+# installed by the ml_env role: only molecule/real_sglang needs them, so only it builds them.
+cpu-image: $(BIN)/.stamp image
+	@scripts/build-wheelhouse.sh cpu
+	@scripts/build-cpu-testhost-image.sh
 
 lint: $(BIN)/.stamp
 	@echo "==> yamllint"; $(BIN)/yamllint --strict .
@@ -64,7 +70,7 @@ pytest: $(BIN)/.stamp wheelhouse sglang-ref
 check: lint $(BIN)/.stamp wheelhouse
 	@echo "==> pytest (no containers)"; $(BIN)/pytest -n $(PYTEST_JOBS) -m "not container"
 
-molecule: $(BIN)/.stamp image wheelhouse
+molecule: $(BIN)/.stamp image wheelhouse $(if $(filter real_sglang,$(SCENARIOS)),cpu-image)
 	@scripts/molecule-all.sh $(SCENARIOS)
 
 test: lint pytest molecule
@@ -79,4 +85,4 @@ bench: $(BIN)/.stamp image wheelhouse
 	@for b in $(BENCHES); do echo "==> bench/$$b.py"; $(BIN)/python bench/$$b.py; done
 
 clean:
-	rm -rf $(VENV) .cache/wheelhouse reports
+	rm -rf $(VENV) .cache/wheelhouse .cache/cpu-wheelhouse reports

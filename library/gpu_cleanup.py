@@ -41,6 +41,11 @@ description:
     command line look like SGLang (it belongs to another server deployed as a unit, or to a
     transient C(run-*.scope) somebody made), and so is one inside a container (C(docker-*.scope),
     C(cri-containerd-*.scope), C(crio-*), C(libpod-*), C(kubepods), C(machine.slice), C(lxc)).
+  - With I(accelerator=cpu) (SGLang's CPU engine) there is no GPU to prove clear and no
+    nvidia-smi is run. The server's processes are those inside I(ours.units) (the launcher, its
+    C(sglang::scheduler) and C(sglang::detokenizer), the multiprocessing resource tracker) and
+    those listening on I(ours.ports), classified by the same rules; the gate holds once none of
+    them is left. I(gpus) must then be empty.
 version_added: "0.1.0"
 author: sglang-fleet
 options:
@@ -51,6 +56,16 @@ options:
     type: str
     choices: [clean, inspect]
     default: clean
+  accelerator:
+    description:
+      - C(gpu) finds the processes holding the needed GPUs (nvidia-smi and device files) and
+        gates on those GPUs being clear.
+      - C(cpu) is for servers on SGLang's CPU engine, which hold no GPU: the processes of
+        I(ours.units) and of I(ours.ports) are the service's, and the gate holds when none is
+        left. nvidia-smi is not needed on the host.
+    type: str
+    choices: [gpu, cpu]
+    default: gpu
   gpus:
     description: GPU indexes the deployment needs. Empty means every GPU on the host.
     type: list
@@ -184,6 +199,11 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+accelerator:
+  description: C(gpu) or C(cpu), as asked (I(accelerator)).
+  returned: always
+  type: str
+  sample: gpu
 needed_gpus:
   description: GPU indexes that had to be clear (I(gpus), or every GPU when empty).
   returned: always
@@ -898,6 +918,37 @@ def discover(
     return Snapshot(gpus, processes, port_holders, listeners)
 
 
+def discover_cpu(
+    ownership: Ownership, *, ignore_names: list[str], proc_root: str = PROC
+) -> Snapshot:
+    """The processes of a CPU server: every process inside one of ours.units (whatever it is:
+    SGLang's launcher, scheduler, detokenizer, the multiprocessing resource tracker) and every
+    process listening on one of ours.ports, classified. A CPU server holds no device, so there is
+    no GPU to scope by: each such process counts as on what the deployment needs."""
+    ports = ownership.rules.ports
+    listen = listening_inodes(ports, proc_root) if ports else {}
+    _, listeners = scan_fds("", listen, proc_root)
+    records: dict[Any, dict[str, Any]] = {}
+    for pid in sorted(list_pids(proc_root)):
+        info = read_proc(pid, proc_root)
+        if info is None or info.state in ("Z", "X"):
+            continue
+        unit = owning_unit(relative_cgroup(info.cgroup, ownership.own_container))
+        sources = (["unit"] if unit in ownership.rules.units else []) + (
+            ["port"] if pid in listeners else []
+        )
+        if sources:
+            rec = records[pid] = _record(pid, info)
+            rec["any_gpu"] = True
+            rec["sources"] = sources
+    processes = []
+    for rec in records.values():
+        _classify_record(rec, ownership, ignore_names, listeners.get(rec["pid"], set()))
+        rec["gpus"] = []
+        processes.append(rec)
+    return Snapshot([], processes, _port_holders(listeners, ownership, proc_root), listeners)
+
+
 def _classify_record(
     rec: dict[str, Any], ownership: Ownership, ignore_names: list[str], ports: set[int]
 ) -> None:
@@ -1350,8 +1401,16 @@ def cleanup(
         rules, resolve_owner_uids(rules.users), container_root(own_cgroup(proc_root))
     )
     ignore = list(params.get("ignore_names") or [])
+    on_cpu = params.get("accelerator") == "cpu"
+    if on_cpu and params.get("gpus"):
+        raise OwnerError(
+            f"gpus: {params['gpus']} given with accelerator cpu; a server on SGLang's CPU engine "
+            "holds no GPU (leave gpus empty)"
+        )
 
     def snap() -> Snapshot:
+        if on_cpu:
+            return discover_cpu(ownership, ignore_names=ignore, proc_root=proc_root)
         return discover(
             params["nvidia_smi"],
             params["device_glob"],
@@ -1367,6 +1426,7 @@ def cleanup(
     needed = set(params.get("gpus") or indexes)
     result: dict[str, Any] = {
         "changed": False,
+        "accelerator": "cpu" if on_cpu else "gpu",
         "needed_gpus": sorted(needed),
         "owner_uids": sorted(ownership.owner_uids),
         "would_stop_units": [],
@@ -1484,7 +1544,9 @@ def _gpu_view(gpus: list[dict[str, Any]], needed: set[int]) -> list[dict[str, An
 
 
 def _gpu_list(gpus: Iterable[int]) -> str:
-    return ",".join(str(g) for g in sorted(gpus))
+    """The needed GPUs as the messages name them; none for a CPU server."""
+    listed = ",".join(str(g) for g in sorted(gpus))
+    return listed or "(none: CPU server)"
 
 
 def _inspect_message(gate: GateResult, plan: Plan) -> str:
@@ -1534,6 +1596,7 @@ def _gate_failure(gate: GateResult, params: dict[str, Any], needed: set[int]) ->
 
 ARGUMENT_SPEC: dict[str, Any] = {
     "state": {"type": "str", "choices": ["clean", "inspect"], "default": "clean"},
+    "accelerator": {"type": "str", "choices": ["gpu", "cpu"], "default": "gpu"},
     "gpus": {"type": "list", "elements": "int", "default": []},
     "nvidia_smi": {"type": "str", "default": "nvidia-smi"},
     "device_glob": {"type": "str", "default": "/dev/nvidia*"},

@@ -5,6 +5,12 @@
 # .cache/router-wheelhouse: the pinned sglang-router with its dependencies, which the
 # sglang_router role installs on a gateway host. Both for the hosts' Python (Debian 12: CPython
 # 3.11, x86_64). The index comes from pip's own configuration.
+#
+# `build-wheelhouse.sh cpu` builds .cache/cpu-wheelhouse instead: SGLang's CPU engine set (every
+# pin of gpusim/tools/sglang-0.5.23-cpu.lock, torch as the CPU build that pip's find-links hold)
+# plus wheels of the torchvision and sgl_kernel import stand-ins, which the ml_env role installs
+# with ml_env_accelerator: cpu (roles/ml_env/README.md, "CPU"). About 650 MB of wheels (2 GB installed): only the
+# real-SGLang scenario carries it (.cache/testhost-cpu-payload.tar), never the double's hosts.
 set -euo pipefail
 say() { printf '==> %s\n' "$*"; }
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -17,14 +23,64 @@ router_version=$(awk -F': *' '/^sglang_router_version:/ {gsub(/"/, "", $2); prin
   "$repo/roles/sglang_router/defaults/main.yml")
 host_reqs="$repo/gpusim/requirements-host.txt"
 stamp_key=$( { echo "$sglang_version"; echo "$router_version"; cat "$host_reqs"; } | sha256sum | cut -c1-12)
-mkdir -p "$out" "$router_out"
 quiet() { "$@" 2> >(grep -v 'is ignored: it is neither' >&2) >/dev/null; }
+target=(--only-binary=:all: --python-version 3.11 --implementation cp --abi cp311
+        --platform manylinux_2_34_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64
+        --platform manylinux2014_x86_64 --platform any)
+
+# A wheel of an import stand-in (gpusim/tools/<dir>/<package>): a distribution of its own name,
+# so that nothing claims to be the real torchvision or sgl_kernel.
+stand_in_wheel() {  # $1 distribution name, $2 source dir holding the package, $3 package
+  local build
+  build=$(mktemp -d)
+  cp -r "$2/$3" "$build/"
+  find "$build" -name __pycache__ -prune -exec rm -rf {} +
+  cat >"$build/pyproject.toml" <<EOF
+[build-system]
+requires = ["setuptools>=61"]
+build-backend = "setuptools.build_meta"
+[project]
+name = "$1"
+version = "1.0.0"
+description = "Import stand-in for $3 on SGLang's CPU engine (sglang-fleet, $2)"
+requires-python = ">=3.11"
+[tool.setuptools.packages.find]
+include = ["$3*"]
+EOF
+  quiet "$pip" wheel --disable-pip-version-check --no-deps -w "$cpu_out" "$build"
+  rm -rf "$build"
+}
+
+if [ "${1:-}" = cpu ]; then
+  cpu_out="$repo/.cache/cpu-wheelhouse"
+  lock="$repo/gpusim/tools/sglang-$sglang_version-cpu.lock"
+  tools="$repo/gpusim/tools"
+  [ -f "$lock" ] || { echo "build-wheelhouse: no CPU lock for sglang $sglang_version: $lock" >&2; exit 1; }
+  cpu_key=$( { cat "$lock"; find "$tools/torchvision_stub" "$tools/sgl_kernel_stub" -name '*.py' \
+    -print0 | sort -z | xargs -0 cat; } | sha256sum | cut -c1-12)
+  mkdir -p "$cpu_out"
+  if [ "$(cat "$cpu_out/.downloads" 2>/dev/null)" != "$cpu_key" ]; then
+    say "downloading SGLang's CPU set for CPython 3.11 ($(grep -cE '^[A-Za-z0-9].*==' "$lock") pins of $lock; about 650 MB)"
+    rm -f "$cpu_out"/sglang_fleet_*.whl  # pip download keeps the wheels it finds
+    quiet "$pip" download --disable-pip-version-check --no-deps -d "$cpu_out" "${target[@]}" -r "$lock"
+    say "building the torchvision and sgl_kernel stand-in wheels"
+    stand_in_wheel sglang-fleet-torchvision-stand-in "$tools/torchvision_stub" torchvision
+    stand_in_wheel sglang-fleet-sgl-kernel-stand-in "$tools/sgl_kernel_stub" sgl_kernel
+    if find "$cpu_out" -name 'nvidia_*' | grep -q .; then
+      echo "build-wheelhouse: NVIDIA wheels in the CPU set: $(find "$cpu_out" -name 'nvidia_*')" >&2
+      exit 1
+    fi
+    tar -C "$repo/.cache" -cf "$repo/.cache/testhost-cpu-payload.tar" cpu-wheelhouse
+    echo "$cpu_key" >"$cpu_out/.downloads"
+  fi
+  say "CPU wheelhouse ready: $(find "$cpu_out" -name '*.whl' | wc -l) wheels, $(du -sh "$cpu_out" | cut -f1) in $cpu_out"
+  exit 0
+fi
+
+mkdir -p "$out" "$router_out"
 
 if [ "$(cat "$out/.downloads" 2>/dev/null)" != "$stamp_key" ]; then
   say "downloading sglang==$sglang_version and the double's dependencies for CPython 3.11"
-  target=(--only-binary=:all: --python-version 3.11 --implementation cp --abi cp311
-          --platform manylinux_2_34_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64
-          --platform manylinux2014_x86_64 --platform any)
   quiet "$pip" download --disable-pip-version-check --no-deps -d "$out" "${target[@]}" "sglang==$sglang_version"
   quiet "$pip" download --disable-pip-version-check -d "$out" "${target[@]}" -r "$host_reqs"
   # The router's wheel is abi3 (any CPython >= 3.8); its dependencies (fastapi, uvicorn, orjson,

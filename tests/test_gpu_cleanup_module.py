@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -1306,3 +1307,143 @@ def test_documented_options_match_the_argument_spec() -> None:
     yaml.safe_load(gc.EXAMPLES)
     returned = yaml.safe_load(gc.RETURN)
     assert {"would_kill", "killed", "blockers", "table", "stuck_gpus", "clear"} <= set(returned)
+
+
+# --------------------------------------------------------------------------- CPU servers
+
+
+def no_smi_runner(argv: list[str], timeout: float) -> tuple[int, str, str]:
+    """A host without nvidia-smi: a CPU server's cleanup must never ask for it."""
+    if argv[:2] == ["systemctl", "is-active"]:
+        return 3, "inactive\n", ""
+    raise AssertionError(f"unexpected command {argv}")
+
+
+def _cpu_host(fake: FakeProc) -> None:
+    """A CPU server in its unit sglang-a (process tree as SGLang 0.5.23 runs it on CPU), another
+    CPU server in unit sglang-b, a hand-started SGLang of root on our port, a foreign job."""
+    unit_a = "/system.slice/system-sglang.slice/sglang-a.service"
+    launcher = BASE + 700
+    fake.add(launcher, ["python3", "-m", "sglang.launch_server", "--device", "cpu"], cgroup=unit_a)
+    fake.add(BASE + 701, ["sglang::scheduler"], pgid=launcher, cgroup=unit_a)
+    fake.add(BASE + 702, ["sglang::detokenizer"], pgid=launcher, cgroup=unit_a)
+    tracker = ["python3", "-c", "from multiprocessing.resource_tracker import main;main(7)"]
+    fake.add(BASE + 703, tracker, pgid=launcher, cgroup=unit_a)
+    unit_b = "/system.slice/system-sglang.slice/sglang-b.service"
+    fake.add(BASE + 800, ["python3", "-m", "sglang.launch_server"], cgroup=unit_b)
+    fake.add(BASE + 801, ["sglang::scheduler"], pgid=BASE + 800, cgroup=unit_b)
+    fake.add(BASE + 900, ["python3", "train.py"], uid=4242)
+
+
+def _cpu_params(**overrides: Any) -> dict[str, Any]:
+    params = _params(accelerator="cpu", **overrides)
+    params["ours"].update(units=["sglang-a"], launch_modules=["sglang.launch_server"])
+    return params
+
+
+def test_cpu_server_tree_is_ours_without_nvidia_smi(fake: FakeProc) -> None:
+    _cpu_host(fake)
+    failed, result = gc.cleanup(_cpu_params(), True, no_smi_runner, str(fake.root))
+    assert not failed, result["msg"]
+    assert result["accelerator"] == "cpu"
+    assert result["gpus"] == [] and result["needed_gpus"] == []
+    # Launcher, scheduler, detokenizer and the resource tracker: the unit proves each one.
+    assert [(p["pid"], p["reasons"]) for p in result["processes"]] == [
+        (BASE + 700 + n, ["unit:sglang-a.service"]) for n in range(4)
+    ]
+    assert result["would_kill"][0]["pids"] == [BASE + 700 + n for n in range(4)]
+    assert result["blockers"] == []
+
+
+def test_cpu_hand_started_server_on_our_port_is_killed_with_its_group(fake: FakeProc) -> None:
+    launcher = BASE + 600
+    fake.add(launcher, ["python3", "-m", "sglang.launch_server"], fds=["socket:[55501]"])
+    fake.add(BASE + 601, ["sglang::scheduler"], pgid=launcher)
+    fake.add(BASE + 602, ["bash"], pgid=launcher)
+    (fake.root / "net" / "tcp").write_text(TCP)
+    params = _cpu_params()
+    params["ours"]["ports"] = [8000]
+    failed, result = gc.cleanup(params, True, no_smi_runner, str(fake.root))
+    assert not failed, result["msg"]
+    (group,) = result["would_kill"]
+    assert group["pids"] == [launcher, BASE + 601]
+    assert [s["pid"] for s in group["spared"]] == [BASE + 602]
+
+
+def test_cpu_foreign_program_on_our_port_blocks(fake: FakeProc) -> None:
+    fake.add(BASE + 600, ["python3", "serve.py"], uid=4242, fds=["socket:[55501]"])
+    (fake.root / "net" / "tcp").write_text(TCP)
+    params = _cpu_params()
+    params["ours"]["ports"] = [8000]
+    failed, result = gc.cleanup(params, False, no_smi_runner, str(fake.root))
+    assert failed
+    assert [b["pid"] for b in result["blockers"]] == [BASE + 600]
+    assert "nothing was killed" in result["msg"]
+
+
+def test_cpu_gate_is_clear_when_nothing_of_ours_is_left(fake: FakeProc) -> None:
+    fake.add(BASE + 800, ["sglang::scheduler"], cgroup="/system.slice/sglang-b.service")
+    failed, result = gc.cleanup(_cpu_params(), False, no_smi_runner, str(fake.root))
+    assert not failed
+    assert result["clear"] is True and result["processes"] == []
+    assert result["msg"] == "GPUs (none: CPU server) clear; nothing to kill"
+
+
+def test_cpu_with_gpus_is_refused(fake: FakeProc) -> None:
+    with pytest.raises(gc.OwnerError, match="accelerator cpu"):
+        gc.cleanup(_cpu_params(gpus=[0]), False, no_smi_runner, str(fake.root))
+
+
+def test_cpu_kill_takes_the_whole_tree_of_a_real_process_group(tmp_path: Path) -> None:
+    """Real processes: a launcher stand-in and its children in one group, found by port."""
+    script = textwrap.dedent(
+        """
+        import os, socket, subprocess, sys, time
+        rank = [sys.executable, "-m", "sglang_cpu_stand_in", "-c", "import time; time.sleep(60)"]
+        kids = [subprocess.Popen(rank) for _ in range(2)]
+        s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen()
+        print(s.getsockname()[1], *[k.pid for k in kids], flush=True)
+        time.sleep(60)
+        """
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sglang_cpu_stand_in", "-c", script],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "PYTHONPATH": str(_stand_in_module(tmp_path))},
+    )
+    try:
+        port, *kids = (int(x) for x in proc.stdout.readline().split())
+        params = _params(accelerator="cpu", term_timeout=5, clear_timeout=10)
+        params["ours"].update(launch_modules=["sglang_cpu_stand_in"], ports=[port])
+        params["ours"]["process_titles"] = []
+        failed, result = gc.cleanup(params, False, no_smi_runner)
+        assert not failed, result["msg"]
+        assert result["clear"] is True
+        assert proc.wait(timeout=10) is not None
+        (group,) = result["killed"]
+        assert sorted(group["pids"]) == sorted([proc.pid, *kids])
+        deadline = time.monotonic() + 10
+        while not all(_zombie(pid) for pid in kids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert all(_zombie(pid) for pid in kids)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _stand_in_module(tmp_path: Path) -> Path:
+    """A module `sglang_cpu_stand_in` that runs its -c argument (a launcher by module name)."""
+    path = tmp_path / "mods"
+    path.mkdir()
+    (path / "sglang_cpu_stand_in.py").write_text("import sys\nexec(sys.argv[2])\n")
+    return path
+
+
+def _zombie(pid: int) -> bool:
+    """Gone, or dead and waiting to be reaped."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")
+    except OSError:
+        return True
