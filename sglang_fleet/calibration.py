@@ -699,6 +699,7 @@ def predict(
     host: Mapping[str, Any],
     shape: ModelShape,
     margin_gib: float = 5.0,
+    *,
     extra_weight_gib: Callable[[int], float] | None = None,
 ) -> Prediction:
     """Predict max_total_num_tokens and free memory after CUDA graph capture for `flags`.
@@ -850,7 +851,7 @@ def apply(
             f"{reason}. The plan falls back to estimates from the GPU size and the checkpoint.",
         )
         return Applied(None, None, reason, warnings=[warning])
-    prediction = predict(record, flags, host, shape, margin_gib, extra_weight_gib)
+    prediction = predict(record, flags, host, shape, margin_gib, extra_weight_gib=extra_weight_gib)
     applied = Applied(prediction, record, reason)
     issue = oom_issue(prediction, mode) if prediction.can_start else None
     if issue is not None:
