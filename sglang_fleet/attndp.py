@@ -107,7 +107,9 @@ def resolve_layout(
     with `dp_size 1` (parallel_hook `_handle_deprecated_dp_attention`); then tp % attn_dp == 0
     and no replicas next to attention DP."""
     attn = attn_dp_size or 1
-    deprecated = bool(enable_dp_attention)
+    # SGLang reports enable_dp_attention true whenever attention DP runs (server_args,
+    # /server_info): only a layout the old spelling decides is the deprecated one.
+    deprecated = bool(enable_dp_attention) and attn == 1
     if deprecated and attn == 1:
         attn, dp_size = dp_size, 1
     if attn > 1 and dp_size > 1:

@@ -45,6 +45,7 @@ from typing import Any
 from sglang_fleet import attndp, calibration, kvmath
 from sglang_fleet.calibrate import Calibration, parse_log
 from sglang_fleet.modelcfg import ModelConfigError, model_shape, read_model_dir
+from sglang_fleet.noop_flags import noop_flag_issues
 
 # Flags of a server this planner reads (a server's plan_args); the rest do not change its
 # arithmetic.
@@ -578,7 +579,9 @@ class _Planner:
                 "hicache_no_decode_slots",
                 "HiCache spills evicted prefix-cache entries to host RAM; it adds no decode "
                 "slots (a running request's KV must be on the GPU). To decode more requests at "
-                "once use a smaller KV dtype (fp8), more GPU memory for KV, or more GPUs.",
+                "once use a smaller KV dtype (fp8), more GPU memory for KV, more GPUs, or "
+                "for an MLA model attention data parallelism (--attn-dp-size: one KV pool per "
+                "rank; attention_dp_layouts).",
             )
         )
         if host_ram is None:
@@ -753,6 +756,7 @@ class _Planner:
         hicache_total = self.check_hicache(rest)
         self.check_dtype()
         self.check_context()
+        self.warnings += noop_flag_issues(self.a["server_flags"], self.a["sglang_version"])
         concurrent = self.concurrency(tokens)
         speed, speed_source = self.per_request_tok_s()
         free_after_graph = self.free_after_graph()

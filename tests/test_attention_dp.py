@@ -18,6 +18,7 @@ import pytest
 from kimi_job import GPU, KIMI_LOG
 
 from sglang_fleet import attndp, calibration
+from sglang_fleet.diagnose import diagnose
 from sglang_fleet.modelcfg import model_shape, read_model_dir
 from sglang_fleet.plan import PlanInputError, main, plan
 
@@ -302,3 +303,91 @@ def test_bandwidth_table_matches_whole_words(name: str, gbs: float):
 def test_experts_touched_grows_to_all():
     assert attndp.experts_touched(384, 8, 1) == pytest.approx(8)
     assert attndp.experts_touched(384, 8, 1000) == pytest.approx(384, rel=1e-6)
+
+
+# --- diagnosis ----------------------------------------------------------------------------
+def _kv_bound(args: dict[str, Any], config: dict | None = None, weights: int = 0) -> dict:
+    ctx = {
+        "model_config": config or CONFIG,
+        "weight_bytes": weights or WEIGHTS,
+        "args": {"avg_input_len": 2000, "avg_output_len": 2000} | args,
+        "host": HOST,
+    }
+    return diagnose(log_text=KIMI_LOG, concurrency=150, plan_context=ctx)
+
+
+def test_kv_bound_mla_server_with_fp8_gets_attention_dp_first():
+    result = _kv_bound({"mem_fraction_static": 0.88, "kv_cache_dtype": "fp8_e4m3"})
+    assert result["verdict"] == "kv_cache_bound"
+    first = result["levers"][0]
+    assert first["code"] == "attention_dp"
+    # The numbers are the planner's for the recommended layout, calibrated by the log.
+    planned = plan(
+        CONFIG,
+        WEIGHTS,
+        {
+            "tp_size": 8,
+            "mem_fraction_static": 0.88,
+            "kv_cache_dtype": "fp8_e4m3",
+            "avg_input_len": 2000,
+            "avg_output_len": 2000,
+            "calibration_log": KIMI_LOG,
+        },
+        HOST,
+    )
+    pick = planned["recommended_layout"]
+    row = next(
+        r for r in planned["attention_dp_layouts"] if r["attn_dp_size"] == pick["attn_dp_size"]
+    )
+    assert f"--attn-dp-size {row['attn_dp_size']}" in first["message"]
+    assert f"{row['total_kv_tokens']} KV tokens in all" in first["message"]
+    assert f"about {row['max_concurrent_requests']} concurrent requests" in first["message"]
+    for lever in result["levers"]:
+        assert "hicache" not in lever["message"].lower()
+        assert "hierarchical" not in lever["message"].lower()
+
+
+def test_kv_bound_mla_server_with_bf16_gets_fp8_then_attention_dp():
+    result = _kv_bound({"mem_fraction_static": 0.85})
+    codes = [lever["code"] for lever in result["levers"]]
+    assert codes[:2] == ["kv_cache_dtype_fp8", "attention_dp"]
+
+
+def test_no_attention_dp_lever_for_an_mha_model():
+    config, weights = read_model_dir(FIXTURES / "models" / "llama-3.1-8b")
+    ctx = {
+        "model_config": config,
+        "weight_bytes": weights,
+        "args": {"tp_size": 2},
+        "host": HOST,
+    }
+    result = diagnose(log_text=KIMI_LOG, concurrency=150, plan_context=ctx)
+    assert "attention_dp" not in [lever["code"] for lever in result["levers"]]
+
+
+# --- flags that do nothing --------------------------------------------------------------
+def test_the_logs_noop_flag_is_warned_about():
+    assert "'num_continuous_decode_steps': 4" in KIMI_LOG
+    notes = diagnose(log_text=KIMI_LOG)["notes"]
+    noop = [n for n in notes if n.startswith("noop_flag")]
+    assert len(noop) == 1
+    assert "--num-continuous-decode-steps 4 does nothing in SGLang 0.5.23" in noop[0]
+
+
+def test_the_inventorys_noop_flag_is_a_plan_warning():
+    def noop(flags: dict, version: str | None) -> list[str]:
+        result = plan(
+            CONFIG,
+            WEIGHTS,
+            {"tp_size": 8, "server_flags": flags, "sglang_version": version},
+            HOST,
+        )
+        return [w["message"] for w in result["warnings"] if w["code"] == "noop_flag"]
+
+    assert noop({"num_continuous_decode_steps": 4}, "0.5.23") == [
+        "--num-continuous-decode-steps 4 does nothing in SGLang 0.5.23: the flag is declared "
+        "in srt/arg_groups/fields/schedule.py, read by no module. Drop it from the flag set; "
+        "it is not a tuning lever."
+    ]
+    assert noop({"num_continuous_decode_steps": 1}, "0.5.23") == []  # the default
+    assert noop({"num_continuous_decode_steps": 4}, "0.5.10") == []  # not checked there
