@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kimi_job import GPU, KIMI_LOG
+from kimi_job import GPU, KIMI_LOG, KIMI_RUN_FLAGS
 
-from sglang_fleet import attndp, calibration
+from sglang_fleet import attndp, autotune, calibration
 from sglang_fleet.diagnose import diagnose
 from sglang_fleet.modelcfg import model_shape, read_model_dir
 from sglang_fleet.plan import PlanInputError, main, plan
@@ -391,3 +391,122 @@ def test_the_inventorys_noop_flag_is_a_plan_warning():
     ]
     assert noop({"num_continuous_decode_steps": 1}, "0.5.23") == []  # the default
     assert noop({"num_continuous_decode_steps": 4}, "0.5.10") == []  # not checked there
+
+
+# --- autotune -----------------------------------------------------------------------------
+def _record() -> dict[str, Any]:
+    key = {
+        "model_config": CONFIG,
+        "weight_bytes": WEIGHTS,
+        "gpu_name": GPU,
+        "gpu_memory_mib": 97887,
+        "sglang_version": "0.5.23",
+        "flags": KIMI_RUN_FLAGS,
+        "recorded_at": "2026-11-29T10:05:00Z",
+    }
+    return calibration.build_record(KIMI_LOG, None, key)
+
+
+def _search(space: dict, base: dict | None = None, **work: int) -> dict[str, Any]:
+    return autotune.new_state(
+        server="kimi",
+        base_flags=base or KIMI_RUN_FLAGS,
+        space=space,
+        workload={"input_len": 2000, "output_len": 2000, "concurrency": 150} | work,
+        context={
+            "model_config": CONFIG,
+            "weight_bytes": WEIGHTS,
+            "host": HOST,
+            "sglang_version": "0.5.23",
+            "calibration": [_record()],
+        },
+        kv_cache_dtypes_allowed=["auto", "fp8_e4m3"],
+    )
+
+
+def _by(state: dict, **tuned: Any) -> dict[str, Any]:
+    return next(
+        c for c in state["candidates"] if all(c["tuned"].get(k) == v for k, v in tuned.items())
+    )
+
+
+def test_noop_flag_is_refused_in_the_space():
+    with pytest.raises(autotune.AutotuneInputError) as info:
+        autotune.validate_space({"num_continuous_decode_steps": [1, 4]})
+    assert "num_continuous_decode_steps does nothing in SGLang 0.5.23" in str(info.value)
+    assert "num_continuous_decode_steps" not in autotune.SPACE_FLAGS
+
+
+def test_per_rank_chunk_becomes_the_flag_sglang_divides():
+    state = _search(
+        {
+            "mem_fraction_static": [0.90],
+            "kv_cache_dtype": ["fp8_e4m3"],
+            "attn_dp_size": [1, 4],
+            "cuda_graph_max_bs_decode": [80],
+            "chunked_prefill_size_per_rank": [2048],
+        }
+    )
+    one, four = _by(state, attn_dp_size=1), _by(state, attn_dp_size=4)
+    assert one["tuned"]["chunked_prefill_size"] == 2048
+    assert four["tuned"]["chunked_prefill_size"] == 8192
+    assert "chunked_prefill_size_per_rank" not in four["tuned"]
+    adjusts = four["predicted"]["sglang_adjusts"]
+    assert adjusts["chunked_prefill_size_per_rank"] == 2048
+    assert adjusts["schedule_conservativeness"] == 0.3
+    assert one["predicted"]["sglang_adjusts"] == {}
+    # Four pools hold more than one: the planner's total, per rank x 4.
+    assert four["predicted"]["total_kv_tokens"] > one["predicted"]["total_kv_tokens"]
+    with pytest.raises(autotune.AutotuneInputError, match="not both"):
+        autotune.validate_space(
+            {"chunked_prefill_size": [8192], "chunked_prefill_size_per_rank": [1]}
+        )
+
+
+def test_running_cap_is_per_rank_and_deprecated_base_is_replaced():
+    base = KIMI_RUN_FLAGS | {"enable_dp_attention": True, "dp_size": 2}
+    state = _search(
+        {
+            "mem_fraction_static": [0.90],
+            "kv_cache_dtype": ["fp8_e4m3"],
+            "attn_dp_size": [4],
+            "max_running_requests": [160],
+            "cuda_graph_max_bs_decode": [48],
+        },
+        base=base,
+        concurrency=400,
+    )
+    cand = state["candidates"][0]
+    assert cand["tuned"]["enable_dp_attention"] is False and cand["tuned"]["dp_size"] == 1
+    assert cand["predicted"]["sglang_adjusts"]["max_running_requests_per_rank"] == 40
+    # SGLang caps each rank at 160 // 4 = 40 requests: 4 x 40 in all.
+    assert cand["predicted"]["concurrency"] == 160
+
+
+def test_pruning_is_per_rank():
+    state = _search(
+        {
+            "mem_fraction_static": [0.90],
+            "kv_cache_dtype": ["fp8_e4m3"],
+            "attn_dp_size": [1, 3, 8],
+            "cuda_graph_max_bs_decode": [8, 64],
+        },
+        input_len=70000,
+        output_len=70000,
+        concurrency=16,
+    )
+    # One pool of ~443k tokens holds a 140k-token request; one rank's ~124k at 8 does not.
+    assert _by(state, attn_dp_size=1, cuda_graph_max_bs_decode=64)["status"] == "pending"
+    eight = _by(state, attn_dp_size=8, cuda_graph_max_bs_decode=64)
+    assert eight["prune"]["code"] == "cannot_fit"
+    assert "per attention-DP rank (x 8)" in eight["prune"]["reason"]
+    assert _by(state, attn_dp_size=3)["prune"]["code"] == "invalid"
+
+
+def test_a_graph_batch_below_a_ranks_batch_is_pruned():
+    state = _search(
+        {"kv_cache_dtype": ["fp8_e4m3"], "attn_dp_size": [4], "cuda_graph_max_bs_decode": [8, 48]},
+        concurrency=150,
+    )
+    assert _by(state, cuda_graph_max_bs_decode=8)["prune"]["code"] == "graph_batch_short"
+    assert _by(state, cuda_graph_max_bs_decode=48)["status"] == "pending"
