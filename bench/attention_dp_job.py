@@ -1,4 +1,4 @@
-"""The Kimi job's missing lever: attention data parallelism, planned and tuned (docs/ATTENTION-DP.md).
+"""The Kimi job's missing lever: attention data parallelism, planned and tuned.
 
 Part 1, the planner at full size: Kimi-K2.5 int4 on 8 x RTX PRO 6000 (97887 MiB), tp 8,
 --mem-fraction-static 0.90, fp8 KV, calibrated by the job's start-up log at 0.85 bf16
@@ -167,8 +167,8 @@ def run_autotune(env: grid_bench.Setup) -> tuple[dict[str, Any], list[dict[str, 
         label = f"trial-{trial['n']:02d}-{trial['candidate']}"
         result = grid_bench.run_trial(env, trial["flags"], label)
         autotune.record_trial(state, trial, result)
-        rows.append(grid_bench._row(trial["candidate"], trial["tuned"], result))  # noqa: SLF001 - the sibling bench's row format
-        grid_bench._print_row("autotune", len(rows), rows[-1])  # noqa: SLF001 - same
+        rows.append(grid_bench._row(trial["candidate"], trial["tuned"], result))
+        grid_bench._print_row("autotune", len(rows), rows[-1])
     return state, rows
 
 
