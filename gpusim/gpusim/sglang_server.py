@@ -453,6 +453,10 @@ class Launcher:
         }
         server_args = {k: v for k, v in vars(args).items() if k != "config"}
         server_args["served_model_name"] = served
+        if self.attn_dp > 1:
+            # As SGLang's resolved_dict: the deprecated spelling resolved, and
+            # enable_dp_attention reported true whenever attention DP runs.
+            server_args |= {"attn_dp_size": self.attn_dp, "dp_size": 1, "enable_dp_attention": True}
         return ServerState(
             server_args=server_args,
             served_model_name=served,

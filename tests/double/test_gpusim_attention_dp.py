@@ -135,5 +135,9 @@ def test_server_runs_one_scheduler_and_pool_per_rank(tmp_path: Path, servers: li
         "Use '--attn-dp-size <dp-size>' instead."
     ) in old.log()
     assert " DP1 TP4] " in old.log()
+    with urllib.request.urlopen(old.url + "/server_info", timeout=10) as response:
+        info = json.loads(response.read())
+    # Resolved as SGLang reports it: the deprecated spelling is attention DP 2, no replicas.
+    assert (info["attn_dp_size"], info["dp_size"], info["enable_dp_attention"]) == (2, 1, True)
     every = _series(_metrics(old), "sglang:max_total_num_tokens")
     assert len(every) == 8  # all schedulers report, two attention-DP ranks
