@@ -42,7 +42,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from sglang_fleet import calibration, kvmath
+from sglang_fleet import attndp, calibration, kvmath
+from sglang_fleet.noop_flags import NOOP_FLAGS
 from sglang_fleet.plan import MIN_FREE_AFTER_GRAPH_GIB, PLANNER_FLAGS, PlanInputError, plan
 
 STATE_SCHEMA = "sglang-fleet/autotune/1"
@@ -50,9 +51,17 @@ SPACE_FLAGS = (
     "mem_fraction_static",
     "max_running_requests",
     "chunked_prefill_size",
-    "num_continuous_decode_steps",
     "kv_cache_dtype",
+    # Attention DP (docs/ATTENTION-DP.md) and the decode CUDA graph batch its ranks need.
+    "attn_dp_size",
+    "cuda_graph_max_bs_decode",
+    # The prefill chunk one attention-DP rank runs: the candidate's chunked_prefill_size is
+    # this x attn_dp_size, because SGLang divides the flag by the attention-DP size.
+    "chunked_prefill_size_per_rank",
 )
+PER_RANK_CHUNK = "chunked_prefill_size_per_rank"
+# SGLang multiplies schedule_conservativeness by this under attention DP (parallel_hook).
+ATTN_DP_CONSERVATIVENESS = 0.3
 # KV dtypes that store as many bits as the model: no quality trade-off to opt into.
 LOSSLESS_KV_DTYPES = ("auto", "bf16", "bfloat16", "fp16", "float16")
 DEFAULT_TOLERANCE = 0.05
@@ -135,7 +144,8 @@ def _space_values(name: str, values: Any, allowed_dtypes: list[str]) -> list[Any
     elif name == "kv_cache_dtype":
         out = [_kv_dtype(v, where, allowed_dtypes) for v in values]
     else:
-        out = [_positive_int(v, where, name == "chunked_prefill_size") for v in values]
+        chunk = name in ("chunked_prefill_size", PER_RANK_CHUNK)
+        out = [_positive_int(v, where, chunk) for v in values]
     return list(dict.fromkeys(out))  # keep the operator's order, drop repeats
 
 
@@ -145,6 +155,18 @@ def validate_space(space: Any, allowed_dtypes: Iterable[str] | None = None) -> d
     if not isinstance(space, Mapping) or not space:
         raise AutotuneInputError(
             f"autotune_space must be a mapping of lists, keys among {', '.join(SPACE_FLAGS)}"
+        )
+    noop = sorted(set(space) & set(NOOP_FLAGS))
+    if noop:
+        raise AutotuneInputError(
+            f"autotune_space: {', '.join(noop)} does nothing in SGLang 0.5.23 (declared, read "
+            "by no module; docs/SGLANG.md): trials over it would measure noise. Remove it; "
+            f"allowed keys: {', '.join(SPACE_FLAGS)}"
+        )
+    if PER_RANK_CHUNK in space and "chunked_prefill_size" in space:
+        raise AutotuneInputError(
+            f"autotune_space: give chunked_prefill_size or {PER_RANK_CHUNK}, not both (the "
+            "second is the first divided by attn_dp_size, as SGLang divides it)"
         )
     unknown = sorted(set(space) - set(SPACE_FLAGS))
     if unknown:
@@ -360,7 +382,7 @@ def _grid(base: Mapping[str, Any], space: Mapping[str, list]) -> list[dict[str, 
     names = [n for n in SPACE_FLAGS if n in space]
     candidates = []
     for index, values in enumerate(itertools.product(*(space[n] for n in names))):
-        tuned = dict(zip(names, values, strict=True))
+        tuned = _as_sglang_flags(base, dict(zip(names, values, strict=True)))
         candidates.append(
             {
                 "id": f"c{index:03d}",
@@ -372,6 +394,52 @@ def _grid(base: Mapping[str, Any], space: Mapping[str, list]) -> list[dict[str, 
             }
         )
     return candidates
+
+
+def attn_dp_of(flags: Mapping[str, Any]) -> int:
+    """The attention-DP size a flag set runs (both spellings, as SGLang resolves them)."""
+    try:
+        return attndp.resolve_layout(
+            int(flags.get("tp_size") or 1),
+            int(flags.get("dp_size") or 1),
+            int(flags.get("attn_dp_size") or 1),
+            str(flags.get("enable_dp_attention")).lower() in ("true", "1", "yes"),
+        ).attn_dp_size
+    except (attndp.LayoutError, TypeError, ValueError):
+        return int(flags.get("attn_dp_size") or 1)  # the planner names the problem
+
+
+def _as_sglang_flags(base: Mapping[str, Any], point: dict[str, Any]) -> dict[str, Any]:
+    """A grid point as the flags a trial overlays on the server's (real SGLang flags only):
+    a per-rank chunk becomes chunked_prefill_size x attn_dp_size, and a candidate attention-DP
+    size replaces the deprecated spelling of the server's flags."""
+    tuned = dict(point)
+    if "attn_dp_size" in tuned and str(base.get("enable_dp_attention")).lower() == "true":
+        tuned |= {"enable_dp_attention": False, "dp_size": 1}
+    per_rank = tuned.pop(PER_RANK_CHUNK, None)
+    if per_rank is not None:
+        ranks = attn_dp_of(dict(base) | tuned)
+        tuned["chunked_prefill_size"] = per_rank * ranks if per_rank > 0 else per_rank
+    return tuned
+
+
+def sglang_adjustments(flags: Mapping[str, Any], layout: Mapping[str, Any]) -> dict[str, Any]:
+    """What SGLang changes by itself under attention DP (parallel_hook, pool_configurator):
+    the prefill chunk and --max-running-requests are divided over the ranks, and
+    schedule_conservativeness is multiplied by 0.3 (the scheduler admits more eagerly, so
+    retractions are likelier). Empty without attention DP."""
+    ranks = int(layout["attn_dp_size"])
+    if ranks <= 1:
+        return {}
+    mrr = flags.get("max_running_requests")
+    return {
+        "attn_dp_size": ranks,
+        "chunked_prefill_size_per_rank": layout["chunked_prefill_size_per_rank"],
+        "max_running_requests_per_rank": None if mrr is None else max(1, int(mrr) // ranks),
+        "schedule_conservativeness": round(
+            float(flags.get("schedule_conservativeness") or 1.0) * ATTN_DP_CONSERVATIVENESS, 3
+        ),
+    }
 
 
 def _differs(current: Any, value: Any) -> bool:
@@ -404,6 +472,7 @@ def _plan_flags(state: Mapping[str, Any], flags: Mapping[str, Any]) -> dict[str,
         "server_flags": calibration.public_flags(flags),
         "sglang_version": ctx.get("sglang_version"),
         "min_free_after_graph_gib": state["margin_gib"],
+        "plan_layouts": False,
     }
     return plan(ctx["model_config"], ctx["weight_bytes"], args, ctx["host"])
 
@@ -418,15 +487,9 @@ def _prune_reason(state: Mapping[str, Any], result: Mapping[str, Any]) -> dict[s
     if errors:
         code, message = next(iter(errors.items()))
         return {"code": code, "reason": message}
-    work = state["workload"]
-    need = work["input_len"] + work["output_len"]
-    tokens = result["max_total_num_tokens"]
-    if tokens < need or result["max_concurrent_requests"] < 1:
-        return {
-            "code": "cannot_fit",
-            "reason": f"max_total_num_tokens {tokens} cannot hold one request of the workload "
-            f"({work['input_len']} + {work['output_len']} = {need} tokens)",
-        }
+    unfit = _rank_unfit(state["workload"], result)
+    if unfit is not None:
+        return unfit
     floor = _oom_floor(state)
     free = result["details"].get("free_after_graph_gib")
     if floor is not None and free is not None and free <= floor[0]:
@@ -436,6 +499,31 @@ def _prune_reason(state: Mapping[str, Any], result: Mapping[str, Any]) -> dict[s
             f"trial {floor[1]} had ({floor[0]:.2f} GiB predicted) when it ran out of memory",
         }
     return None
+
+
+def _rank_unfit(work: Mapping[str, Any], result: Mapping[str, Any]) -> dict[str, str] | None:
+    """Per attention-DP rank: its pool must hold one request, and its decode graphs should
+    cover its batch (a rank running more requests than they cover runs those steps without
+    CUDA graphs; a larger graph batch is its own candidate)."""
+    need = work["input_len"] + work["output_len"]
+    tokens = result["max_total_num_tokens"]  # one attention-DP rank's pool
+    ranks = result["layout"]["attn_dp_size"]
+    per_rank = f" per attention-DP rank (x {ranks})" if ranks > 1 else ""
+    if tokens < need or result["max_concurrent_requests"] < 1:
+        return {
+            "code": "cannot_fit",
+            "reason": f"max_total_num_tokens {tokens}{per_rank} cannot hold one request of the "
+            f"workload ({work['input_len']} + {work['output_len']} = {need} tokens)",
+        }
+    graph_bs = result["layout"]["cuda_graph_max_bs_decode"]
+    rank_batch = math.ceil(min(result["max_concurrent_requests"], work["concurrency"]) / ranks)
+    if ranks <= 1 or graph_bs is None or graph_bs >= rank_batch:
+        return None
+    return {
+        "code": "graph_batch_short",
+        "reason": f"cuda_graph_max_bs_decode {graph_bs} is below the {rank_batch} requests "
+        f"one of the {ranks} attention-DP ranks is planned to run",
+    }
 
 
 def _oom_floor(state: Mapping[str, Any]) -> tuple[float, int] | None:
@@ -449,7 +537,9 @@ def _oom_floor(state: Mapping[str, Any]) -> tuple[float, int] | None:
     return worst
 
 
-def _predicted(state: Mapping[str, Any], result: Mapping[str, Any]) -> dict[str, Any]:
+def _predicted(
+    state: Mapping[str, Any], result: Mapping[str, Any], flags: Mapping[str, Any]
+) -> dict[str, Any]:
     work = state["workload"]
     concurrency = min(result["max_concurrent_requests"], work["concurrency"])
     details = result["details"]
@@ -461,16 +551,19 @@ def _predicted(state: Mapping[str, Any], result: Mapping[str, Any]) -> dict[str,
         "calibrated": bool(details.get("calibrated")),
         "oom_warning": any(w["code"] == "oom_risk_mem_fraction" for w in result["warnings"]),
         "per_request_tok_s": details.get("per_request_tok_s"),
+        "total_kv_tokens": result["total_kv_tokens"],
+        "sglang_adjusts": sglang_adjustments(flags, result["layout"]),
     }
 
 
 def _plan_candidate(state: dict[str, Any], candidate: dict[str, Any]) -> None:
+    flags = candidate_flags(state, candidate)
     try:
-        result = _plan_flags(state, candidate_flags(state, candidate))
+        result = _plan_flags(state, flags)
     except PlanInputError as exc:
         candidate.update(status="pruned", prune={"code": "invalid", "reason": str(exc)})
         return
-    candidate["predicted"] = _predicted(state, result)
+    candidate["predicted"] = _predicted(state, result, flags)
     prune = _prune_reason(state, result)
     if prune is not None:
         candidate.update(status="pruned", prune=prune)
@@ -774,7 +867,13 @@ def profile_yaml(state: Mapping[str, Any], profile_name: str | None = None) -> s
     name = profile_name or f"{state['server']}-autotuned"
     if best is None:
         return f"---\n# autotune for {state['server']}: no trial met the SLOs; no profile.\n"
-    tuned = {k: best["flags"][k] for k in SPACE_FLAGS if k in state["space"]}
+    keys = [
+        "chunked_prefill_size" if k == PER_RANK_CHUNK else k
+        for k in SPACE_FLAGS
+        if k in state["space"]
+    ]
+    keys += list(best["tuned"])  # what replaced a deprecated spelling
+    tuned = {k: best["flags"][k] for k in dict.fromkeys(keys) if k in best["flags"]}
     lines = [
         "---",
         f"# autotune for {state['server']}: trial {best['n']} of {len(state['trials'])}, "

@@ -31,7 +31,7 @@ import datetime
 import hashlib
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -71,6 +71,9 @@ PREDICTED_FLAGS = frozenset(
         "page_size",
         "context_length",
         "max_total_tokens",
+        # Attention DP: the attention weights per GPU change by what config.json says
+        # (sglang_fleet.attndp, docs/ATTENTION-DP.md), the rest of the start stays measured.
+        "attn_dp_size",
     }
 )
 # Flags that do not change GPU memory at start-up: compared never.
@@ -274,11 +277,23 @@ def _record_key(
     cal: Calibration, info: Mapping[str, Any], key: Mapping[str, Any], measured: dict
 ) -> dict[str, Any]:
     flags = key.get("flags")
-    known = dict(flags or {})
+    # assumed_flags: what the caller believes the logged run used (the planner's command
+    # line); only a fallback where neither the log nor /server_info says.
+    known = dict(key.get("assumed_flags") or {}) | dict(flags or {})
     fingerprint = key.get("model_fingerprint")
     if fingerprint is None and key.get("model_config") is not None:
         fingerprint = model_fingerprint(key["model_config"], int(key["weight_bytes"]))
-    fraction = _num(_first(info.get("mem_fraction_static"), cal.mem_fraction_static))
+    # The fraction SGLang reports beats the flags; a fraction derived from the KV pool's
+    # size (a log without server_args) is only the last resort: it misses the multimodal
+    # reserve.
+    fraction = _num(
+        _first(
+            info.get("mem_fraction_static"),
+            cal.server_args.get("mem_fraction_static"),
+            known.get("mem_fraction_static"),
+            cal.mem_fraction_static,
+        )
+    )
     return {
         "model_path": _first(key.get("model_path"), _resolved("model_path", info, cal, known)),
         "model_fingerprint": fingerprint,
@@ -289,7 +304,7 @@ def _record_key(
         "gpu_memory_mib": _num(key.get("gpu_memory_mib")),
         "sglang_version": _first(key.get("sglang_version"), info.get("version")),
         "tp_size": _int(_resolved("tp_size", info, cal, known)) or 1,
-        "dp_size": _int(_resolved("dp_size", info, cal, known)) or 1,
+        **_attn_dp_key(info, cal, known),
         "pp_size": _int(_resolved("pp_size", info, cal, known)) or 1,
         "nnodes": _int(_resolved("nnodes", info, cal, known)) or 1,
         "mem_fraction_static": _first(fraction, _num(known.get("mem_fraction_static"))),
@@ -307,6 +322,16 @@ def _record_key(
         "max_total_tokens": _int(_requested("max_total_tokens", flags, cal)),
         "flags": public_flags(flags),
     }
+
+
+def _attn_dp_key(info: Mapping[str, Any], cal: Calibration, known: Mapping) -> dict[str, int]:
+    """dp_size and attn_dp_size as SGLang resolves them: the deprecated `--enable-dp-attention
+    --dp-size N` is attn_dp_size N with dp_size 1 (docs/ATTENTION-DP.md)."""
+    dp = _int(_resolved("dp_size", info, cal, known)) or 1
+    attn = _int(_resolved("attn_dp_size", info, cal, known)) or 1
+    if _norm(_resolved("enable_dp_attention", info, cal, known)) is True and attn == 1:
+        attn, dp = dp, 1
+    return {"dp_size": dp, "attn_dp_size": attn}
 
 
 _REQUIRED = ("pre_gib", "post_gib", "max_total_num_tokens", "free_after_graph_gib")
@@ -527,7 +552,7 @@ def _flag_problems(
     if recorded is None or not complete:
         notes.append("other flags not " + ("recorded" if recorded is None else "given"))
         return problems
-    skip = PREDICTED_FLAGS | NO_MEMORY_EFFECT_FLAGS | set(TOPOLOGY_FLAGS)
+    skip = PREDICTED_FLAGS | NO_MEMORY_EFFECT_FLAGS | set(TOPOLOGY_FLAGS) | {"enable_dp_attention"}
     for name in sorted(set(recorded) | set(flags)):
         if name in skip or _is_secret(name):
             continue
@@ -536,7 +561,7 @@ def _flag_problems(
     return problems
 
 
-_FLAG_DEFAULTS: dict[str, Any] = {"kv_cache_dtype": "auto", "page_size": 1}
+_FLAG_DEFAULTS: dict[str, Any] = {"kv_cache_dtype": "auto", "page_size": 1, "attn_dp_size": 1}
 
 
 def _changes(key: Mapping[str, Any], flags: Mapping[str, Any]) -> list[str]:
@@ -672,9 +697,10 @@ def margin_for(margin_gib: float, chunked_prefill_size: int | None) -> float:
     return margin_gib * max(1.0, chunk / MARGIN_CHUNK_TOKENS)
 
 
-def graph_estimate_mib(shape: ModelShape, decode_bs: int, chunk: int) -> float:
-    """SGLang's graph reserve estimate: decode 2 MiB per batch size, prefill by buckets."""
-    decode = decode_bs * DECODE_GRAPH_MIB_PER_BS
+def graph_estimate_mib(shape: ModelShape, decode_bs: int, chunk: int, attn_dp: int = 1) -> float:
+    """SGLang's graph reserve estimate: decode 2 MiB per batch size, prefill by buckets;
+    attention DP adds bs x attn_dp x 3 MiB (x 4.5 above bs 300) for its padding."""
+    decode = decode_bs * DECODE_GRAPH_MIB_PER_BS + kvmath.attn_dp_graph_mib(decode_bs, attn_dp)
     if shape.is_mla:
         return decode + MLA_PREFILL_GRAPH_MIB
     buckets = kvmath.prefill_graph_token_buckets(chunk) if chunk > 0 else []
@@ -693,6 +719,7 @@ class _Setting:
     context: int
     requested_mrr: int | None
     max_total_tokens: int | None
+    attn_dp: int = 1
 
 
 def _resolve(
@@ -707,6 +734,7 @@ def _resolve(
         _first(values.get("cuda_graph_max_bs_decode"), values.get("cuda_graph_max_bs"))
     )
     fraction = _num(values.get("mem_fraction_static"))
+    attn_dp = _int(values.get("attn_dp_size")) or 1
     return _Setting(
         fraction=defaults.mem_fraction_static if fraction is None else fraction,
         dtype=str(values.get("kv_cache_dtype") or "auto"),
@@ -716,6 +744,7 @@ def _resolve(
         context=_int(values.get("context_length")) or shape.context_length,
         requested_mrr=requested_mrr,
         max_total_tokens=_int(values.get("max_total_tokens")),
+        attn_dp=attn_dp,
     )
 
 
@@ -748,10 +777,15 @@ def predict(
     host: Mapping[str, Any],
     shape: ModelShape,
     margin_gib: float = 5.0,
+    *,
+    extra_weight_gib: Callable[[int], float] | None = None,
 ) -> Prediction:
     """Predict max_total_num_tokens and free memory after CUDA graph capture for `flags`.
 
     The record must have passed `match` for these flags (same model, GPUs, topology).
+    extra_weight_gib(attn_dp_size): GiB per GPU the layout holds beyond plain TP
+    (sglang_fleet.attndp); a record at another attention-DP size is its measured weights
+    plus the difference, which comes out of the KV pool (the fraction fixes weights + KV).
     """
     key, measured = record["key"], record["measured"]
     tp = int(_int(flags.get("tp_size")) or 1)
@@ -764,15 +798,24 @@ def predict(
     notes = []
     same = abs(new.fraction - old.fraction) < SAME_FRACTION
     grow = 0.0 if same else (new.fraction - old.fraction) * pre
-    kv_bytes = _recorded_kv_bytes(measured, old, cell_old, shape) + grow * kvmath.GIB
+    weight_delta = 0.0
+    if extra_weight_gib is not None and new.attn_dp != old.attn_dp:
+        weight_delta = extra_weight_gib(new.attn_dp) - extra_weight_gib(old.attn_dp)
+        notes.append(
+            f"weights {weight_delta:+.2f} GiB per GPU (attention DP {old.attn_dp} -> "
+            f"{new.attn_dp}, computed from config.json)"
+        )
+    kv_bytes = (
+        _recorded_kv_bytes(measured, old, cell_old, shape) + (grow - weight_delta) * kvmath.GIB
+    )
     tokens = kvmath.max_total_num_tokens(kv_bytes / kvmath.GIB, cell_new, new.page)
     if new.max_total_tokens is not None:
         tokens = min(tokens, new.max_total_tokens // new.page * new.page)
     if cell_new != cell_old:
         notes.append(f"cell size {cell_old} -> {cell_new} B/token ({old.dtype} -> {new.dtype})")
     graph_delta = (
-        graph_estimate_mib(shape, new.decode_bs, new.chunk)
-        - graph_estimate_mib(shape, old.decode_bs, old.chunk)
+        graph_estimate_mib(shape, new.decode_bs, new.chunk, new.attn_dp)
+        - graph_estimate_mib(shape, old.decode_bs, old.chunk, old.attn_dp)
     ) / 1024
     if graph_delta:
         notes.append(
@@ -781,7 +824,10 @@ def predict(
         )
     req_delta = _req_to_token_growth(measured, old, new, tokens)
     free = float(measured["free_after_graph_gib"]) - grow - graph_delta - req_delta
-    margin = margin_for(margin_gib, new.chunk)
+    # SGLang divides the prefill chunk by the attention-DP size (each rank prefills its own).
+    margin = margin_for(
+        margin_gib, max(1, new.chunk // new.attn_dp) if new.chunk > 0 else new.chunk
+    )
     safe = (
         old.fraction
         + (float(measured["free_after_graph_gib"]) - graph_delta - req_delta - margin) / pre
@@ -795,7 +841,7 @@ def predict(
         mem_fraction_static=new.fraction,
         calibrated_mem_fraction_static=old.fraction,
         pre_gib=pre,
-        post_gib=post,
+        post_gib=post - weight_delta,
         graph_delta_gib=graph_delta,
         req_to_token_delta_gib=req_delta,
         cell_size_bytes=cell_new,
@@ -864,6 +910,7 @@ def apply(
     margin_gib: float = 5.0,
     mode: str = "enforce",
     flags_complete: bool = True,
+    extra_weight_gib: Callable[[int], float] | None = None,
 ) -> Applied:
     """Match, predict and judge: the planner's use of the host's calibration records.
 
@@ -882,7 +929,7 @@ def apply(
             f"{reason}. The plan falls back to estimates from the GPU size and the checkpoint.",
         )
         return Applied(None, None, reason, warnings=[warning])
-    prediction = predict(record, flags, host, shape, margin_gib)
+    prediction = predict(record, flags, host, shape, margin_gib, extra_weight_gib=extra_weight_gib)
     applied = Applied(prediction, record, reason)
     issue = oom_issue(prediction, mode) if prediction.can_start else None
     if issue is not None:

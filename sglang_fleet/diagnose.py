@@ -34,6 +34,7 @@ from urllib.parse import urlsplit
 from sglang_fleet import kvmath, live
 from sglang_fleet.calibrate import parse_decode_lines, parse_log
 from sglang_fleet.modelcfg import ModelConfigError, model_shape, read_model_dir
+from sglang_fleet.noop_flags import noop_flag_issues
 from sglang_fleet.plan import (
     PLANNER_FLAGS,
     PlanInputError,
@@ -281,9 +282,52 @@ def _gpu_lever(ctx: dict[str, Any] | None) -> dict[str, str]:
     )
 
 
+def _attn_dp_lever(
+    ctx: dict[str, Any] | None, current: dict[str, Any] | None
+) -> dict[str, str] | None:
+    """Attention data parallelism for an MLA model: one KV pool per attention-DP rank
+    (docs/ATTENTION-DP.md), sized by the planner's table of layouts."""
+    if not (ctx and current):
+        return None
+    try:
+        if not model_shape(ctx["model_config"]).is_mla:
+            return None
+    except (ModelConfigError, KeyError):
+        return None
+    pick = current.get("recommended_layout")
+    rows = {row["attn_dp_size"]: row for row in current.get("attention_dp_layouts") or []}
+    now = current["layout"]
+    if not pick or pick["attn_dp_size"] == now["attn_dp_size"]:
+        return None
+    row = rows[pick["attn_dp_size"]]
+    graph = (
+        f" --cuda-graph-max-bs-decode {row['cuda_graph_max_bs_decode']}"
+        if row["cuda_graph_max_bs_decode"]
+        else ""
+    )
+    return _lever(
+        "attention_dp",
+        f"Use --attn-dp-size {row['attn_dp_size']}{graph} (attention data parallelism; now "
+        f"{now['attn_dp_size']}): under plain TP every GPU holds every request's latent KV, "
+        f"with attention DP each of the {row['kv_pools']} ranks has its own pool. The planner "
+        f"expects {row['total_kv_tokens']} KV tokens in all (now {current['total_kv_tokens']}), "
+        f"about {row['max_concurrent_requests']} concurrent requests (now "
+        f"{current['max_concurrent_requests']}), ~{row['kv_bound_output_tok_s']} output tok/s "
+        f"while KV-bound (decode roofline {row['decode_roofline_tok_s']} tok/s), at "
+        f"{row['weights_per_gpu_gib']} GiB of weights per GPU (now "
+        f"{now['weights_per_gpu_gib']}: the attention projections are split over "
+        f"{row['attn_tp_size']} GPU(s) instead of {now['attn_tp_size']}). Set "
+        "--mem-fraction-static explicitly: SGLang's default reserve grows under attention DP.",
+    )
+
+
 def _kv_levers(ctx: dict[str, Any] | None, ev: dict[str, Any]) -> list[dict[str, str]]:
     current = _plan_with(ctx) if ctx else None
-    levers = [_fp8_lever(ctx, current, ev), _fraction_lever(ctx, current), _gpu_lever(ctx)]
+    fp8 = _fp8_lever(ctx, current, ev)
+    attn_dp = _attn_dp_lever(ctx, current)
+    # With fp8 KV already on, attention DP is the largest lever left for an MLA model.
+    first = [fp8, attn_dp] if fp8 is not None else [attn_dp]
+    levers = [*first, _fraction_lever(ctx, current), _gpu_lever(ctx)]
     return [lever for lever in levers if lever is not None]
 
 
@@ -380,6 +424,8 @@ def diagnose(
     ctx = _with_log_calibration(plan_context, log_text)
     verdict = _classify(ev)
     notes = [HICACHE_NOTE] if verdict == "kv_cache_bound" else []
+    if log_text:
+        notes += _noop_notes(parse_log(log_text).server_args, None)
     notes += _dropped_note(dropped)
     return {"verdict": verdict, "evidence": ev, "levers": _levers(verdict, ev, ctx), "notes": notes}
 
@@ -404,6 +450,11 @@ def _dropped_note(dropped: list[str]) -> list[str]:
     return [f"Values that are not finite numbers were left out: {shown}."]
 
 
+def _noop_notes(flags: dict[str, Any], version: str | None) -> list[str]:
+    """Flags that do nothing in the installed SGLang (sglang_fleet.noop_flags)."""
+    return [f"{i['code']}: {i['message']}" for i in noop_flag_issues(flags, version)]
+
+
 def _with_log_calibration(ctx: dict | None, log_text: str | None) -> dict | None:
     if not ctx:
         return None
@@ -416,6 +467,8 @@ def _with_log_calibration(ctx: dict | None, log_text: str | None) -> dict | None
             ("dp_size", cal.dp_size),
             ("mem_fraction_static", cal.mem_fraction_static),
             ("kv_cache_dtype", cal.kv_cache_dtype),
+            ("attn_dp_size", cal.server_args.get("attn_dp_size")),
+            ("enable_dp_attention", cal.server_args.get("enable_dp_attention")),
         ):
             if value is not None:
                 args.setdefault(key, value)
@@ -619,6 +672,10 @@ def diagnose_live(
             "be stuck (check its log), or only prefilled."
         )
     result["notes"] += list(sample.get("warnings") or []) + _dropped_note(dropped)
+    for note in _noop_notes(info, info.get("version")):
+        flag = note.split(" does nothing")[0].rsplit(" ", 1)[0]
+        if not any(n.startswith(flag + " ") for n in result["notes"]):
+            result["notes"].append(note)
     result["server"] = {"url": sample.get("url")} | info
     result["row"] = _row(result)
     result["summary"] = _one_line(result)

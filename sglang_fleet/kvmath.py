@@ -194,10 +194,23 @@ def prefill_graph_token_buckets(max_tokens: int) -> list[int]:
     return [s for s in sizes if s <= max_tokens]
 
 
-def _graph_reserve_mib(shape: ModelShape, decode_max_bs: int, chunked_prefill_size: int) -> float:
+def attn_dp_graph_mib(decode_max_bs: int, attn_dp_size: int) -> float:
+    """What reserve_for_graph_mb adds under attention DP: max_bs x attn_dp x 3 MiB, and
+    x 1.5 more above max_bs 300 ("DP attention needs more padding")."""
+    if attn_dp_size <= 1:
+        return 0.0
+    extra = decode_max_bs * attn_dp_size * 3.0
+    if decode_max_bs > 300:
+        extra += decode_max_bs * attn_dp_size * 1.5
+    return extra
+
+
+def _graph_reserve_mib(
+    shape: ModelShape, decode_max_bs: int, chunked_prefill_size: int, attn_dp_size: int = 1
+) -> float:
     """reserve_for_graph_mb with SGLang's defaults on CUDA (decode: full graphs, prefill:
-    breakable graphs, no attention-DP, no DeepEP)."""
-    reserve = decode_max_bs * 2.0
+    breakable graphs, no DeepEP)."""
+    reserve = decode_max_bs * 2.0 + attn_dp_graph_mib(decode_max_bs, attn_dp_size)
     if shape.is_mla:
         return reserve + 1.5 * 1024  # "MLA backend overhead is much higher than expected"
     return reserve + len(prefill_graph_token_buckets(chunked_prefill_size)) * 8
@@ -218,6 +231,8 @@ def sglang_default_mem_fraction(
     chunked_prefill_size: int | None = None,
     max_running_requests: int | None = None,
     pp_size: int = 1,
+    attn_dp_size: int = 1,
+    cuda_graph_max_bs_decode: int | None = None,
 ) -> SglangDefaults:
     """The mem_fraction_static SGLang 0.5.23 picks when the flag is unset.
 
@@ -228,12 +243,14 @@ def sglang_default_mem_fraction(
     """
     default_chunk, max_bs = _capacity_defaults(gpu_memory_mib, tp_size)
     chunk = chunked_prefill_size if chunked_prefill_size is not None else default_chunk
+    if cuda_graph_max_bs_decode is not None:
+        max_bs = cuda_graph_max_bs_decode
     if max_running_requests is not None:
         max_bs = min(max_bs, max_running_requests)
     # A disabled chunked prefill (-1) prefills the whole max_prefill_tokens (16384 default).
     activation_tokens = max(chunk if chunk > 0 else 16384, 2048)
     reserved = 512 + activation_tokens * 1.5 + tp_size * pp_size / 8 * 1024
-    reserved += _graph_reserve_mib(shape, max_bs, chunk)
+    reserved += _graph_reserve_mib(shape, max_bs, chunk, attn_dp_size)
     if gpu_memory_mib > 60 * 1024:
         reserved = max(reserved, 10 * 1024)
     fraction = round((gpu_memory_mib - reserved) / gpu_memory_mib, 3)

@@ -48,15 +48,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sglang_fleet import calibration, kvmath
+from sglang_fleet import attndp, calibration, kvmath
 from sglang_fleet.calibrate import Calibration, parse_log
 from sglang_fleet.modelcfg import ModelConfigError, model_shape, read_model_dir
+from sglang_fleet.noop_flags import noop_flag_issues
 
 # Flags of a server this planner reads (a server's plan_args); the rest do not change its
 # arithmetic.
 PLANNER_FLAGS = (
     "tp_size",
     "dp_size",
+    "attn_dp_size",
+    "enable_dp_attention",
     "mem_fraction_static",
     "kv_cache_dtype",
     "enable_hierarchical_cache",
@@ -87,6 +90,10 @@ DEFAULT_AVG_OUTPUT_LEN = 1024
 ARG_DEFAULTS: dict[str, Any] = {
     "tp_size": 1,
     "dp_size": 1,
+    # Attention data parallelism (docs/ATTENTION-DP.md); enable_dp_attention is the
+    # deprecated spelling (with dp_size as the attention-DP size).
+    "attn_dp_size": 1,
+    "enable_dp_attention": False,
     "mem_fraction_static": None,
     "kv_cache_dtype": "auto",
     "enable_hierarchical_cache": False,
@@ -111,6 +118,10 @@ ARG_DEFAULTS: dict[str, Any] = {
     "cuda_graph_max_bs_decode": None,
     "device": "cuda",
     "max_total_tokens": None,
+    # Memory bandwidth per GPU for the decode roofline; None: attndp.GPU_BANDWIDTH_GBS by name.
+    "gpu_memory_bandwidth_gbs": None,
+    # False: leave out the table of every attention-DP size (the table's own plans).
+    "plan_layouts": True,
 }
 HOST_KEYS = ("gpu_memory_mib", "host_ram_gib", "gpu_count", "gpu_name")
 
@@ -140,6 +151,7 @@ _MAX_AMOUNT = 1e12
 _INT_RANGES: dict[str, tuple[int, int]] = {
     "tp_size": (1, _MAX_COUNT),
     "dp_size": (1, _MAX_COUNT),
+    "attn_dp_size": (1, _MAX_COUNT),
     "page_size": (1, _MAX_COUNT),
     "chunked_prefill_size": (-1, _MAX_COUNT),  # -1 (and 0) disable chunked prefill
     "max_running_requests": (1, _MAX_COUNT),
@@ -181,6 +193,7 @@ _FLOAT_RANGES: dict[str, _FloatRange] = {
     # Less than the CUDA context leaves nothing to plan with.
     "gpu_memory_mib": _FloatRange(kvmath.CUDA_CONTEXT_GIB * 1024, _MAX_AMOUNT, low_open=True),
     "host_ram_gib": _FloatRange(0.0, _MAX_AMOUNT),
+    "gpu_memory_bandwidth_gbs": _FloatRange(0.0, _MAX_AMOUNT, low_open=True),
 }
 _INTEGER_TEXT = re.compile(r"\s*[+-]?[0-9]+\s*")
 _TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
@@ -281,7 +294,7 @@ def _typed(values: dict[str, Any]) -> dict[str, Any]:
             out[key] = _as_int(key, value)
         elif key in _FLOAT_RANGES:
             out[key] = _as_float(key, value)
-        elif key == "enable_hierarchical_cache":
+        elif key in ("enable_hierarchical_cache", "enable_dp_attention", "plan_layouts"):
             out[key] = _as_bool(key, value)
         else:
             out[key] = _as_text(key, value)
@@ -338,6 +351,35 @@ def _log_calibration(a: dict[str, Any]) -> Calibration | None:
     return parse_log(a["calibration_log"]) if a["calibration_log"] else None
 
 
+# What a log without SGLang's `server_args=` line is taken to have run with: the planner's
+# own flags (the command line describes the logged run; docs/CALIBRATION.md).
+_ASSUMED_LOG_FLAGS = (
+    "tp_size",
+    "dp_size",
+    "attn_dp_size",
+    "mem_fraction_static",
+    "kv_cache_dtype",
+    "page_size",
+    "chunked_prefill_size",
+)
+
+
+def _assumed_log_flags(a: dict[str, Any], warnings: list[dict[str, str]]) -> dict[str, Any]:
+    """The planner's flags as the logged run's, when the log does not say (no server_args)."""
+    if parse_log(a["calibration_log"]).server_args:
+        return {}
+    assumed = {k: a[k] for k in _ASSUMED_LOG_FLAGS if a.get(k) is not None}
+    words = ", ".join(f"{k} {v}" for k, v in assumed.items())
+    warnings.append(
+        _issue(
+            "calibration_flags_assumed",
+            "The calibration log has no server_args= line: the command line's flags "
+            f"({words}) are taken to be the logged run's.",
+        )
+    )
+    return assumed
+
+
 def _calibration_records(a: dict[str, Any], warnings: list[dict[str, str]]) -> list[dict]:
     """Records given as data, plus one built from the calibration log."""
     try:
@@ -345,8 +387,9 @@ def _calibration_records(a: dict[str, Any], warnings: list[dict[str, str]]) -> l
     except (ValueError, TypeError) as exc:
         raise PlanInputError(f"calibration: {exc}") from exc
     if a["calibration_log"]:
+        assumed = {"assumed_flags": _assumed_log_flags(a, warnings)}
         try:
-            records.append(calibration.build_record(a["calibration_log"], None, {}))
+            records.append(calibration.build_record(a["calibration_log"], None, assumed))
         except calibration.CalibrationError as exc:
             warnings.append(
                 _issue(
@@ -371,12 +414,16 @@ class _Planner:
         except ModelConfigError as exc:
             raise PlanInputError(str(exc), "model_config") from exc
         self.weight_bytes = _check_weight_bytes(weight_bytes)
-        self.tp = int(self.a["tp_size"])
-        self.dp = int(self.a["dp_size"])
-        self.dtype = str(self.a["kv_cache_dtype"])
-        self.gpu_mib = float(self.host["gpu_memory_mib"])
         self.warnings: list[dict[str, str]] = []
         self.errors: list[dict[str, str]] = []
+        self.layout = self._layout()
+        self.tp = self.layout.tp_size
+        self.dp = self.layout.dp_size
+        self.attn_dp = self.layout.attn_dp_size
+        self.weights = attndp.weight_layout(config, self.shape, self.weight_bytes)
+        self.extra_weight_gib = attndp.extra_weight_gib(self.weights, self.tp, self.attn_dp)
+        self.dtype = str(self.a["kv_cache_dtype"])
+        self.gpu_mib = float(self.host["gpu_memory_mib"])
         self.cal = _log_calibration(self.a)
         self.defaults = kvmath.sglang_default_mem_fraction(
             self.gpu_mib,
@@ -384,12 +431,41 @@ class _Planner:
             self.tp,
             chunked_prefill_size=self.a["chunked_prefill_size"],
             max_running_requests=self.a["max_running_requests"],
+            attn_dp_size=self.attn_dp,
+            cuda_graph_max_bs_decode=self.a["cuda_graph_max_bs_decode"]
+            if self.attn_dp > 1
+            else None,
         )
         given = self.a["mem_fraction_static"]
         self.fraction = float(given) if given is not None else self.defaults.mem_fraction_static
         self.calibration = self._apply_calibration(config, weight_bytes)
         self.prediction = self.calibration.prediction if self.calibration else None
         self.pre, self.post = self._free_memory()
+
+    def _layout(self) -> attndp.Layout:
+        """tp, attention DP and replicas as SGLang resolves them (both flag spellings)."""
+        a = self.a
+        try:
+            layout = attndp.resolve_layout(
+                int(a["tp_size"]), int(a["dp_size"]), a["attn_dp_size"], a["enable_dp_attention"]
+            )
+        except attndp.LayoutError as exc:
+            raise PlanInputError(str(exc), exc.argument) from exc
+        if layout.attn_dp_size > 1 and a["cuda_graph_max_bs_decode"] is None:
+            self.warnings.append(
+                _issue(
+                    "attn_dp_graph_batch",
+                    f"Attention DP {layout.attn_dp_size} without --cuda-graph-max-bs-decode: "
+                    "SGLang captures decode graphs up to its default batch (512 on a GPU of "
+                    "this class) and reserves batch x attn_dp x 4.5 MiB for them. Set it to the "
+                    "batch one rank runs (attention_dp_layouts gives one per layout).",
+                )
+            )
+        if layout.deprecated_spelling:
+            self.warnings.append(
+                _issue("deprecated_enable_dp_attention", attndp.deprecation_message(layout))
+            )
+        return layout
 
     # --- calibration -----------------------------------------------------------------
     def _calibration_flags(self) -> dict[str, Any]:
@@ -407,6 +483,8 @@ class _Planner:
         ):
             if self.a[key] is not None:
                 flags[key] = self.a[key]
+        flags.pop("enable_dp_attention", None)
+        flags |= {"dp_size": self.dp, "attn_dp_size": self.attn_dp}
         flags["mem_fraction_static"] = self.fraction
         return flags
 
@@ -432,6 +510,7 @@ class _Planner:
                 margin_gib=float(self.a["min_free_after_graph_gib"]),
                 mode=str(self.a["calibration_mode"]),
                 flags_complete=self.a["server_flags"] is not None,
+                extra_weight_gib=lambda n: attndp.extra_weight_gib(self.weights, self.tp, n),
             )
         except calibration.CalibrationError as exc:
             raise PlanInputError(str(exc)) from exc
@@ -443,7 +522,8 @@ class _Planner:
         if self.prediction is not None:
             return self.prediction.pre_gib, self.prediction.post_gib
         pre = kvmath.estimate_pre_gib(self.gpu_mib)
-        return pre, kvmath.estimate_post_gib(pre, self.weight_bytes, self.tp)
+        post = kvmath.estimate_post_gib(pre, self.weight_bytes, self.tp)
+        return pre, post - self.extra_weight_gib
 
     # --- KV budget -------------------------------------------------------------------
     def kv_tokens(self, cell: int) -> tuple[float, int]:
@@ -520,7 +600,9 @@ class _Planner:
                 "hicache_no_decode_slots",
                 "HiCache spills evicted prefix-cache entries to host RAM; it adds no decode "
                 "slots (a running request's KV must be on the GPU). To decode more requests at "
-                "once use a smaller KV dtype (fp8), more GPU memory for KV, or more GPUs.",
+                "once use a smaller KV dtype (fp8), more GPU memory for KV, more GPUs, or "
+                "for an MLA model attention data parallelism (--attn-dp-size: one KV pool per "
+                "rank; attention_dp_layouts).",
             )
         )
         if host_ram is None:
@@ -611,29 +693,103 @@ class _Planner:
         return DEFAULT_PER_REQUEST_TOK_S, "default guess"
 
     def concurrency(self, tokens: int) -> int:
+        """Concurrent decodes of the whole server; `tokens` is one rank's pool."""
         tokens_per_request = self.a["avg_input_len"] + self.a["avg_output_len"]
         fit = tokens // tokens_per_request
         context = self.a["context_length"] or self.shape.context_length
-        cap = self.a["max_running_requests"] or kvmath.sglang_default_max_running_requests(
-            tokens, context
+        asked = self.a["max_running_requests"]
+        # SGLang divides --max-running-requests over the attention-DP ranks.
+        cap = (
+            max(1, asked // self.attn_dp)
+            if asked
+            else kvmath.sglang_default_max_running_requests(tokens, context)
         )
-        # Each data-parallel replica has its own KV pool and scheduler.
-        return min(fit, cap) * self.dp
+        # Each attention-DP rank and each data-parallel replica has its own KV pool and
+        # scheduler.
+        return min(fit, cap) * self.layout.pools
+
+    def roofline(self, concurrent: int, cell: int) -> dict[str, Any]:
+        """The decode roofline at the planned concurrency (docs/ATTENTION-DP.md)."""
+        given = self.a["gpu_memory_bandwidth_gbs"]
+        if given:
+            bandwidth, source = float(given), "gpu_memory_bandwidth_gbs"
+        else:
+            bandwidth, key = attndp.gpu_bandwidth_gbs(self.host.get("gpu_name"))
+            source = f"table: {key}" if key else ""
+        if bandwidth is None:
+            return {
+                "tok_s": None,
+                "reason": f"memory bandwidth of GPU {self.host.get('gpu_name')!r} unknown: "
+                "set gpu_memory_bandwidth_gbs (--gpu-memory-bandwidth-gbs)",
+            }
+        context = self.a["avg_input_len"] + self.a["avg_output_len"] // 2
+        line = attndp.decode_roofline(
+            self.weights,
+            self.layout,
+            batch=concurrent,
+            context_tokens=context,
+            cell_size_bytes=cell,
+            bandwidth_gbs=bandwidth,
+            bandwidth_source=source,
+        )
+        if line is None:
+            return {"tok_s": None, "reason": "no request fits: no decode step to bound"}
+        return line.as_dict()
+
+    def layout_row(self, tokens: int, concurrent: int, speed: float, rest: float) -> dict:
+        free = self.free_after_graph()
+        margin = None if self.prediction is None else self.prediction.margin_gib
+        return {
+            "tp_size": self.tp,
+            "attn_dp_size": self.attn_dp,
+            "attn_tp_size": self.layout.attn_tp_size,
+            "dp_size": self.dp,
+            "kv_pools": self.layout.pools,
+            "weights_per_gpu_gib": round(self.post_weights_gib(), 2),
+            "extra_weights_per_gpu_gib": round(self.extra_weight_gib, 2),
+            "kv_pool_per_rank_gib": round(max(rest, 0.0), 2),
+            "kv_tokens_per_rank": tokens,
+            "total_kv_tokens": tokens * self.layout.pools,
+            "max_concurrent_requests": concurrent,
+            "kv_bound_output_tok_s": round(concurrent * speed, 1),
+            "free_after_graph_gib_per_rank": None if free is None else round(free, 2),
+            "oom_margin_gib_per_rank": None
+            if free is None or margin is None
+            else round(free - margin, 2),
+            "cuda_graph_max_bs_decode": self.a["cuda_graph_max_bs_decode"],
+            "chunked_prefill_size_per_rank": self.chunk_per_rank(),
+        }
+
+    def post_weights_gib(self) -> float:
+        """Weights per GPU: measured (calibrated) or the checkpoint's share, plus the layout's."""
+        return self.pre - self.post
+
+    def chunk_per_rank(self) -> int:
+        """SGLang divides chunked_prefill_size by the attention-DP size."""
+        chunk = self.a["chunked_prefill_size"] or self.defaults.chunked_prefill_size
+        return chunk // self.attn_dp if chunk > 0 else chunk
 
     def run(self) -> dict[str, Any]:
-        cell = kvmath.cell_size_bytes(self.shape, self.dtype, self.tp)
+        cell = kvmath.cell_size_bytes(self.shape, self.dtype, self.layout.attn_tp_size)
         rest, tokens = self.kv_tokens(cell)
         self.check_gpus()
         self.check_oom_risk()
         hicache_total = self.check_hicache(rest)
         self.check_dtype()
         self.check_context()
+        self.warnings += noop_flag_issues(self.a["server_flags"], self.a["sglang_version"])
         concurrent = self.concurrency(tokens)
         speed, speed_source = self.per_request_tok_s()
         free_after_graph = self.free_after_graph()
+        row = self.layout_row(tokens, concurrent, speed, rest)
         return {
             "cell_size_bytes": cell,
+            # One attention-DP rank's pool (what SGLang logs as max_total_num_tokens).
             "max_total_num_tokens": tokens,
+            "kv_tokens_per_rank": tokens,
+            "total_kv_tokens": row["total_kv_tokens"],
+            "layout": row,
+            "decode_roofline": self.roofline(concurrent, cell),
             "max_concurrent_requests": concurrent,
             "kv_bound_output_tok_s": round(concurrent * speed, 1),
             "headroom_gib": round(kvmath.headroom_gib(self.pre, self.fraction), 2),
@@ -663,6 +819,7 @@ class _Planner:
                 "per_request_tok_s": round(speed, 2),
                 "per_request_tok_s_source": speed_source,
                 "dp_size": self.dp,
+                "attn_dp_size": self.attn_dp,
             },
         }
 
@@ -801,8 +958,84 @@ def plan(model_config: dict, weight_bytes: int, args: dict, host: dict) -> dict:
     args device "cpu" plans a CPU server (host RAM and max_total_tokens; no GPU fact needed).
     """
     device = args.get("device", "cuda") if isinstance(args, dict) else "cuda"
-    planner = _CpuPlanner if device == "cpu" else _Planner
-    return planner(model_config, weight_bytes, args, host).run()
+    if device == "cpu":
+        return _CpuPlanner(model_config, weight_bytes, args, host).run()
+    planner = _Planner(model_config, weight_bytes, args, host)
+    result = planner.run()
+    if planner.a["plan_layouts"] and planner.dp == 1 and planner.tp > 1:
+        rows = [
+            _layout_plan(model_config, weight_bytes, args, host, n)
+            for n in attndp.attn_dp_sizes(planner.tp)
+        ]
+        result["attention_dp_layouts"] = rows
+        result["recommended_layout"] = _recommend(rows, planner.attn_dp)
+    return result
+
+
+# A layout's CUDA graphs are captured for batch sizes up to this (SGLang's largest default).
+_MAX_GRAPH_BS = 512
+
+
+def _graph_bs_for(per_rank: int) -> int:
+    """cuda_graph_max_bs_decode that covers a rank's planned batch (a multiple of 8): SGLang's
+    default (512 on this GPU class) would reserve bs x attn_dp x 4.5 MiB under attention DP."""
+    return max(8, min(_MAX_GRAPH_BS, math.ceil(per_rank / 8) * 8))
+
+
+def _layout_plan(
+    config: dict, weight_bytes: int, args: dict, host: dict, attn_dp: int
+) -> dict[str, Any]:
+    """One row of the attention-DP table: the flag set at attn_dp_size `attn_dp`."""
+    layout_args = dict(args) | {
+        "attn_dp_size": attn_dp,
+        "enable_dp_attention": False,
+        "dp_size": 1,
+        "plan_layouts": False,
+    }
+    result = plan(config, weight_bytes, layout_args, host)
+    given = args.get("cuda_graph_max_bs_decode")
+    if attn_dp > 1 and given is None and result["max_concurrent_requests"] > 0:
+        per_rank = math.ceil(result["max_concurrent_requests"] / attn_dp)
+        layout_args["cuda_graph_max_bs_decode"] = _graph_bs_for(per_rank)
+        result = plan(config, weight_bytes, layout_args, host)
+    row = dict(result["layout"])
+    row["cuda_graph_max_bs_decode"] = layout_args.get("cuda_graph_max_bs_decode")
+    row["decode_roofline_tok_s"] = result["decode_roofline"].get("tok_s")
+    row["decode_roofline"] = result["decode_roofline"]
+    row["errors"] = [e["code"] for e in result["errors"]]
+    return row
+
+
+def _bound(row: dict[str, Any]) -> float:
+    """A layout's planned throughput, capped by its decode roofline."""
+    roof = row.get("decode_roofline_tok_s")
+    kv = float(row["kv_bound_output_tok_s"])
+    return kv if roof is None else min(kv, float(roof))
+
+
+def _recommend(rows: list[dict[str, Any]], current: int) -> dict[str, Any] | None:
+    """The attention-DP size with the highest planned throughput (KV-bound, capped by the
+    roofline) among those that fit; within 2 % of it, the fewer ranks (less replication)."""
+    fit = [row for row in rows if not row["errors"] and row["max_concurrent_requests"] > 0]
+    if not fit:
+        return None
+    top = max(_bound(row) for row in fit)
+    best = min((row for row in fit if _bound(row) >= top * 0.98), key=lambda r: r["attn_dp_size"])
+    now = next((row for row in rows if row["attn_dp_size"] == current), None)
+    gain = _bound(best) / _bound(now) if now and _bound(now) > 0 else None
+    return {
+        "attn_dp_size": best["attn_dp_size"],
+        "cuda_graph_max_bs_decode": best["cuda_graph_max_bs_decode"],
+        "planned_output_tok_s": round(_bound(best), 1),
+        "gain_over_current": None if gain is None else round(gain, 2),
+        "reason": (
+            f"attention DP {best['attn_dp_size']}: {best['total_kv_tokens']} KV tokens in "
+            f"{best['kv_pools']} pool(s), {best['max_concurrent_requests']} concurrent requests, "
+            f"~{_bound(best):.0f} tok/s planned (KV-bound, capped by the decode roofline), with "
+            f"{best['weights_per_gpu_gib']} GiB of weights per GPU; the highest of the layouts "
+            "that fit (fewer ranks win within 2 %)"
+        ),
+    }
 
 
 # --- command line ----------------------------------------------------------------------
@@ -813,6 +1046,14 @@ def add_plan_arguments(parser: argparse.ArgumentParser, *, model_required: bool)
     )
     parser.add_argument("--tp-size", type=int, default=None)
     parser.add_argument("--dp-size", type=int, default=None)
+    parser.add_argument("--attn-dp-size", type=int, default=None, help="attention-DP ranks")
+    parser.add_argument(
+        "--enable-dp-attention",
+        action="store_true",
+        default=None,
+        help="deprecated: --dp-size N --enable-dp-attention means --attn-dp-size N",
+    )
+    parser.add_argument("--cuda-graph-max-bs-decode", type=int, default=None)
     parser.add_argument("--mem-fraction-static", type=float, default=None)
     parser.add_argument("--kv-cache-dtype", default=None, choices=sorted(kvmath.KV_ELEM_BYTES))
     parser.add_argument("--enable-hierarchical-cache", action="store_true", default=None)
@@ -832,6 +1073,12 @@ def add_plan_arguments(parser: argparse.ArgumentParser, *, model_required: bool)
     parser.add_argument("--host-ram-gib", type=float, default=None)
     parser.add_argument("--gpu-count", type=int, default=None)
     parser.add_argument("--gpu-name", default=None, help="as nvidia-smi names it")
+    parser.add_argument(
+        "--gpu-memory-bandwidth-gbs",
+        type=float,
+        default=None,
+        help="per GPU, GB/s, for the decode roofline (default: a table of GPU models)",
+    )
     parser.add_argument("--avg-input-len", type=int, default=None)
     parser.add_argument("--avg-output-len", type=int, default=None)
     parser.add_argument("--per-request-tok-s", type=float, default=None)
@@ -902,10 +1149,38 @@ def _summary(result: dict[str, Any]) -> str:
         f"({d['per_request_tok_s']} tok/s per request, {d['per_request_tok_s_source']})",
         f"headroom outside the static pool {result['headroom_gib']} GiB, "
         f"HiCache host total {result['hicache_host_gib_total']} GiB",
+        _roofline_line(result["decode_roofline"]),
     ]
+    for row in result.get("attention_dp_layouts") or []:
+        lines.append(
+            f"attention DP {row['attn_dp_size']}: {row['weights_per_gpu_gib']} GiB weights/GPU, "
+            f"{row['kv_tokens_per_rank']} KV tokens/rank x {row['kv_pools']} = "
+            f"{row['total_kv_tokens']}, {row['max_concurrent_requests']} concurrent, "
+            f"~{row['kv_bound_output_tok_s']} tok/s KV-bound, roofline "
+            f"{row['decode_roofline_tok_s']} tok/s, OOM margin/rank "
+            f"{row['oom_margin_gib_per_rank']} GiB"
+            + (
+                f" (cuda_graph_max_bs_decode {row['cuda_graph_max_bs_decode']})"
+                if row["cuda_graph_max_bs_decode"]
+                else ""
+            )
+            + (f" ERRORS {', '.join(row['errors'])}" if row["errors"] else "")
+        )
+    if result.get("recommended_layout"):
+        lines.append(f"recommended: {result['recommended_layout']['reason']}")
     lines += [f"ERROR {e['code']}: {e['message']}" for e in result["errors"]]
     lines += [f"WARNING {w['code']}: {w['message']}" for w in result["warnings"]]
     return "\n".join(lines)
+
+
+def _roofline_line(roof: dict[str, Any]) -> str:
+    if roof.get("tok_s") is None:
+        return f"decode roofline: {roof.get('reason')}"
+    return (
+        f"decode roofline {roof['tok_s']} tok/s at {roof['batch']} requests: "
+        f"{roof['weight_gib_per_gpu']} GiB weights + {roof['kv_gib_per_gpu']} GiB KV per GPU "
+        f"per step at {roof['bandwidth_gbs']:g} GB/s ({roof['bandwidth_source']})"
+    )
 
 
 # The command-line option behind each PlanInputError.argument that is not `--<name>`.

@@ -40,7 +40,7 @@ SPACE = {
     "mem_fraction_static": [0.85, 0.88, 0.90, 0.93],
     "max_running_requests": [64, 160],
     "chunked_prefill_size": [4096, 8192],
-    "num_continuous_decode_steps": [1, 4],
+    "cuda_graph_max_bs_decode": [256, 512],
     "kv_cache_dtype": ["auto", "fp8_e4m3"],
 }
 KIMI_JOB = {"input_len": 2000, "output_len": 2000, "concurrency": 150}
@@ -193,8 +193,8 @@ def test_grid_is_every_combination_over_the_servers_flags():
         "mem_fraction_static": 0.85,
         "max_running_requests": 64,
         "chunked_prefill_size": 4096,
-        "num_continuous_decode_steps": 1,
         "kv_cache_dtype": "auto",
+        "cuda_graph_max_bs_decode": 256,
     }
     flags = autotune.candidate_flags(state, first)
     assert flags["disable_custom_all_reduce"] is True and flags["tp_size"] == 8
@@ -316,7 +316,7 @@ def test_from_no_calibration_two_trials_fit_the_model():
 
 @pytest.mark.parametrize("tolerance", [0.0, 0.02, 0.2])
 def test_tolerance_trades_trials_for_certainty(tolerance: float):
-    noisy = wave_server(lambda f: 1.0 + 0.03 * (f["num_continuous_decode_steps"] == 1))
+    noisy = wave_server(lambda f: 1.0 + 0.03 * (f["cuda_graph_max_bs_decode"] == 256))
     state = search(tolerance=tolerance)
     rows = run(state, noisy)
     best = autotune.best_trial(state)["output_throughput"]

@@ -515,7 +515,13 @@ def test_live_levers_carry_the_planners_capacity_for_the_running_flags():
     assert "about 114 concurrent requests (now 57)" in levers["kv_cache_dtype_fp8"]
     # 0.85 (the server's, not the inventory's 0.9) is above SGLang's own choice, 0.758, which
     # is the planner's limit until a log calibrates it.
-    assert codes(result) == ["kv_cache_dtype_fp8", "mem_fraction_static_at_limit", "more_gpus"]
+    # An MLA model: attention DP comes right after fp8 (docs/ATTENTION-DP.md).
+    assert codes(result) == [
+        "kv_cache_dtype_fp8",
+        "attention_dp",
+        "mem_fraction_static_at_limit",
+        "more_gpus",
+    ]
     assert "--mem-fraction-static 0.85 is already at" in levers["mem_fraction_static_at_limit"]
     assert_no_hicache_lever(result)
 

@@ -44,6 +44,10 @@ REQUIRED_KEYS = {
     "hicache_host_gib_total",
     "warnings",
     "errors",
+    "kv_tokens_per_rank",
+    "total_kv_tokens",
+    "layout",
+    "decode_roofline",
 }
 
 KIMI_CONFIG, KIMI_WEIGHTS = read_model_dir(KIMI_DIR)
@@ -68,7 +72,8 @@ def find(items: list[dict[str, str]], code: str) -> dict[str, str]:
 # --- output shape -----------------------------------------------------------------------
 def test_output_has_exactly_the_contract_keys_plus_details():
     result = kimi(mem_fraction_static=0.85)
-    assert set(result) == REQUIRED_KEYS | {"details"}
+    # tp > 1 without replicas: the table of attention-DP layouts and its pick.
+    assert set(result) == REQUIRED_KEYS | {"details", "attention_dp_layouts", "recommended_layout"}
     for issue in result["warnings"] + result["errors"]:
         assert set(issue) == {"code", "message"}
 

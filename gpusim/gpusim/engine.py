@@ -123,8 +123,13 @@ class Scheduler:
         radix_cache: bool = True,
         on_crash: Callable[[str], None] | None = None,
         realtime: bool = True,
+        log_prefix: str | None = None,
+        step_factor: float = 1.0,
     ) -> None:
         self.plan = plan
+        # An attention-DP rank's lines carry its own prefix (" DP1 TP2"); None: the default.
+        self._log_extra = {} if log_prefix is None else {"extra": {"prefix": log_prefix}}
+        self.step_factor = step_factor
         self.timing = timing
         self.decode_log_interval = max(1, decode_log_interval)
         self.max_total = plan.max_total_num_tokens
@@ -258,7 +263,9 @@ class Scheduler:
     async def _decode_step(self) -> None:
         batch = len(self.running)
         await self._sleep(
-            self.timing.decode_step_s * (1 + self.timing.batch_slowdown * (batch - 1))
+            self.timing.decode_step_s
+            * self.step_factor
+            * (1 + self.timing.batch_slowdown * (batch - 1))
         )
         now = time.perf_counter()
         for req in self.running:
@@ -314,7 +321,8 @@ class Scheduler:
             f"Prefill batch, #new-seq: {new_seqs}, #new-token: {new_tokens}, "
             f"#cached-token: {cached}, token usage: {self.token_usage:.2f}, "
             f"#running-req: {len(self.running) - new_seqs}, #queue-req: {len(self.waiting)}, "
-            f"#pending-token: 0, cuda graph: False, input throughput (token/s): {throughput:.2f}"
+            f"#pending-token: 0, cuda graph: False, input throughput (token/s): {throughput:.2f}",
+            **self._log_extra,
         )
 
     def _log_decode(self) -> None:
@@ -328,5 +336,103 @@ class Scheduler:
             f"Decode batch, #running-req: {len(self.running)}, #token: {self.reserved}, "
             f"token usage: {self.token_usage:.2f}, cuda graph: {cuda_graph}, "
             f"gen throughput (token/s): {self.stats.gen_throughput:.2f}, "
-            f"#queue-req: {len(self.waiting)}"
+            f"#queue-req: {len(self.waiting)}",
+            **self._log_extra,
         )
+
+
+class AttentionDPSchedulers:
+    """Attention data parallelism: one Scheduler, KV pool and queue per attention-DP rank
+    (README, "Attention DP"), behind the one-scheduler interface the HTTP layer uses.
+
+    Requests go to the ranks round-robin (SGLang's data-parallel controller; its other
+    load-balance methods are not modelled). Each rank steps on its own with its own batch;
+    the lockstep of the MoE layers across ranks is not modelled (see README).
+    """
+
+    def __init__(self, ranks: list[Scheduler], leaders: list[int]) -> None:
+        self.ranks = ranks
+        # The global TP rank of each attention-DP rank's first GPU (metrics label it so).
+        self.leaders = leaders
+        self.plan = ranks[0].plan
+        self.on_crash = ranks[0].on_crash
+        self._next = 0
+
+    def submit(self, req: Request) -> None:
+        rank = self.ranks[self._next % len(self.ranks)]
+        self._next += 1
+        rank.submit(req)
+
+    def abort(self, req: Request) -> None:
+        for rank in self.ranks:
+            if req in rank.waiting or req in rank.running:
+                rank.abort(req)
+                return
+        if not req.finished:
+            req.aborted, req.finished = True, True
+            req.progress.set()
+
+    async def run(self) -> None:
+        await asyncio.gather(*(rank.run() for rank in self.ranks))
+
+    def flush_cache(self) -> bool:
+        if any(rank.running or rank.waiting for rank in self.ranks):
+            return False
+        return all(rank.flush_cache() for rank in self.ranks)
+
+    @property
+    def running(self) -> list[Request]:
+        return [req for rank in self.ranks for req in rank.running]
+
+    @property
+    def waiting(self) -> list[Request]:
+        return [req for rank in self.ranks for req in rank.waiting]
+
+    @property
+    def in_flight(self) -> int:
+        return sum(rank.in_flight for rank in self.ranks)
+
+    @property
+    def reserved(self) -> int:
+        return sum(rank.reserved for rank in self.ranks)
+
+    @property
+    def max_total(self) -> int:
+        return sum(rank.max_total for rank in self.ranks)
+
+    @property
+    def token_usage(self) -> float:
+        return self.reserved / self.max_total if self.max_total else 0.0
+
+    @property
+    def crashed(self) -> bool:
+        return any(rank.crashed for rank in self.ranks)
+
+    @crashed.setter
+    def crashed(self, value: bool) -> None:
+        for rank in self.ranks:
+            rank.crashed = value
+
+    @property
+    def last_progress(self) -> float:
+        return max(rank.last_progress for rank in self.ranks)
+
+    @property
+    def forward_ct_decode(self) -> int:
+        return sum(rank.forward_ct_decode for rank in self.ranks)
+
+    @property
+    def sim_time(self) -> float:
+        return max(rank.sim_time for rank in self.ranks)
+
+    @property
+    def stats(self) -> Stats:
+        """The server's totals (counters summed, peaks of the busiest rank)."""
+        total = Stats()
+        for rank in self.ranks:
+            for name, value in vars(rank.stats).items():
+                if name.startswith("peak_"):
+                    setattr(total, name, max(getattr(total, name), value))
+                else:
+                    setattr(total, name, getattr(total, name) + value)
+        return total

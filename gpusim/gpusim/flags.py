@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 from collections.abc import Callable, Sequence
 from decimal import Decimal
 from importlib import resources
@@ -201,6 +202,24 @@ def using_generated_table() -> bool:
     return flag_table_json() is not None
 
 
+class DeprecatedStoreTrue(argparse.Action):
+    """SGLang's DeprecatedStoreTrueAction: stores True and warns with the new spelling
+    (srt/arg_groups/argparse_actions.py, `print_deprecated_warning`: a logger warning in bold
+    yellow, which reaches stderr before logging is configured)."""
+
+    def __init__(self, option_strings: list[str], dest: str, new_flag: str | None = None,
+                 **kwargs: Any) -> None:  # fmt: skip
+        self.new_flag = new_flag
+        kwargs.pop("nargs", None)
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None) -> None:
+        replacement = f" Use '{self.new_flag}' instead." if self.new_flag else ""
+        message = f"'{option_string}' is deprecated and will be removed in a future release."
+        print(f"\033[1;33m{message}{replacement}\033[0m", file=sys.stderr)
+        setattr(namespace, self.dest, True)
+
+
 def _add_from_json(parser: argparse.ArgumentParser, entry: dict[str, Any]) -> None:
     options = entry.get("option_strings") or []
     action = entry.get("action") or "store"
@@ -236,6 +255,9 @@ def _add_from_json(parser: argparse.ArgumentParser, entry: dict[str, Any]) -> No
             kwargs["metavar"] = entry["metavar"]
     if kwargs["action"] == "store_const":
         kwargs["const"] = entry.get("const")
+    if entry.get("action_class") == "DeprecatedStoreTrueAction":
+        kwargs["action"] = DeprecatedStoreTrue
+        kwargs["new_flag"] = entry.get("new_flag")
     parser.add_argument(*options, **kwargs)
 
 

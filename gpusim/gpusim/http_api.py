@@ -64,7 +64,15 @@ class Metrics:
     """The sglang: Prometheus series a deployment watches (names/labels of SGLang); the rest of
     what SGLang 0.5.23 serves is in gpusim/sglang_metrics.py."""
 
-    def __init__(self, model_name: str, page_size: int = 1) -> None:
+    def __init__(
+        self,
+        model_name: str,
+        page_size: int = 1,
+        *,
+        attn_dp: int = 1,
+        all_schedulers: bool = False,
+        tp_size: int = 1,
+    ) -> None:
         self.registry = CollectorRegistry()
         sched = {
             "model_name": model_name,
@@ -73,6 +81,13 @@ class Metrics:
             "pp_rank": "0",
             "moe_ep_rank": "0",
         }
+        # Attention DP (0.5.23 scheduler.py / metrics_collector.py): every attention-DP rank's
+        # first scheduler reports, labelled with its dp_rank; with
+        # --enable-metrics-for-all-schedulers every TP rank does (the ranks of one
+        # attention-TP group repeat their group's figures).
+        self.attn_dp, self.all_schedulers, self.tp_size = attn_dp, all_schedulers, tp_size
+        if attn_dp > 1:
+            sched["dp_rank"] = "0"
         tok = {"model_name": model_name, "engine_type": "unified"}
         self.sched_labels, self.tok_labels = sched, tok
         r = self.registry
@@ -144,8 +159,33 @@ class Metrics:
     def middleware(self) -> Any:
         return http_middleware(self.extras)
 
+    def refresh_ranks(self, ranks: list[Scheduler], leaders: list[int]) -> None:
+        """One series per reporting scheduler of an attention-DP server; counters total."""
+        attn_tp = self.tp_size // len(ranks)
+        for dp_rank, (rank, leader) in enumerate(zip(ranks, leaders, strict=True)):
+            members = range(leader, leader + attn_tp) if self.all_schedulers else [leader]
+            for tp_rank in members:
+                labels = self.sched_labels | {"tp_rank": str(tp_rank), "dp_rank": str(dp_rank)}
+                self._gauges(rank, labels)
+
     def refresh(self, scheduler: Scheduler) -> None:
         s, labels = scheduler.stats, self.sched_labels
+        ranks = getattr(scheduler, "ranks", None)  # attention DP: one scheduler per rank
+        if ranks:
+            self.refresh_ranks(ranks, scheduler.leaders)
+        else:
+            self._gauges(scheduler, labels)
+        self._sync_counter(self.prompt, "prompt", s.prompt_tokens_total)
+        self._sync_counter(self.generation, "generation", s.generation_tokens_total)
+        self._sync_counter(self.requests, "requests", s.num_requests_total)
+        self._sync_counter(self.aborted, "aborted", s.num_aborted_requests_total)
+        if not self._startup_published:
+            self.extras.set_startup(scheduler.plan, scheduler, self.page_size)
+            self._startup_published = True
+        self.extras.refresh(scheduler)
+
+    def _gauges(self, scheduler: Scheduler, labels: dict[str, str]) -> None:
+        s = scheduler.stats
         self.running.labels(**labels).set(len(scheduler.running))
         self.queue.labels(**labels).set(len(scheduler.waiting))
         self.used.labels(**labels).set(scheduler.reserved)
@@ -154,11 +194,6 @@ class Metrics:
         hit = s.cached_tokens_total / s.prompt_tokens_total if s.prompt_tokens_total else 0.0
         self.hit.labels(**labels).set(hit)
         self.max_tokens.labels(**labels).set(scheduler.max_total)
-        self._sync_counter(self.aborted, "aborted", s.num_aborted_requests_total)
-        if not self._startup_published:
-            self.extras.set_startup(scheduler.plan, scheduler, self.page_size)
-            self._startup_published = True
-        self.extras.refresh(scheduler)
 
     def observe_finished(self, req: Request) -> None:
         streaming = str(req.stream).lower()

@@ -75,6 +75,11 @@ class MemoryArgs:
     tp_size: int = 1
     pp_size: int = 1
     dp_size: int = 1
+    # Attention data parallelism (README, "Attention DP"); enable_dp_attention is the
+    # deprecated spelling, resolved by resolve_attn_dp before anything reads the layout.
+    attn_dp_size: int = 1
+    enable_dp_attention: bool = False
+    schedule_conservativeness: float = 1.0
     nnodes: int = 1
     mem_fraction_static: float | None = None
     kv_cache_dtype: str = "auto"
@@ -166,8 +171,32 @@ def weight_gib_per_rank(model: ModelShape, args: MemoryArgs) -> float:
     """Weights are split over every rank of the group: TP within a stage, PP across them.
 
     A rank holds the same share whatever node it runs on, so a node holds
-    (its ranks / tp*pp) of the model: half of it for each of two nodes."""
-    return model.weight_bytes / (args.tp_size * args.pp_size) / GIB
+    (its ranks / tp*pp) of the model: half of it for each of two nodes. Under attention DP
+    the attention projections and embedding are split over attn_tp = tp / attn_dp only."""
+    share = model.weight_bytes / (args.tp_size * args.pp_size)
+    if args.attn_dp_size > 1:
+        attn_tp = args.tp_size // args.attn_dp_size
+        share += model.attn_split_bytes * (1 / attn_tp - 1 / args.tp_size) / args.pp_size
+    return share / GIB
+
+
+def resolve_attn_dp(args: MemoryArgs) -> None:
+    """0.5.23 `_handle_deprecated_dp_attention`: `--dp-size N --enable-dp-attention` is
+    `--attn-dp-size N` with dp_size 1."""
+    if args.enable_dp_attention and args.attn_dp_size == 1:
+        args.attn_dp_size, args.dp_size = args.dp_size, 1
+    args.enable_dp_attention = False
+
+
+def attn_dp_graph_mib(decode_max_bs: int, attn_dp_size: int) -> float:
+    """`reserve_for_graph_mb` under attention DP: bs x attn_dp x 3 MiB (+1.5 above bs 300);
+    the double's graphs take what SGLang reserves for them."""
+    if attn_dp_size <= 1:
+        return 0.0
+    extra = decode_max_bs * attn_dp_size * 3.0
+    if decode_max_bs > 300:
+        extra += decode_max_bs * attn_dp_size * 1.5
+    return extra
 
 
 def default_chunk_and_graph_bs(gpu_mem_mib: float, tp_size: int) -> tuple[int, int]:
@@ -199,7 +228,7 @@ def prefill_graph_buckets(max_tokens: int) -> list[int]:
 
 
 def graph_memory_mib(
-    model: ModelShape, chunk: int, decode_max_bs: int, disabled: bool
+    model: ModelShape, chunk: int, decode_max_bs: int, disabled: bool, attn_dp_size: int = 1
 ) -> dict[str, float]:
     if disabled:
         return {"decode": 0.0, "prefill": 0.0}
@@ -207,7 +236,10 @@ def graph_memory_mib(
         prefill = float(MLA_PREFILL_GRAPH_MIB)
     else:
         prefill = float(len(prefill_graph_buckets(chunk)) * MHA_PREFILL_GRAPH_MIB_PER_BUCKET)
-    return {"decode": float(decode_max_bs * DECODE_GRAPH_MIB_PER_BS), "prefill": prefill}
+    decode = decode_max_bs * DECODE_GRAPH_MIB_PER_BS + attn_dp_graph_mib(
+        decode_max_bs, attn_dp_size
+    )
+    return {"decode": float(decode), "prefill": prefill}
 
 
 def default_mem_fraction_static(
@@ -217,7 +249,10 @@ def default_mem_fraction_static(
     activation_tokens = max(chunk, 2048) if chunk > 0 else max(args.max_prefill_tokens, 2048)
     reserved = 512 + activation_tokens * 1.5
     reserved += args.tp_size * args.pp_size / 8 * 1024
-    reserved += sum(graph_memory_mib(model, chunk, decode_max_bs, args.disable_cuda_graph).values())
+    graphs = graph_memory_mib(
+        model, chunk, decode_max_bs, args.disable_cuda_graph, args.attn_dp_size
+    )
+    reserved += sum(graphs.values())
     if gpu_mem_mib > 60 * 1024:
         reserved = max(reserved, 10 * 1024)
     fraction = round((gpu_mem_mib - reserved) / gpu_mem_mib, 3)
@@ -247,6 +282,7 @@ def multimodal_reserve_gib(model: ModelShape, args: MemoryArgs) -> float:
 
 def check_args(args: MemoryArgs) -> None:
     """Flag combinations SGLang rejects before any GPU work (0.5.23 validation_hook.py)."""
+    resolve_attn_dp(args)
     if args.nnodes == 0:
         # SGLang's check is `(tp_size * pp_size) % nnodes == 0`: zero nodes divide by zero.
         raise StartupFailure("ZeroDivisionError", "integer modulo by zero", "args")
@@ -260,6 +296,21 @@ def check_args(args: MemoryArgs) -> None:
             "multi-node data-parallel replicas are not supported; use attention DP "
             "(--attn-dp-size) across nodes",
             "args",
+        )
+    if args.attn_dp_size < 1:
+        raise StartupFailure(
+            "ValueError", f"--attn-dp-size must be positive (got {args.attn_dp_size}).", "args"
+        )
+    if args.attn_dp_size > 1 and args.dp_size > 1:
+        raise StartupFailure(
+            "ValueError",
+            f"--dp-size {args.dp_size} with --attn-dp-size {args.attn_dp_size}: data-parallel "
+            "replicas combined with attention data parallelism are not supported.",
+            "args",
+        )
+    if args.tp_size % args.attn_dp_size:
+        raise StartupFailure(
+            "AssertionError", "tp_size must be divisible by attn_dp_size * attn_cp_size", "args"
         )
     if args.enable_hierarchical_cache and args.disable_radix_cache:
         raise StartupFailure(
@@ -283,6 +334,11 @@ def resolve_defaults(args: MemoryArgs, model: ModelShape, gpu_mem_mib: int) -> t
         args.mem_fraction_static = default_mem_fraction_static(
             model, args, gpu_mem_mib, chunk, decode_bs
         )
+    if args.attn_dp_size > 1:
+        # `_handle_data_parallelism` runs after the memory settings: each rank prefills
+        # its own chunk, and the scheduler admits more eagerly.
+        chunk //= args.attn_dp_size
+        args.schedule_conservativeness *= 0.3
     return chunk, decode_bs
 
 
@@ -355,7 +411,7 @@ def plan_memory(
             f"Current value: mem_fraction_static={mfs}",
             "kv_cache",
         )
-    graph = graph_memory_mib(model, chunk, decode_bs, args.disable_cuda_graph)
+    graph = graph_memory_mib(model, chunk, decode_bs, args.disable_cuda_graph, args.attn_dp_size)
     runtime = RUNTIME_BASE_MIB + args.tp_size * args.pp_size / 8 * RUNTIME_PER_8_RANKS_MIB
     headroom = pre_gib * 1024 * (1 - mfs)
     spare = headroom - sum(graph.values()) - runtime
@@ -389,9 +445,9 @@ def plan_memory(
 
 
 def max_running_requests(tokens: int, context_len: int, args: MemoryArgs) -> int:
-    """SGLang's `resolve_max_num_reqs`."""
+    """SGLang's `resolve_max_num_reqs`, per attention-DP rank (the flag is divided over them)."""
     if args.max_running_requests is not None:
-        return min(max(1, args.max_running_requests), tokens // 2)
+        return min(max(1, args.max_running_requests // args.attn_dp_size), tokens // 2)
     estimated = max(min(int(tokens / context_len * 512), 4096), 2048)
     return min(estimated, tokens // 2)
 

@@ -30,7 +30,7 @@ from aiohttp import web
 
 from gpusim import distributed, flags, logs, state
 from gpusim.distributed import GroupConfig, Leader, Member
-from gpusim.engine import Request, Scheduler
+from gpusim.engine import AttentionDPSchedulers, Request, Scheduler
 from gpusim.http_api import Metrics, ServerState, build_app
 from gpusim.logs import LoggingConfigMissing
 from gpusim.memory import (
@@ -106,6 +106,7 @@ class Launcher:
         self.shutdown = asyncio.Event()
         self.exit_code = 0
         self.tp_size, self.pp_size = args.tp_size, getattr(args, "pp_size", 1)
+        self.attn_dp = _attn_dp_size(args)
         self.node_rank = getattr(args, "node_rank", 0)
         nnodes = getattr(args, "nnodes", 1)
         # Node n holds world ranks [n*L, (n+1)*L), world rank = tp_size * pp_rank + tp_rank
@@ -134,8 +135,11 @@ class Launcher:
         return index
 
     def _prefix(self, world_rank: int) -> str:
-        """SGLang's scheduler prefix: " PP<p>" with pipeline stages, " TP<t>" with TP."""
+        """SGLang's scheduler prefix: " PP<p>" with pipeline stages, " DP<d>" with attention
+        DP, " TP<t>" with TP."""
         prefix = f" PP{world_rank // self.tp_size}" if self.pp_size > 1 else ""
+        if self.attn_dp > 1:
+            prefix += f" DP{world_rank % self.tp_size // (self.tp_size // self.attn_dp)}"
         return prefix + (f" TP{world_rank % self.tp_size}" if self.tp_size > 1 else "")
 
     def spawn_ranks(self) -> None:
@@ -455,12 +459,22 @@ class Launcher:
         }
         server_args = {k: v for k, v in vars(args).items() if k != "config"}
         server_args["served_model_name"] = served
+        if self.attn_dp > 1:
+            # As SGLang's resolved_dict: the deprecated spelling resolved, and
+            # enable_dp_attention reported true whenever attention DP runs.
+            server_args |= {"attn_dp_size": self.attn_dp, "dp_size": 1, "enable_dp_attention": True}
         return ServerState(
             server_args=server_args,
             served_model_name=served,
             model_info=info,
             tokenizer=WordTokenizer.from_dir(tokenizer_dir),
-            metrics=Metrics(served, page_size=getattr(args, "page_size", None) or 1)
+            metrics=Metrics(
+                served,
+                page_size=getattr(args, "page_size", None) or 1,
+                attn_dp=self.attn_dp,
+                all_schedulers=bool(getattr(args, "enable_metrics_for_all_schedulers", False)),
+                tp_size=self.tp_size,
+            )
             if getattr(args, "enable_metrics", False)
             else None,
         )
@@ -490,15 +504,30 @@ class Launcher:
         await self.drain()
         return await self._stop()
 
+    def _scheduler(self, plan: MemoryPlan) -> Scheduler | AttentionDPSchedulers:
+        """One scheduler, or one per attention-DP rank, each with its own pool."""
+
+        def one(prefix: str | None = None, factor: float = 1.0) -> Scheduler:
+            return Scheduler(
+                plan,
+                self.timing,
+                decode_log_interval=getattr(self.args, "decode_log_interval", 40),
+                radix_cache=not getattr(self.args, "disable_radix_cache", False),
+                on_crash=lambda msg: self.scheduler_exception("torch.OutOfMemoryError", msg, True),
+                log_prefix=prefix,
+                step_factor=factor,
+            )
+
+        if self.attn_dp <= 1:
+            return one()
+        attn_tp = self.tp_size // self.attn_dp
+        leaders = [d * attn_tp for d in range(self.attn_dp)]
+        factor = self.timing.attn_dp_step_factor
+        return AttentionDPSchedulers([one(self._prefix(t), factor) for t in leaders], leaders)
+
     async def _run_ready(self, plan: MemoryPlan) -> None:
         assert self.server is not None
-        scheduler = Scheduler(
-            plan,
-            self.timing,
-            decode_log_interval=getattr(self.args, "decode_log_interval", 40),
-            radix_cache=not getattr(self.args, "disable_radix_cache", False),
-            on_crash=lambda msg: self.scheduler_exception("torch.OutOfMemoryError", msg, True),
-        )
+        scheduler = self._scheduler(plan)
         self._scheduler_task = asyncio.create_task(scheduler.run())
         self.server.plan = plan
         logs.SCHEDULER.info(
@@ -654,6 +683,14 @@ def bind(host: str, port: int, listen: bool = True) -> socket.socket:
         sock.listen(2048)
     sock.set_inheritable(True)
     return sock
+
+
+def _attn_dp_size(args: argparse.Namespace) -> int:
+    """The attention-DP size SGLang resolves (the deprecated spelling: dp_size)."""
+    attn = getattr(args, "attn_dp_size", 1) or 1
+    if getattr(args, "enable_dp_attention", False) and attn == 1:
+        return getattr(args, "dp_size", 1) or 1
+    return attn
 
 
 def _entrypoint_warning() -> None:

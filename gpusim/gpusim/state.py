@@ -37,6 +37,10 @@ class Timing:
     batch_slowdown: float = 0.01
     # Prefill time per new (uncached) input token.
     prefill_token_s: float = 0.00002
+    # Attention DP: each rank's decode step takes this x what a TP server's step of the same
+    # batch takes (the MoE layers' lockstep and all-gather are not modelled; README,
+    # "Attention DP"). A model, not a measurement: a real host's autotune decides.
+    attn_dp_step_factor: float = 1.0
 
 
 @dataclass
