@@ -13,7 +13,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help test demo lint pytest molecule host image wheelhouse bench clean
+.PHONY: help test demo lint pytest molecule host image wheelhouse monitoring-debs bench clean
 help:
 	@echo "make test   - set up, then yamllint, ansible-lint, ruff, pytest and every Molecule scenario"
 	@echo "make demo   - set up, then deploy SGLang (GPU-less double) onto a local simulated GPU host"
@@ -34,6 +34,10 @@ image: host
 wheelhouse: $(BIN)/.stamp
 	@scripts/build-wheelhouse.sh
 
+# Debian's Prometheus packages for the monitoring scenario, shipped as an air-gapped site would.
+monitoring-debs: image
+	@scripts/build-monitoring-debs.sh
+
 lint: $(BIN)/.stamp
 	@echo "==> yamllint"; $(BIN)/yamllint --strict .
 	@echo "==> ansible-lint (production profile)"; $(BIN)/ansible-lint --profile production
@@ -41,10 +45,10 @@ lint: $(BIN)/.stamp
 
 # No image here: the one test that needs a real systemd builds it on demand (tests/test_flags.py).
 # The wheelhouse holds the pinned SGLang wheel that tests/test_ml_env_vars.py reads.
-pytest: $(BIN)/.stamp wheelhouse
+pytest: $(BIN)/.stamp wheelhouse host
 	@echo "==> pytest"; $(BIN)/pytest
 
-molecule: $(BIN)/.stamp image wheelhouse
+molecule: $(BIN)/.stamp image wheelhouse monitoring-debs
 	@scripts/molecule-all.sh $(SCENARIOS)
 
 test: lint pytest molecule
