@@ -13,7 +13,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help check test demo lint pytest molecule host image wheelhouse cpu-image sglang-ref resolve-gpu-deps bench clean
+.PHONY: help check test demo lint pytest molecule host image wheelhouse cpu-image monitoring-debs sglang-ref resolve-gpu-deps bench clean
 help:
 	@echo "make check  - the quick loop, no containers: yamllint, ansible-lint, ruff and the unit tests"
 	@echo "make test   - set up, then yamllint, ansible-lint, ruff, pytest and every Molecule scenario"
@@ -42,6 +42,10 @@ cpu-image: $(BIN)/.stamp image
 	@scripts/build-wheelhouse.sh cpu
 	@scripts/build-cpu-testhost-image.sh
 
+# Debian's Prometheus packages for the monitoring scenario, shipped as an air-gapped site would.
+monitoring-debs: image
+	@scripts/build-monitoring-debs.sh
+
 lint: $(BIN)/.stamp
 	@echo "==> yamllint"; $(BIN)/yamllint --strict .
 	@echo "==> ansible-lint (production profile)"; $(BIN)/ansible-lint --profile production
@@ -62,7 +66,7 @@ resolve-gpu-deps: $(BIN)/.stamp
 # The wheelhouse holds the pinned SGLang wheel that tests/test_ml_env_vars.py reads. Most tests
 # wait on processes, sockets and leases rather than compute, so PYTEST_JOBS of them run at once.
 PYTEST_JOBS ?= 4
-pytest: $(BIN)/.stamp wheelhouse sglang-ref
+pytest: $(BIN)/.stamp wheelhouse sglang-ref host
 	@echo "==> pytest"; $(BIN)/pytest -n $(PYTEST_JOBS)
 
 # The inner loop: everything that needs no container, no image and no dockerd (and no reference
@@ -70,7 +74,8 @@ pytest: $(BIN)/.stamp wheelhouse sglang-ref
 check: lint $(BIN)/.stamp wheelhouse
 	@echo "==> pytest (no containers)"; $(BIN)/pytest -n $(PYTEST_JOBS) -m "not container"
 
-molecule: $(BIN)/.stamp image wheelhouse $(if $(filter real_sglang,$(SCENARIOS)),cpu-image)
+molecule: $(BIN)/.stamp image wheelhouse $(if $(filter real_sglang,$(SCENARIOS)),cpu-image) \
+  $(if $(filter monitoring,$(SCENARIOS)),monitoring-debs)
 	@scripts/molecule-all.sh $(SCENARIOS)
 
 test: lint pytest molecule

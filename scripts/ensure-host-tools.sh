@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Make sure this machine can run the Molecule test hosts: Debian's docker.io and debootstrap
-# installed, and a Docker engine answering. Where no service manager runs dockerd (a container
-# or CI sandbox without systemd as PID 1), start it in the background and wait for its socket.
+# installed, and a Docker engine answering; and Debian's prometheus for promtool, which checks
+# the monitoring role's rules and dashboard queries (tests/test_monitoring_rules.py). Where no
+# service manager runs dockerd (a container or CI sandbox without systemd as PID 1), start it in
+# the background and wait for its socket.
 set -euo pipefail
 
 say() { printf '==> %s\n' "$*"; }
@@ -10,6 +12,7 @@ as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 missing=()
 command -v dockerd >/dev/null 2>&1 || missing+=(docker.io)
 command -v debootstrap >/dev/null 2>&1 || [ -x /usr/sbin/debootstrap ] || missing+=(debootstrap)
+command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 if [ "${#missing[@]}" -gt 0 ]; then
   say "installing Debian packages: ${missing[*]} (mirror from this machine's apt sources)"
   as_root apt-get update -qq
