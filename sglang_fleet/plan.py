@@ -838,11 +838,13 @@ class _CpuPlanner(_Planner):
         except ModelConfigError as exc:
             raise PlanInputError(str(exc), "model_config") from exc
         self.weight_bytes = _check_weight_bytes(weight_bytes)
-        self.tp = int(self.a["tp_size"])
-        self.dp = int(self.a["dp_size"])
-        self.dtype = str(self.a["kv_cache_dtype"])
         self.warnings = []
         self.errors = []
+        self.layout = self._layout()
+        self.tp = self.layout.tp_size
+        self.dp = self.layout.dp_size
+        self.attn_dp = self.layout.attn_dp_size
+        self.dtype = str(self.a["kv_cache_dtype"])
         self.cal = _log_calibration(self.a)
         ram = self.host.get("host_ram_gib")
         self.ram_gib = None if ram is None else float(ram)

@@ -356,6 +356,8 @@ class AttentionDPSchedulers:
         self.leaders = leaders
         self.plan = ranks[0].plan
         self.on_crash = ranks[0].on_crash
+        # The ranks start together: the first one's start-up phases stand for the server's.
+        self.timing = ranks[0].timing
         self._next = 0
 
     def submit(self, req: Request) -> None:
@@ -403,6 +405,11 @@ class AttentionDPSchedulers:
     @property
     def token_usage(self) -> float:
         return self.reserved / self.max_total if self.max_total else 0.0
+
+    @property
+    def prefix_cache(self) -> PrefixCache:
+        """Rank 0's prefix cache (the metrics' cached-blocks gauge is scheduler 0's, as SGLang's)."""
+        return self.ranks[0].prefix_cache
 
     @property
     def crashed(self) -> bool:

@@ -175,9 +175,6 @@ class Metrics:
             self.refresh_ranks(ranks, scheduler.leaders)
         else:
             self._gauges(scheduler, labels)
-        self._sync_counter(self.prompt, "prompt", s.prompt_tokens_total)
-        self._sync_counter(self.generation, "generation", s.generation_tokens_total)
-        self._sync_counter(self.requests, "requests", s.num_requests_total)
         self._sync_counter(self.aborted, "aborted", s.num_aborted_requests_total)
         if not self._startup_published:
             self.extras.set_startup(scheduler.plan, scheduler, self.page_size)
