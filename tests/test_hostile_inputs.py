@@ -2337,6 +2337,17 @@ SECOND_WAVE_ROWS = [
         "(server kimi): its inputs do not match its spec_digest",
     ),
     Row(
+        "autotune-init-never-resumes-a-state-edited-by-hand",
+        "autotune",
+        [
+            ("init", ({}, _tune_context())),
+            ("edit", lambda text: text.replace('"concurrency": 150', '"concurrency": 15')),
+            ("init", ({}, _tune_context())),
+        ],
+        "handled",
+        '"resumed": false',
+    ),
+    Row(
         "autotune-state-junk",
         "autotune",
         [("init", ({}, _tune_context())), ("edit", lambda _: "[1, 2]"), ("next", None)],
