@@ -998,6 +998,9 @@ _STATE_TYPES: dict[str, type | tuple[type, ...]] = {
 }
 
 
+_DIGEST_MISMATCH = "its inputs do not match its spec_digest (edited by hand?)"
+
+
 def _state_problem(state: Any) -> str:
     """Why a parsed state file is not a whole autotune state of this schema ('' when it is)."""
     if not isinstance(state, dict):
@@ -1020,18 +1023,24 @@ def _state_problem(state: Any) -> str:
     if bad:
         return f"missing or bad: {', '.join(sorted(set(bad)))}"
     if state["spec_digest"] != spec_digest(state):
-        return "its inputs do not match its spec_digest (edited by hand?)"
+        return _DIGEST_MISMATCH
     return ""
 
 
-def load_state(path: str | Path) -> dict[str, Any]:
-    """The state file, checked: AutotuneInputError naming the file and the server otherwise."""
+def load_state(path: str | Path, digest_may_differ: bool = False) -> dict[str, Any]:
+    """The state file, checked: AutotuneInputError naming the file and the server otherwise.
+
+    digest_may_differ: for init, which never resumes such a state (its stored digest is not
+    what its inputs give) but replaces it as a search of other inputs, as it does a state an
+    older sglang-fleet wrote with a digest that covered less."""
     try:
         state = json.loads(Path(path).read_text(encoding="utf-8"), parse_constant=_no_constant)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         state, problem = None, f"not JSON ({exc})"
     else:
         problem = _state_problem(state)
+    if problem == _DIGEST_MISMATCH and digest_may_differ:
+        return {**state, "spec_digest": None}
     if problem:
         server = state.get("server") if isinstance(state, dict) else None
         raise AutotuneInputError(
@@ -1054,7 +1063,7 @@ def _old_state(path: str, force: bool) -> dict[str, Any] | None:
     if not Path(path).exists():
         return None
     try:
-        return load_state(path)
+        return load_state(path, digest_may_differ=True)
     except AutotuneInputError:
         if not force:
             raise

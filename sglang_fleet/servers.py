@@ -80,6 +80,7 @@ from typing import Any
 
 from sglang_fleet import nodes as _nodes
 from sglang_fleet.flags import env_file_line, exec_start, normalize_key, to_argv
+from sglang_fleet.module_utils.fleet_http import HttpError, check_url, redact_url
 from sglang_fleet.plan import PLANNER_FLAGS
 
 SERVERS_VAR = "sglang_server_instances"
@@ -517,6 +518,15 @@ def local_address(host: str) -> str:
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
+def _readable_url(url: str, variable: str) -> None:
+    """What the modules' HTTP reader refuses (port 0 or above 65535, a leading zero, a host
+    like '..'), refused here first, before any host is touched."""
+    try:
+        check_url(url, variable)
+    except HttpError as exc:
+        raise ServerConfigError(variable, str(exc).removeprefix(f"{variable} ")) from None
+
+
 def _check_router(
     value: Any, where: str, port: int, host: str, hostname: str | None
 ) -> dict[str, str] | None:
@@ -530,8 +540,10 @@ def _check_router(
     if not isinstance(url, str) or not ROUTER_URL_RE.fullmatch(url):
         raise ServerConfigError(
             f"{variable}.url",
-            f"{url!r} must be the router's URL as this host reaches it, {ROUTER_URL_RULE}",
+            f"{redact_url(repr(url))} must be the router's URL as this host reaches it, "
+            f"{ROUTER_URL_RULE}",
         )
+    _readable_url(url, f"{variable}.url")
     worker_url = router.get("worker_url")
     if worker_url is None:
         if not hostname:
@@ -544,8 +556,14 @@ def _check_router(
     if match is None:
         raise ServerConfigError(
             f"{variable}.worker_url",
-            f"{worker_url!r} must be {ROUTER_URL_RULE} (sglang-router compares worker URLs as "
-            "written: 'http://host:port/' never becomes healthy)",
+            f"{redact_url(repr(worker_url))} must be {ROUTER_URL_RULE} (sglang-router compares "
+            "worker URLs as written: 'http://host:port/' never becomes healthy)",
+        )
+    _readable_url(worker_url, f"{variable}.worker_url")
+    if _url_key(url) == _url_key(worker_url):
+        raise ServerConfigError(
+            f"{variable}.url",
+            f"{url} is the server's own worker URL: a server cannot be routed through itself",
         )
     if _url_port(match) != port:
         raise ServerConfigError(

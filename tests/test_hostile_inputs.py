@@ -2129,6 +2129,50 @@ SECOND_WAVE_ROWS = [
         "--interval 2e-05 is below 0.1 s",
     ),
     Row("live-url-port-zero", "live", {"url": "http://127.0.0.1:0"}, "refused", "bad port"),
+    # ---- the resolver: a server's router URLs, checked before any host is touched -------
+    Row(
+        "resolver-router-url-port-zero",
+        "server",
+        srv(router={"url": "http://gw:0", "worker_url": "http://gpu-01:8000"}),
+        "refused",
+        f"{KIMI}.router.url: 'http://gw:0' has a bad port",
+    ),
+    Row(
+        "resolver-router-url-port-99999",
+        "server",
+        srv(router={"url": "http://gw:99999", "worker_url": "http://gpu-01:8000"}),
+        "refused",
+        f"{KIMI}.router.url: 'http://gw:99999' has a bad port",
+    ),
+    Row(
+        "resolver-router-url-host-dotdot",
+        "server",
+        srv(router={"url": "http://..:8080", "worker_url": "http://gpu-01:8000"}),
+        "refused",
+        "host '..' is not a host name or an IP address",
+    ),
+    Row(
+        "resolver-worker-port-leading-zero",
+        "server",
+        srv(router={"url": "http://gw:8080", "worker_url": "http://gpu-01:08000"}),
+        "refused",
+        f"{KIMI}.router.worker_url: 'http://gpu-01:08000' has a bad port",
+    ),
+    Row(
+        "resolver-server-routed-through-itself",
+        "server",
+        srv(router={"url": "http://gpu-01:8000", "worker_url": "http://gpu-01:8000"}),
+        "refused",
+        "a server cannot be routed through itself",
+    ),
+    Row(
+        "resolver-router-url-with-password",
+        "server",
+        srv(router={"url": "http://admin:hunter2@gw:8080", "worker_url": "http://gpu-01:8000"}),
+        "refused",
+        "'http://***@gw:8080' must be the router's URL",
+        PASSWORD,
+    ),
     # ---- the router module: URLs, redirects, a slow router, the drain ---------------------
     Row(
         "router-url-port-zero",
@@ -2291,6 +2335,17 @@ SECOND_WAVE_ROWS = [
         ],
         "refused",
         "(server kimi): its inputs do not match its spec_digest",
+    ),
+    Row(
+        "autotune-init-never-resumes-a-state-edited-by-hand",
+        "autotune",
+        [
+            ("init", ({}, _tune_context())),
+            ("edit", lambda text: text.replace('"concurrency": 150', '"concurrency": 15')),
+            ("init", ({}, _tune_context())),
+        ],
+        "handled",
+        '"resumed": false',
     ),
     Row(
         "autotune-state-junk",
@@ -2602,7 +2657,7 @@ def test_the_second_wave_has_its_own_rows_and_counts() -> None:
     wave = SECOND_WAVE_ROWS + [row for row in ROWS if row.id in SECOND_WAVE_SMOKE]
     table = counts(wave)
     assert set(table) == {"live", "router", "lock", "autotune", "calibration", "nodes",
-                          "diagnose", "smoke"}  # fmt: skip
+                          "diagnose", "smoke", "server"}  # fmt: skip
     assert sum(entry["tried"] for entry in table.values()) == len(wave) >= 60
     assert all(entry["refused"] for name, entry in table.items() if name not in
                ("diagnose", "smoke"))  # fmt: skip
