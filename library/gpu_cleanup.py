@@ -60,7 +60,7 @@ options:
     description:
       - C(gpu) finds the processes holding the needed GPUs (nvidia-smi and device files) and
         gates on those GPUs being clear.
-      - C(cpu) is for servers on SGLang's CPU engine, which hold no GPU: the processes of
+      - C(cpu) is for servers on SGLang's CPU engine, which hold no GPU; the processes of
         I(ours.units) and of I(ours.ports) are the service's, and the gate holds when none is
         left. nvidia-smi is not needed on the host.
     type: str
