@@ -408,7 +408,7 @@ class AttentionDPSchedulers:
 
     @property
     def prefix_cache(self) -> PrefixCache:
-        """Rank 0's prefix cache (the metrics' cached-blocks gauge is scheduler 0's, as SGLang's)."""
+        """Rank 0's prefix cache: the cached-blocks gauge is scheduler 0's, as in SGLang."""
         return self.ranks[0].prefix_cache
 
     @property
