@@ -45,6 +45,9 @@ FLAGS = (
     "--sleep-on-idle",
 )
 REAL_START_TIMEOUT_S = 600
+# The real server's start-up (imports, mostly) is in the first test's time: 20 s on an idle
+# machine, over 250 s on 2 shared busy cores.
+pytestmark = pytest.mark.timeout(REAL_START_TIMEOUT_S + 300)
 # The double serves at least this share of the real server's /metrics families (issue 18).
 MIN_METRIC_SHARE = 0.9
 # Differences that stay, by what differs; each is explained in gpusim/README.md.
