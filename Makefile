@@ -13,11 +13,12 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help test demo lint pytest molecule host image wheelhouse cpu-image bench clean
+.PHONY: help test demo lint pytest molecule host image wheelhouse cpu-image sglang-ref resolve-gpu-deps bench clean
 help:
 	@echo "make test   - set up, then yamllint, ansible-lint, ruff, pytest and every Molecule scenario"
 	@echo "make demo   - set up, then deploy SGLang (GPU-less double) onto a local simulated GPU host"
 	@echo "make lint | pytest | molecule [SCENARIOS='deploy'] [MOLECULE_JOBS=3] | bench [BENCHES='fleet_noop'] | clean"
+	@echo "make sglang-ref (SGLang reference venv) | resolve-gpu-deps (dry-run of the pinned GPU set)"
 
 $(BIN)/.stamp: requirements.txt pyproject.toml gpusim/pyproject.toml scripts/find-python.sh
 	@echo "==> creating $(VENV) (Python >= 3.12) and installing requirements.txt"
@@ -45,9 +46,20 @@ lint: $(BIN)/.stamp
 	@echo "==> ansible-lint (production profile)"; $(BIN)/ansible-lint --profile production
 	@echo "==> ruff"; $(BIN)/ruff check . && $(BIN)/ruff format --check .
 
+# The SGLang 0.5.23 reference venv (CPU build, ~2.4 GB, gpusim/tools/sglang-0.5.23-cpu.lock):
+# the real parser for tests/double/test_flags_match_real.py and the real server for
+# tests/double/test_contract_real.py. Idempotent: a current venv is only checked (a second).
+sglang-ref:
+	@scripts/sglang-reference-env.sh
+
+# The pinned SGLang's full GPU dependency set, resolved for Python 3.11 without installing it
+# (pip --dry-run --report): package count, torch and CUDA versions.
+resolve-gpu-deps: $(BIN)/.stamp
+	@scripts/resolve-gpu-deps.sh
+
 # No image here: the one test that needs a real systemd builds it on demand (tests/test_flags.py).
 # The wheelhouse holds the pinned SGLang wheel that tests/test_ml_env_vars.py reads.
-pytest: $(BIN)/.stamp wheelhouse
+pytest: $(BIN)/.stamp wheelhouse sglang-ref
 	@echo "==> pytest"; $(BIN)/pytest
 
 molecule: $(BIN)/.stamp image wheelhouse $(if $(filter real_sglang,$(SCENARIOS)),cpu-image)

@@ -1565,7 +1565,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"smoke: {err}", file=sys.stderr)
         return 1
     except VocabularyUnknown as err:
-        print(f"smoke: {err}", file=sys.stderr)
+        print(f"smoke: error: {err}", file=sys.stderr)
         return 2
     if args.json_out:
         try:

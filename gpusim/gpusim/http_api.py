@@ -26,6 +26,7 @@ from gpusim import SGLANG_VERSION
 from gpusim.engine import Request, Scheduler
 from gpusim.faults import STALL, Fault, FaultFileError, FaultSwitch
 from gpusim.memory import MemoryPlan
+from gpusim.sglang_metrics import SchedulerExtras, http_middleware
 from gpusim.state import state_dir
 from gpusim.tokenizer import WordTokenizer
 
@@ -52,12 +53,18 @@ class ServerState:
     startup_time: float = field(default_factory=time.time)
     metrics: Metrics | None = None
     faults: FaultSwitch = field(default_factory=lambda: FaultSwitch(state_dir()))
+    # The model's embedding size, and how the launcher dies of a scheduler exception
+    # (exception type, message): SGLang does not check input_ids, and an id outside the
+    # embedding kills its scheduler and with it the whole server.
+    vocab_size: int = 0
+    fatal: Callable[[str, str], None] | None = None
 
 
 class Metrics:
-    """The sglang: Prometheus series a deployment watches (names/labels of SGLang)."""
+    """The sglang: Prometheus series a deployment watches (names/labels of SGLang); the rest of
+    what SGLang 0.5.23 serves is in gpusim/sglang_metrics.py."""
 
-    def __init__(self, model_name: str) -> None:
+    def __init__(self, model_name: str, page_size: int = 1) -> None:
         self.registry = CollectorRegistry()
         sched = {
             "model_name": model_name,
@@ -74,7 +81,8 @@ class Metrics:
             return Gauge(name, doc, list(sched), registry=r)
 
         def counter(name: str, doc: str) -> Counter:
-            return Counter(name, doc, list(tok), registry=r)
+            # Counted per finished request, split by streaming (as SGLang's tokenizer manager).
+            return Counter(name, doc, [*tok, "is_streaming"], registry=r)
 
         self.running = gauge("sglang:num_running_reqs", "The number of running requests.")
         self.queue = gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.")
@@ -87,8 +95,10 @@ class Metrics:
         self.prompt = counter("sglang:prompt_tokens", "Number of prefill tokens processed.")
         self.generation = counter("sglang:generation_tokens", "Number of generation tokens.")
         self.requests = counter("sglang:num_requests", "Number of requests processed.")
-        self.aborted = counter("sglang:num_aborted_requests", "Number of requests aborted.")
-        buckets = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 120, 160)
+        self.aborted = Counter(
+            "sglang:num_aborted_requests", "Number of requests aborted.", list(tok), registry=r
+        )
+        buckets = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
         self.ttft = Histogram(
             "sglang:time_to_first_token_seconds",
             "Histogram of time to first token in seconds.",
@@ -106,9 +116,9 @@ class Metrics:
         self.e2e = Histogram(
             "sglang:e2e_request_latency_seconds",
             "Histogram of End-to-end request latency in seconds",
-            list(tok),
+            [*tok, "is_streaming"],
             registry=r,
-            buckets=buckets,
+            buckets=(*buckets, 600, 1200, 1800, 2400),
         )
         self.queue_time = Histogram(
             "sglang:queue_time_seconds",
@@ -118,12 +128,21 @@ class Metrics:
             buckets=buckets,
         )
         self._synced: dict[str, int] = {}
+        for streaming in ("false", "true"):
+            for metric in (self.prompt, self.generation, self.requests):
+                metric.labels(**tok, is_streaming=streaming)
+        self.extras = SchedulerExtras(r, sched, tok)
+        self.page_size = page_size
+        self._startup_published = False
 
     def _sync_counter(self, metric: Counter, key: str, value: int) -> None:
         delta = value - self._synced.get(key, 0)
         if delta > 0:
             metric.labels(**self.tok_labels).inc(delta)
             self._synced[key] = value
+
+    def middleware(self) -> Any:
+        return http_middleware(self.extras)
 
     def refresh(self, scheduler: Scheduler) -> None:
         s, labels = scheduler.stats, self.sched_labels
@@ -135,18 +154,26 @@ class Metrics:
         hit = s.cached_tokens_total / s.prompt_tokens_total if s.prompt_tokens_total else 0.0
         self.hit.labels(**labels).set(hit)
         self.max_tokens.labels(**labels).set(scheduler.max_total)
-        self._sync_counter(self.prompt, "prompt", s.prompt_tokens_total)
-        self._sync_counter(self.generation, "generation", s.generation_tokens_total)
-        self._sync_counter(self.requests, "requests", s.num_requests_total)
         self._sync_counter(self.aborted, "aborted", s.num_aborted_requests_total)
+        if not self._startup_published:
+            self.extras.set_startup(scheduler.plan, scheduler, self.page_size)
+            self._startup_published = True
+        self.extras.refresh(scheduler)
 
     def observe_finished(self, req: Request) -> None:
+        streaming = str(req.stream).lower()
+        self.prompt.labels(**self.tok_labels, is_streaming=streaming).inc(req.prompt_tokens)
+        self.generation.labels(**self.tok_labels, is_streaming=streaming).inc(req.generated)
+        self.requests.labels(**self.tok_labels, is_streaming=streaming).inc()
+        self.extras.observe_finished(req)
         if req.first_token_at is None or req.finished_at is None:
             return
-        self.ttft.labels(**self.tok_labels, is_streaming=str(req.stream).lower()).observe(
+        self.ttft.labels(**self.tok_labels, is_streaming=streaming).observe(
             req.first_token_at - req.created
         )
-        self.e2e.labels(**self.tok_labels).observe(req.finished_at - req.created)
+        self.e2e.labels(**self.tok_labels, is_streaming=streaming).observe(
+            req.finished_at - req.created
+        )
         if req.admitted is not None:
             self.queue_time.labels(**self.sched_labels).observe(req.admitted - req.created)
         if req.generated > 1:
@@ -172,11 +199,24 @@ def _error(status: int, message: str) -> web.Response:
     return web.json_response(body, status=status)
 
 
+def _generate_error(message: str) -> web.Response:
+    """The shape SGLang's /generate gives a request it refuses: {"error": {"message": ...}}."""
+    return web.json_response({"error": {"message": message}}, status=400)
+
+
+class _NotJson(web.HTTPBadRequest):
+    """A body that is no JSON: SGLang (FastAPI) answers a 400 in its OpenAI error layout."""
+
+    def __init__(self, message: str) -> None:
+        body = {"object": "error", "message": message, "type": "Bad Request", "param": None}
+        super().__init__(text=json.dumps({**body, "code": 400}), content_type="application/json")
+
+
 async def _json_body(request: web.Request) -> dict[str, Any]:
     try:
         body = await request.json()
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise web.HTTPBadRequest(text=f"Invalid JSON body: {exc}") from exc
+        raise _NotJson(f"1 validation error: JSON decode error: {exc}") from exc
     if not isinstance(body, dict):
         raise web.HTTPBadRequest(text="Request body must be a JSON object")
     return body
@@ -213,6 +253,17 @@ def _generation(state: ServerState) -> Iterator[Fault | None]:
         yield fault
     finally:
         switch.in_flight -= 1
+
+
+def _check_ids(state: ServerState, ids: list[int]) -> None:
+    """An id outside the vocabulary: the real scheduler's embedding lookup raises IndexError and
+    the whole server goes down (SGLang 0.5.23 does not validate input_ids)."""
+    if not ids or not state.vocab_size or state.fatal is None:
+        return
+    if min(ids) >= 0 and max(ids) < state.vocab_size:
+        return
+    state.fatal("IndexError", "index out of range in self")
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _crash(state: ServerState, reason: str) -> None:
@@ -451,8 +502,18 @@ async def _generate(
     if source is None:
         return _error(400, "Either text or input_ids should be provided.")
     ids, count = _prompt_of(state, source)
+    _check_ids(state, ids)
     params = body.get("sampling_params") or {}
     max_new = params.get("max_new_tokens")
+    if max_new is not None and int(max_new) < 0:
+        return _generate_error(f"max_new_tokens must be at least 0, got {int(max_new)}.")
+    context = int(state.model_info.get("context_len") or 0)
+    if context and count > context:
+        # SGLang's tokenizer manager refuses it before scheduling (0.5.23 wording).
+        return _generate_error(
+            f"The input ({count} tokens) is longer than the model's context length "
+            f"({context} tokens)."
+        )
     stream = bool(body.get("stream", False))
     req = _new_request(
         ids,
@@ -675,8 +736,22 @@ def _auth_middleware(api_key: str) -> Callable[[web.Request, Handler], Awaitable
     return check
 
 
+@web.middleware
+async def _json_not_found(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """An unknown path: FastAPI's JSON 404, as SGLang answers it."""
+    try:
+        return await handler(request)
+    except web.HTTPNotFound:
+        return web.json_response({"detail": "Not Found"}, status=404)
+
+
 def build_app(state: ServerState, api_key: str | None) -> web.Application:
-    middlewares = [_auth_middleware(api_key)] if api_key else []
+    middlewares = [_json_not_found]
+    if api_key:
+        middlewares.append(_auth_middleware(api_key))
+    if state.metrics is not None:
+        # Outermost, so that refused (401) and unknown (404) requests are counted too.
+        middlewares.insert(0, state.metrics.middleware())
     app = web.Application(middlewares=middlewares, client_max_size=64 * 1024 * 1024)
     app["state"] = state
     app.router.add_get("/health", health)

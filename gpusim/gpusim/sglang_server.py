@@ -356,6 +356,12 @@ class Launcher:
             )
 
     async def _capture_graphs(self, plan: MemoryPlan) -> None:
+        if getattr(self.args, "attention_backend", None) == "torch_native":
+            # SGLang 0.5.23 captures no CUDA graph with torch_native attention (the CPU engine's).
+            logs.SCHEDULER.info(
+                "Cuda graph is disabled because of using torch native attention backend"
+            )
+            return
         oom = capture_oom(plan)
         for phase in ("decode", "prefill"):
             mib = plan.graph_mib[phase]
@@ -454,7 +460,9 @@ class Launcher:
             served_model_name=served,
             model_info=info,
             tokenizer=WordTokenizer.from_dir(tokenizer_dir),
-            metrics=Metrics(served) if getattr(args, "enable_metrics", False) else None,
+            metrics=Metrics(served, page_size=getattr(args, "page_size", None) or 1)
+            if getattr(args, "enable_metrics", False)
+            else None,
         )
 
     async def serve(self, model: ModelShape, mem_args: MemoryArgs, sock: socket.socket) -> int:
@@ -462,6 +470,8 @@ class Launcher:
         loop.add_signal_handler(signal.SIGTERM, self.on_sigterm)
         loop.add_signal_handler(signal.SIGINT, self.on_sigterm)
         self.server = self._server_state(model)
+        self.server.vocab_size = model.vocab_size
+        self.server.fatal = lambda kind, message: self.scheduler_exception(kind, message, True)
         if self.node_rank > 0:
             return await self._serve_follower(model, mem_args, sock)
         app = build_app(self.server, getattr(self.args, "api_key", None))
@@ -497,7 +507,8 @@ class Launcher:
             f"max_prefill_tokens={getattr(self.args, 'max_prefill_tokens', 16384)}, "
             f"max_running_requests={plan.max_running_requests}, "
             f"context_len={plan.context_len}, "
-            f"available_gpu_mem={self._avail_gib(self.ranks[0]):.2f} GB"
+            f"available_{'cpu' if getattr(self.args, 'device', None) == 'cpu' else 'gpu'}_mem="
+            f"{self._avail_gib(self.ranks[0]):.2f} GB"
         )
         self.server.scheduler = scheduler
         if not getattr(self.args, "skip_server_warmup", False):

@@ -10,7 +10,8 @@ the server fails loudly instead of computing something wrong.
 
 from __future__ import annotations
 
-from typing import Any, Callable, NoReturn
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 __version__ = "0.0.0+stand-in"
 
