@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 ALL_SCENARIOS := $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/molecule.yml))))
 # Longest first, so that the parallel slots finish together; any scenario not named here runs last.
-LONGEST_FIRST := tuning fleet real_sglang rollout deploy monitoring gpu_cleanup provision
+LONGEST_FIRST := real_sglang tuning fleet rollout deploy monitoring gpu_cleanup provision
 SCENARIOS ?= $(filter $(ALL_SCENARIOS),$(LONGEST_FIRST)) $(filter-out $(LONGEST_FIRST),$(ALL_SCENARIOS))
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
