@@ -12,12 +12,19 @@ import hashlib
 import json
 import os
 import re
+import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import testinfra
 import testinfra.utils.ansible_runner
 from fleet_runner import REPO, PlaybookRun, generate, run_playbook
+
+# A playbook run with a restart and a smoke gate takes minutes, longer on busy shared cores
+# (three scenarios at once on two cores) than pytest.ini's default of 300 s; every playbook bounds
+# its own waits (as molecule/fleet).
+pytestmark = pytest.mark.timeout(900)
 
 INVENTORY = os.environ["MOLECULE_INVENTORY_FILE"]
 testinfra_hosts = testinfra.utils.ansible_runner.AnsibleRunner(INVENTORY).get_hosts("gpu_hosts")
@@ -253,13 +260,19 @@ def test_a_held_lock_fails_fast_naming_its_holder():
     record = lock_record(canary, os.getpid(), "alice")
     canary.run("printf '%%s\\n' %s > %s", json.dumps(record), LOCK)
     try:
+        started = time.monotonic()
         run = run_playbook("deploy.yml", limit=CANARY)
+        took = time.monotonic() - started
         assert run.rc != 0
         text = failure_text(run, CANARY)
         holder = f"is locked by alice@{os.uname().nodename} (pid {os.getpid()}"
         assert holder in text, text
-        # Written 200 s "ago" on the host's own clock; the run reads it a few seconds later.
-        assert re.search(r"taken 3 min \d+ s ago by the host's clock", text), text
+        # Written 200 s "ago" on the host's own clock; the run reads it while it runs (which on
+        # busy shared cores can take a minute), so the age lies between 200 s and 200 s plus
+        # the run's own time: the age comes from the host's clock, not this controller's.
+        age = re.search(r"taken (\d+) min (\d+) s ago by the host's clock", text)
+        assert age, text
+        assert 200 <= int(age[1]) * 60 + int(age[2]) <= 200 + took + 2, (text, took)
         assert f"that run still has 1 process(es) on this controller: pid {os.getpid()}" in text
         assert run.changed_tasks(CANARY) == []
         assert unit_identity(canary) == before
