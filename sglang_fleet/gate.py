@@ -88,7 +88,17 @@ def _metric(result: dict[str, Any], name: str) -> float | None:
     if value is None:
         return None
     value = float(value)
-    return None if math.isnan(value) else value
+    # NaN and infinity are not measurements (a result file can carry either: JSON reads them):
+    # they count as not measured, which fails the gate, never as a figure that passes it.
+    return value if math.isfinite(value) else None
+
+
+def _unmeasured(result: dict[str, Any], name: str) -> str:
+    """Why a metric has no value: "was not measured", or "is not a finite number (inf)"."""
+    raw = None if name == "failure_rate" else result.get(name)
+    if isinstance(raw, (int, float)) and not math.isfinite(raw):
+        return f"is not a finite number ({raw})"
+    return "was not measured"
 
 
 def _figure(value: float, limit: Limit) -> str:
@@ -139,7 +149,8 @@ def _check_output(result: dict[str, Any]) -> dict | None:
     detail = f" ({failed})" if failed else ""
     if value is None:
         message = (
-            f"output_throughput was not measured, so the server's output cannot be judged{detail}"
+            f"output_throughput {_unmeasured(result, 'output_throughput')}, so the server's "
+            f"output cannot be judged{detail}"
         )
     else:
         message = (
@@ -159,7 +170,8 @@ def _check_limit(name: str, limit_value: float, result: dict[str, Any]) -> dict 
             limit.metric,
             None,
             limit_value,
-            f"{limit.metric} was not measured{hint}, so {name} {_limit_text(limit_value)} "
+            f"{limit.metric} {_unmeasured(result, limit.metric)}{hint}, so {name} "
+            f"{_limit_text(limit_value)} "
             "cannot be met",
         )
     below = limit.kind == "min" and value < limit_value

@@ -190,6 +190,19 @@ def test_missing_output_throughput_fails_too() -> None:
     assert [f["code"] for f in nan["failures"]] == ["no_output"]
 
 
+@pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan")])
+def test_a_figure_that_is_not_finite_never_passes_a_limit(value: float) -> None:
+    # An infinite throughput would clear every minimum; an infinite latency is not a reading.
+    output = evaluate(smoke_result(output_throughput=value), {"min_output_tok_s": 1}, None)
+    assert {f["code"] for f in output["failures"]} == {"no_output", "metric_missing"}
+    assert all(f["value"] is None for f in output["failures"])
+    assert f"output_throughput is not a finite number ({value})" in output["failures"][0]["message"]
+    ttft = evaluate(smoke_result(p99_ttft_ms=value), {"max_p99_ttft_ms": 500}, None)
+    (failure,) = ttft["failures"]
+    assert failure["code"] == "metric_missing"
+    assert "p99_ttft_ms is not a finite number" in failure["message"]
+
+
 def test_wrong_answers_count_in_the_failure_rate_with_their_reasons() -> None:
     result = smoke_result(
         completed=12, failed=4, failure_reasons={"short_output": 1, "no_final_record": 3}
