@@ -968,7 +968,7 @@ def write_report(state: Mapping[str, Any], out_dir: str | Path, stamp: str) -> d
     summary = {k: v for k, v in state.items() if k != "context"} | {"winner": winner(state)}
     paths["json"].write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
     paths["profile"].write_text(profile_yaml(state), encoding="utf-8")
-    render_png(state, paths["png"])
+    render_png(state, paths["png"], winner(state))
     return {k: str(v) for k, v in paths.items()}
 
 
