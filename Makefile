@@ -10,14 +10,15 @@ ALL_SCENARIOS := $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule
 LONGEST_FIRST := fleet real_sglang tuning rollout deploy monitoring gpu_cleanup provision
 # Not in `make test` yet: the monitoring scenario has not passed a whole run (check, converge,
 # idempotence, verify) on these machines; run it by name: make molecule SCENARIOS=monitoring.
-OPT_IN := monitoring
+# staging (weight staging, docs/STAGING.md) waits for the lead's decision on CI time.
+OPT_IN := monitoring staging
 SCENARIOS ?= $(filter-out $(OPT_IN),$(filter $(ALL_SCENARIOS),$(LONGEST_FIRST)) \
   $(filter-out $(LONGEST_FIRST),$(ALL_SCENARIOS)))
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help check test demo lint pytest molecule host image wheelhouse cpu-image monitoring-debs sglang-ref resolve-gpu-deps bench clean
+.PHONY: help check test demo lint pytest molecule host image wheelhouse cpu-image monitoring-debs staging-debs sglang-ref resolve-gpu-deps bench clean
 help:
 	@echo "make check  - the quick loop, no containers: yamllint, ansible-lint, ruff and the unit tests"
 	@echo "make test   - set up, then yamllint, ansible-lint, ruff, pytest and every Molecule scenario"
@@ -50,6 +51,10 @@ cpu-image: $(BIN)/.stamp image
 monitoring-debs: image
 	@scripts/build-monitoring-debs.sh
 
+# rsync for the staging scenario's hosts, shipped as an air-gapped site would.
+staging-debs: image
+	@scripts/build-staging-debs.sh
+
 lint: $(BIN)/.stamp
 	@echo "==> yamllint"; $(BIN)/yamllint --strict .
 	@echo "==> ansible-lint (production profile)"; $(BIN)/ansible-lint --profile production
@@ -79,7 +84,7 @@ check: lint $(BIN)/.stamp wheelhouse
 	@echo "==> pytest (no containers)"; $(BIN)/pytest -n $(PYTEST_JOBS) -m "not container"
 
 molecule: $(BIN)/.stamp image wheelhouse $(if $(filter real_sglang,$(SCENARIOS)),cpu-image) \
-  $(if $(filter monitoring,$(SCENARIOS)),monitoring-debs)
+  $(if $(filter monitoring,$(SCENARIOS)),monitoring-debs) $(if $(filter staging,$(SCENARIOS)),staging-debs)
 	@scripts/molecule-all.sh $(SCENARIOS)
 
 test: lint pytest molecule

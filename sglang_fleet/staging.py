@@ -145,3 +145,26 @@ def protected_paths(servers: Any) -> list[str]:
             if isinstance(s, Mapping) and isinstance(s.get("model_path"), str)
         }
     )
+
+
+SUMMARY_KEYS = (
+    "changed",
+    "state",
+    "bytes",
+    "copy_seconds",
+    "verify_seconds",
+    "warm_seconds",
+    "pruned",
+)
+
+
+def stage_summary(results: Any) -> dict[str, dict[str, Any]]:
+    """{model_path: what its copy did} from the staging task's loop results (the module's
+    return values, read back by the fleet summary: copy time apart from downtime)."""
+    summary: dict[str, dict[str, Any]] = {}
+    for result in results or []:
+        if not isinstance(result, Mapping) or not isinstance(result.get("item"), Mapping):
+            continue
+        path = str(result["item"].get("path"))
+        summary[path] = {key: result.get(key) for key in SUMMARY_KEYS}
+    return summary

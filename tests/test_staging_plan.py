@@ -6,7 +6,13 @@ from __future__ import annotations
 import pytest
 
 from sglang_fleet.servers import ServerConfigError, resolve_servers
-from sglang_fleet.staging import StageConfigError, check_model_source, protected_paths, stage_plan
+from sglang_fleet.staging import (
+    StageConfigError,
+    check_model_source,
+    protected_paths,
+    stage_plan,
+    stage_summary,
+)
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
@@ -95,3 +101,22 @@ def test_the_resolver_keeps_the_source_and_refuses_a_bad_one_by_name() -> None:
 def test_every_model_path_is_protected_from_pruning() -> None:
     servers = [_server("a", "/m/a/", None), _server("b", "/m/b", None)]
     assert protected_paths(servers) == ["/m/a", "/m/b"]
+
+
+def test_the_summary_keeps_each_copy_s_figures_by_model_path() -> None:
+    results = [
+        {
+            "item": {"path": "/m/a"},
+            "changed": True,
+            "copy_seconds": 12.5,
+            "bytes": 10,
+            "stdout": "x",
+        },
+        {"item": {"path": "/m/b"}, "changed": False, "copy_seconds": 0.0},
+        {"skipped": True},
+    ]
+    summary = stage_summary(results)
+    assert summary["/m/a"]["copy_seconds"] == 12.5 and summary["/m/a"]["bytes"] == 10
+    assert "stdout" not in summary["/m/a"]
+    assert summary["/m/b"]["changed"] is False
+    assert set(summary) == {"/m/a", "/m/b"}
