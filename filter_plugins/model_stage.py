@@ -47,4 +47,5 @@ class FilterModule:
         return {
             "model_stage_plan": model_stage_plan,
             "model_stage_protected": model_stage_protected,
+            "model_stage_summary": model_stage_summary,
         }
