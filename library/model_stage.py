@@ -241,6 +241,8 @@ def prune(params: dict[str, Any]) -> list[str]:
     doomed = prune_candidates(parent, params["keep"], protected)
     for path in doomed:
         remove_tree(path)
+        if os.path.isfile(path + PARTIAL_SUFFIX + ".log"):
+            os.remove(path + PARTIAL_SUFFIX + ".log")
     return doomed
 
 
