@@ -3,8 +3,11 @@ one copy per model_path per host (docs/STAGING.md)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from sglang_fleet.flags import to_argv
 from sglang_fleet.servers import ServerConfigError, resolve_servers
 from sglang_fleet.staging import (
     StageConfigError,
@@ -120,3 +123,15 @@ def test_the_summary_keeps_each_copy_s_figures_by_model_path() -> None:
     assert "stdout" not in summary["/m/a"]
     assert summary["/m/b"]["changed"] is False
     assert set(summary) == {"/m/a", "/m/b"}
+
+
+def test_multithreaded_loading_is_a_server_flag_that_reaches_the_launch_line() -> None:
+    """docs/STAGING.md, "Multithreaded loading": the inventory asks for it in flags."""
+    server = _server("a", "/models/a", {"rsync": "store:/srv/a", "revision": "r1"})
+    server["flags"] = {
+        "model_loader_extra_config": {"enable_multithread_load": True, "num_threads": 8}
+    }
+    flags = resolve_servers([server], {}, {}, {})[0]["flags"]
+    argv = to_argv(flags)
+    index = argv.index("--model-loader-extra-config")
+    assert json.loads(argv[index + 1]) == {"enable_multithread_load": True, "num_threads": 8}
