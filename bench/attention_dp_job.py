@@ -37,7 +37,7 @@ from typing import Any
 
 # bench/ is the script's own folder, first on sys.path when run as `python bench/...py`.
 import autotune_vs_grid as grid_bench
-from gpusim.state import Hardware, Timing
+from gpusim.state import Hardware
 
 from gpusim import state as gpusim_state
 from sglang_fleet import autotune
@@ -134,14 +134,7 @@ def scaled_model(workdir: Path) -> Path:
 
 
 def setup(workdir: Path, decode_step_s: float) -> grid_bench.Setup:
-    timing = Timing(
-        load_weights_s=0,
-        kv_alloc_s=0,
-        graph_capture_s=0,
-        decode_step_s=decode_step_s,
-        batch_slowdown=0.01,
-        prefill_token_s=0.00002 * decode_step_s / 0.05,
-    )
+    timing = grid_bench.bench_timing(decode_step_s)
     root = gpusim_state.init_state(Hardware(timing=timing), workdir / "gpusim")
     workload = {
         "input_len": 2000 // SCALE,

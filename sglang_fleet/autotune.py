@@ -965,10 +965,11 @@ def write_report(state: Mapping[str, Any], out_dir: str | Path, stamp: str) -> d
         "profile": out / f"autotune-{stamp}-profile.yml",
     }
     paths["markdown"].write_text(report_markdown(state), encoding="utf-8")
-    summary = {k: v for k, v in state.items() if k != "context"} | {"winner": winner(state)}
+    best = winner(state)
+    summary = {k: v for k, v in state.items() if k != "context"} | {"winner": best}
     paths["json"].write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
     paths["profile"].write_text(profile_yaml(state), encoding="utf-8")
-    render_png(state, paths["png"])
+    render_png(state, paths["png"], best)
     return {k: str(v) for k, v in paths.items()}
 
 

@@ -20,8 +20,6 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import StrMethodFormatter
 
-from sglang_fleet.autotune import best_trial, winner
-
 PANEL_TRIALS = "Output tokens/s per trial"
 PANEL_CANDIDATES = "Candidates: predicted tokens/s and what became of them"
 OUTCOME_COLORS = {"ok": "#2ca02c", "slo_miss": "#ff7f0e", "failed": "#d62728"}
@@ -37,20 +35,24 @@ WINNER_EDGE = "black"
 HEADROOM = 1.25
 
 
-def render_png(state: Mapping[str, Any], png_path: str | Path) -> Figure:
-    """Draw the state as a PNG at png_path; returns the figure (its axes carry titles)."""
+def render_png(
+    state: Mapping[str, Any], png_path: str | Path, best: Mapping[str, Any] | None
+) -> Figure:
+    """Draw the state as a PNG at png_path; returns the figure (its axes carry titles).
+
+    best: the search's winner (sglang_fleet.autotune.winner), None when no trial qualified.
+    """
     figure = Figure(figsize=(13, 8.5), dpi=100, layout="constrained")
     FigureCanvasAgg(figure)
-    figure.suptitle(_headline(state), fontsize=11, ha="left", x=0.01, fontfamily="monospace")
+    figure.suptitle(_headline(state, best), fontsize=11, ha="left", x=0.01, fontfamily="monospace")
     top, bottom = figure.subplots(2, 1)
-    _trials_panel(top, state)
+    _trials_panel(top, state, best)
     _candidates_panel(bottom, state)
     figure.savefig(png_path, format="png")
     return figure
 
 
-def _headline(state: Mapping[str, Any]) -> str:
-    best = winner(state)
+def _headline(state: Mapping[str, Any], best: Mapping[str, Any] | None) -> str:
     work = state["workload"]
     first = (
         f"winner: trial {best['n']} ({best['candidate']}) "
@@ -67,7 +69,7 @@ def _headline(state: Mapping[str, Any]) -> str:
     return f"{first}\n{second}\n{state.get('stop_reason') or 'search not finished'}"
 
 
-def _trials_panel(ax: Axes, state: Mapping[str, Any]) -> None:
+def _trials_panel(ax: Axes, state: Mapping[str, Any], best: Mapping[str, Any] | None) -> None:
     ax.set_title(PANEL_TRIALS, loc="left")
     ax.set_xlabel("trial")
     ax.set_ylabel("output tokens/s")
@@ -76,7 +78,6 @@ def _trials_panel(ax: Axes, state: Mapping[str, Any]) -> None:
     if not trials:
         _empty(ax, "no trial ran")
         return
-    best = best_trial(state)
     numbers = [t["n"] for t in trials]
     heights = [t.get("output_throughput") or 0.0 for t in trials]
     colors = [OUTCOME_COLORS.get(t["outcome"], "#777777") for t in trials]

@@ -12,10 +12,14 @@ the same through load_plugin(), which also registers module_utils/ the way Ansib
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 from gpusim_helpers import Server, collect_servers, make_state_dir
@@ -75,6 +79,31 @@ def module_argv(relative_path: str, *args: str) -> list[str]:
         str(ROOT / relative_path),
         *args,
     ]
+
+
+def run_local_play(
+    tmp_path: Path, play: dict[str, Any], *options: str, timeout: int = 180
+) -> subprocess.CompletedProcess[str]:
+    """ansible-playbook of one play against localhost, with this repository's roles and modules."""
+    playbook = tmp_path / "play.yml"
+    playbook.write_text(json.dumps([play]), encoding="utf-8")
+    env = {
+        **os.environ,
+        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+        "ANSIBLE_ROLES_PATH": str(ROOT / "roles"),
+        "ANSIBLE_LIBRARY": str(ROOT / "library"),
+        "ANSIBLE_LOCALHOST_WARNING": "false",
+        "ANSIBLE_CONNECTION": "local",
+    }
+    playbook_bin = str(ROOT / ".venv" / "bin" / "ansible-playbook")
+    return subprocess.run(
+        [playbook_bin, "-i", "localhost,", *options, str(playbook)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        check=False,
+    )
 
 
 @pytest.fixture

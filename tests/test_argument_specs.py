@@ -15,15 +15,14 @@ provisioning roles before any task runs, naming the variable.
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from conftest import run_local_play
 
 ROOT = Path(__file__).resolve().parent.parent
 ROLES = sorted(p for p in (ROOT / "roles").iterdir() if (p / "tasks").is_dir())
@@ -190,29 +189,12 @@ BAD_VALUES = [
 def test_bad_value_fails_before_any_task_naming_the_variable(
     tmp_path: Path, role: str, variable: str, value: Any
 ) -> None:
-    playbook = tmp_path / "play.yml"
     play = {
         "hosts": "localhost",
         "gather_facts": False,
         "roles": [{"role": role, "vars": {variable: value}}],
     }
-    playbook.write_text(json.dumps([play]), encoding="utf-8")
-    env = {
-        **os.environ,
-        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-        "ANSIBLE_ROLES_PATH": str(ROOT / "roles"),
-        "ANSIBLE_LIBRARY": str(ROOT / "library"),
-        "ANSIBLE_LOCALHOST_WARNING": "false",
-        "ANSIBLE_CONNECTION": "local",
-    }
-    done = subprocess.run(
-        [str(ROOT / ".venv" / "bin" / "ansible-playbook"), "-i", "localhost,", str(playbook)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        check=False,
-    )
+    done = run_local_play(tmp_path, play, timeout=120)
     assert done.returncode != 0
     tasks = [line for line in done.stdout.splitlines() if line.startswith("TASK [")]
     # The argument validation is the only task that ran, and its error names the variable.

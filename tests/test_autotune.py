@@ -422,10 +422,16 @@ def test_report_profile_and_picture(tmp_path: Path):
 def test_picture_panels():
     state = search()
     run(state, wave_server())
-    figure = render_png(state, "/dev/null")
+    best = autotune.winner(state)
+    assert best is not None
+    figure = render_png(state, "/dev/null", best)
     titles = [ax.get_title(loc="left") for ax in figure.axes]
     assert titles == [PANEL_TRIALS, PANEL_CANDIDATES]
-    assert "winner: trial" in figure.texts[0].get_text() if figure.texts else True
+    assert figure.get_suptitle().startswith(f"winner: trial {best['n']} ({best['candidate']})")
+    # The winner's bar alone is outlined.
+    [bars] = figure.axes[0].containers
+    outlined = [bar for bar in bars if bar.get_edgecolor()[3] > 0]
+    assert [round(bar.get_x() + bar.get_width() / 2) for bar in outlined] == [best["n"]]
 
 
 # --- command line -------------------------------------------------------------------------------

@@ -132,7 +132,11 @@ def test_every_alert_has_a_unit_test() -> None:
 
 def test_slo_constants_come_from_the_host_and_routers_count_their_workers() -> None:
     rules = yaml.safe_load(render("sglang-fleet-rules.yml.j2", role_vars()))
-    constants = [(r["record"], r["expr"], r["labels"]) for r in rules["groups"][0]["rules"]]
+    [group] = rules["groups"]  # one group: the constants are evaluated before the alerts
+    constants = [(r["record"], r["expr"], r["labels"]) for r in group["rules"] if "record" in r]
+    first_alert = next(i for i, r in enumerate(group["rules"]) if "alert" in r)
+    assert all("record" in r for r in group["rules"][:first_alert])
+    assert not any("record" in r for r in group["rules"][first_alert:])
     assert ("sglang_fleet:slo_ttft_seconds", "0.5", {"host": "gpu1", "server": "a"}) in constants
     assert ("sglang_fleet:slo_tpot_seconds", "0.05", {"host": "gpu1", "server": "b"}) in constants
     assert ("sglang_fleet:router_workers_expected", "3", {"host": "gw3"}) in constants

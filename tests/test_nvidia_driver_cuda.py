@@ -3,14 +3,13 @@ before anything is installed (roles/nvidia_driver/tasks/preflight.yml)."""
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from conftest import run_local_play
 
 ROOT = Path(__file__).resolve().parent.parent
 ROLE = ROOT / "roles" / "nvidia_driver"
@@ -33,30 +32,7 @@ def run_preflight(tmp_path: Path, **variables: object) -> subprocess.CompletedPr
             }
         ],
     }
-    playbook = tmp_path / "play.yml"
-    playbook.write_text(json.dumps([play]), encoding="utf-8")
-    env = {
-        **os.environ,
-        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-        "ANSIBLE_ROLES_PATH": str(ROOT / "roles"),
-        "ANSIBLE_LIBRARY": str(ROOT / "library"),
-        "ANSIBLE_LOCALHOST_WARNING": "false",
-        "ANSIBLE_CONNECTION": "local",
-    }
-    return subprocess.run(
-        [
-            str(ROOT / ".venv" / "bin" / "ansible-playbook"),
-            "-i",
-            "localhost,",
-            "--check",
-            str(playbook),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=180,
-        check=False,
-    )
+    return run_local_play(tmp_path, play, "--check")
 
 
 def test_cuda_13_needs_branch_580(tmp_path: Path) -> None:

@@ -66,6 +66,8 @@ FAKE_LAUNCH = textwrap.dedent(
         return parser
 
     if __name__ == "__main__":
+        with open(os.environ["FAKE_RUNS"], "a") as runs:  # one line per import of "SGLang"
+            runs.write(" ".join(sys.argv[1:]) + "\\n")
         args = build_parser().parse_args()
         with open(os.environ["FAKE_STARTED"], "w") as handle:
             handle.write(repr(args))
@@ -226,7 +228,15 @@ def fake_launch(tmp_path: Path) -> dict[str, str]:
     package = tmp_path / "fakepkg"
     package.mkdir()
     (package / "launch.py").write_text(FAKE_LAUNCH)
-    return {"PYTHONPATH": str(tmp_path), "FAKE_STARTED": str(tmp_path / "STARTED")}
+    return {
+        "PYTHONPATH": str(tmp_path),
+        "FAKE_STARTED": str(tmp_path / "STARTED"),
+        "FAKE_RUNS": str(tmp_path / "RUNS"),
+    }
+
+
+def _runs(fake_launch: dict[str, str]) -> list[str]:
+    return Path(fake_launch["FAKE_RUNS"]).read_text().splitlines()
 
 
 def test_module_passes_a_good_flag_set_without_starting_anything(
@@ -240,6 +250,24 @@ def test_module_passes_a_good_flag_set_without_starting_anything(
     assert result["known_flags"] == 21  # option strings, aliases counted, hidden one not
     assert result["sglang_version"] is None  # no sglang package in this interpreter
     assert not Path(fake_launch["FAKE_STARTED"]).exists()
+    # Importing SGLang takes seconds to minutes: a right flag set is read and parsed in one run.
+    assert _runs(fake_launch) == [" ".join([*argv, "--help"])]
+
+
+def test_module_reruns_the_parser_only_for_a_flag_set_with_problems(
+    tmp_path: Path, fake_launch: dict[str, str]
+) -> None:
+    argv = ["--model-path", "/m", "--tp-size", "eight"]
+    result = run_module(tmp_path, argv, "fakepkg.launch", fake_launch)
+    assert result["failed"] is True
+    assert [p["flag"] for p in result["problems"]] == ["--tp-size"]
+    # The whole list (exit 2), the help text alone, then the parser without the bad flag.
+    assert _runs(fake_launch) == [
+        "--model-path /m --tp-size eight --help",
+        "--help",
+        "--model-path /m --tp-size eight --help",
+        "--model-path /m --help",
+    ]
 
 
 def test_module_lists_every_problem_with_its_variable(

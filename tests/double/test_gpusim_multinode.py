@@ -251,7 +251,7 @@ def test_systemd_stopping_a_follower_ends_it_cleanly_and_the_group_with_it(
 ) -> None:
     node0, node1 = form_group(tmp_path, servers, nnodes=2, tp=4)
     ranks = [p.pid for p in registered(node1)]
-    for pid in [node1.proc.pid, *ranks]:  # KillMode=control-group: everyone gets SIGTERM
+    for pid in [node1.proc.pid, *ranks]:  # SIGTERM to every process (a kill of the whole group)
         os.kill(pid, signal.SIGTERM)
     assert wait_exit(node1) == 0
     for pid in ranks:

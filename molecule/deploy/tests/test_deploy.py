@@ -72,7 +72,7 @@ def test_unit_runs_hardened_as_service_user_on_its_gpus(host):
     )
     props = dict(line.split("=", 1) for line in show.splitlines())
     assert props["User"] == "sglang"
-    assert props["KillMode"] == "control-group"
+    assert props["KillMode"] == "mixed"
     assert props["TimeoutStopUSec"] == "20s"
     assert props["Restart"] == "on-failure"
     assert props["LimitNOFILE"] == "1048576"

@@ -34,7 +34,7 @@ API_KEY = os.environ.get("MOLECULE_SGLANG_API_KEY", "sk-canary-0f3b9e2d71")
 REPO = Path(os.environ.get("SGLANG_FLEET_REPO", Path(__file__).resolve().parents[3]))
 REPORTS = REPO / "reports" / "monitoring"
 # From host_vars/*/monitoring.yml (vars/monitoring.yml).
-SCRAPE_S, EVAL_S, DOWN_FOR_S, UNOWNED_FOR_S, SLO_FOR_S, RATE_WINDOW_S = 2, 2, 10, 10, 4, 10
+SCRAPE_S, EVAL_S, DOWN_FOR_S, UNOWNED_FOR_S, SLO_FOR_S, RATE_WINDOW_S = 2, 2, 6, 6, 4, 10
 # Detection after the condition starts: a scrape, then two evaluations (pending, firing), then
 # the push to Alertmanager; doubled and padded for two busy shared cores.
 DETECTION_S = 2 * (SCRAPE_S + 2 * EVAL_S) + 10
@@ -113,9 +113,12 @@ def test_every_server_and_exporter_is_a_target_with_its_labels() -> None:
 
 
 def test_gpu_memory_is_read_from_nvidia_smi_and_attributed_to_our_units() -> None:
-    totals = query("sglang_fleet_gpu_memory_total_mib")
+    # The package's postinst starts Prometheus once with Debian's own configuration, which
+    # scrapes localhost:9100 as job "node" without our labels, until the role restarts it; those
+    # samples stay in queries for Prometheus's 5 min lookback. Our scrape jobs set `host`.
+    totals = query('sglang_fleet_gpu_memory_total_mib{host!=""}')
     assert len(totals) == 16 and {float(s["value"][1]) for s in totals} == {97887.0}
-    ours = query('sglang_fleet_gpu_process_memory_mib{ours="true"}')
+    ours = query('sglang_fleet_gpu_process_memory_mib{ours="true",host!=""}')
     assert {(s["metric"]["host"], s["metric"]["gpu"], s["metric"]["unit"]) for s in ours} == {
         (GATEWAY, "0", "sglang@llama.service"),
         (SECOND, "0", "sglang@llama.service"),
@@ -153,7 +156,7 @@ def test_a_smoke_run_shows_in_a_rate_query_and_breaks_the_ttft_objective() -> No
     started = time.monotonic()
     run = on(SECOND).run(
         "SGLANG_API_KEY=%s python3 %s --url http://127.0.0.1:30000 --json /tmp/smoke.json"
-        " --num-prompts 64 --max-concurrency 8 --random-input-len 64 --random-output-len 64"
+        " --num-prompts 32 --max-concurrency 8 --random-input-len 32 --random-output-len 32"
         " --seed 7 --warmup-requests 0 --timeout 120",
         API_KEY,
         SMOKE,
@@ -161,7 +164,7 @@ def test_a_smoke_run_shows_in_a_rate_query_and_breaks_the_ttft_objective() -> No
     assert run.rc == 0, run.stderr
     result = json.loads(on(SECOND).file("/tmp/smoke.json").content_string)
     tokens = result["total_output_tokens"]
-    assert result["completed"] == 64 and tokens > 0
+    assert result["completed"] == 32 and tokens > 0
 
     def counted() -> bool:
         """the counter moved by the smoke run's tokens"""
@@ -188,6 +191,7 @@ def test_every_dashboard_query_returns_data_and_the_main_panels_are_drawn() -> N
     (REPORTS / "dashboard-queries.txt").write_text(
         f"{len(items)} queries returned data\n", encoding="utf-8"
     )
+    print(f"dashboard: {len(items)} queries returned data")
 
     def get(path: str, params: dict[str, str]) -> dict[str, Any]:
         return prometheus(path, params)
