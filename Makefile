@@ -7,10 +7,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 ALL_SCENARIOS := $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/molecule.yml))))
 # Longest first, so that the parallel slots finish together; any scenario not named here runs last.
-LONGEST_FIRST := fleet real_sglang tuning rollout deploy monitoring gpu_cleanup provision
+LONGEST_FIRST := fleet real_sglang tuning rollout deploy monitoring staging gpu_cleanup provision
 # Scenarios left out of `make test` until they have passed a whole run (check, converge,
 # idempotence, verify) on these machines; run one by name: make molecule SCENARIOS=<name>.
-OPT_IN := staging
+OPT_IN :=
 SCENARIOS ?= $(filter-out $(OPT_IN),$(filter $(ALL_SCENARIOS),$(LONGEST_FIRST)) \
   $(filter-out $(LONGEST_FIRST),$(ALL_SCENARIOS)))
 export PATH := $(CURDIR)/$(BIN):$(PATH)
