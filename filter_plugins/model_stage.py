@@ -6,20 +6,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
 
+from sglang_fleet.plain import plain
 from sglang_fleet.staging import StageConfigError, protected_paths, stage_plan, stage_summary
 
 
 def _plain_list(value: Any) -> list:
-    if value is None:
-        return []
-    if isinstance(value, (list, tuple)):
-        return [dict(v) if isinstance(v, Mapping) else v for v in value]
-    raise AnsibleFilterError(f"model_stage: expected a list of servers, got {type(value).__name__}")
+    """A list (of servers or of loop results) as plain data; None is an empty list."""
+    value = plain(value) if value is not None else []
+    if not isinstance(value, list):
+        raise AnsibleFilterError(f"model_stage: expected a list, got {type(value).__name__}")
+    return value
 
 
 def model_stage_plan(servers: Any) -> list[dict[str, Any]]:

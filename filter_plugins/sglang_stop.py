@@ -13,22 +13,23 @@ from sglang_fleet.downtime import downtime_seconds, drain_note, stop_notes
 from sglang_fleet.plain import plain_mapping
 
 
-def _plain(value: Any, what: str) -> dict[str, Any]:
-    return plain_mapping(value, what, True) or {}
-
-
 def sglang_stop_notes(names: Any, downtimes: Any = None, drains: Any = None) -> list[str]:
     return stop_notes(
-        [str(n) for n in names or []], _plain(downtimes, "downtimes"), _plain(drains, "drains")
+        [str(n) for n in names or []],
+        plain_mapping(downtimes, "downtimes", True) or {},
+        plain_mapping(drains, "drains", True) or {},
     )
 
 
 def sglang_downtime_seconds(downtime: Any) -> float | None:
-    return downtime_seconds(_plain(downtime, "downtime"))
+    return downtime_seconds(plain_mapping(downtime, "downtime", True) or {})
 
 
 def sglang_drain_note(drain: Any, downtime: Any = None) -> str | None:
-    return drain_note(_plain(drain, "drain result"), _plain(downtime, "downtime"))
+    return drain_note(
+        plain_mapping(drain, "drain result", True) or {},
+        plain_mapping(downtime, "downtime", True) or {},
+    )
 
 
 class FilterModule:
