@@ -2,7 +2,8 @@
 
     {{ smoke_result | sglang_gate(thresholds, lkg_smoke_result) }}   {passed, failures, summary}
     {{ smoke_result | sglang_smoke_compact(diagnosis, report_path) }}  metrics, workload, verdict
-    {{ ansible_play_hosts_all | sglang_rollout_table(hostvars) }}    the fleet summary, as lines
+    {{ ansible_play_hosts_all | sglang_rollout_table(hostvars, ansible_check_mode) }}
+                                                 the fleet summary, as lines
     {{ 'smoke' | sglang_fleet_module_file }}   the installed sglang_fleet/smoke.py (copied to hosts)
 
 Thin wrappers over the installed sglang_fleet package (gate.py; tested there). The
@@ -51,12 +52,13 @@ def sglang_smoke_compact(result: Any, diagnosis: Any = None, report: str | None 
     return compact(kept, diagnosed, str(report) if report else None)
 
 
-def _host_entry(host: str, hostvars: Mapping[str, Any]) -> dict[str, Any]:
+def _host_entry(host: str, hostvars: Mapping[str, Any], check_mode: bool) -> dict[str, Any]:
     """What the rollout recorded on one host: the sglang_server role's documented output facts
     (sglang_server_servers, sglang_server_rollout_results, sglang_server_calibration_refused);
     absent when it never got there. A host the `check` entry point found in need of a rollout
     (sglang_server_rollout_needed) that the rollout did not reach (sglang_server_rollout_reached)
-    counts as never got there."""
+    counts as never got there. Under --check (check_mode) the servers a rollout would restart
+    (sglang_server_restart_names) read "would restart"."""
     facts = hostvars.get(host) or {}
     refused = facts.get("sglang_server_calibration_refused") or {}
     pending = bool(facts.get("sglang_server_rollout_needed")) and not facts.get(
@@ -78,13 +80,19 @@ def _host_entry(host: str, hostvars: Mapping[str, Any]) -> dict[str, Any]:
         ],
         "error": facts.get("sglang_server_failure") if "sglang_server_failure" in facts else None,
         "refused": {str(name): str(message) for name, message in dict(refused).items()},
+        "would_restart": [str(name) for name in facts.get("sglang_server_restart_names") or []]
+        if check_mode
+        else [],
     }
 
 
-def sglang_rollout_table(hosts: list, hostvars: Mapping[str, Any]) -> list[str]:
-    """The fleet summary of playbooks/deploy.yml, from the facts each host's rollout set."""
+def sglang_rollout_table(
+    hosts: list, hostvars: Mapping[str, Any], check_mode: bool = False
+) -> list[str]:
+    """The fleet summary of playbooks/deploy.yml, from the facts each host's rollout set;
+    check_mode (ansible_check_mode): nothing restarted, so say what would."""
     try:
-        entries = [_host_entry(str(h), hostvars) for h in hosts]
+        entries = [_host_entry(str(h), hostvars, bool(check_mode)) for h in hosts]
     except ValueError as exc:  # a rollout result that is no mapping
         raise AnsibleFilterError(str(exc)) from exc
     return format_rollout_table(rollout_rows(entries))

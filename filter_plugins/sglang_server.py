@@ -7,6 +7,7 @@
     {{ servers | sglang_host_errors(host) }}         host: {gpu_count, ram_mib}
     {{ servers | map('sglang_server_errors', host) }}
     {{ servers | sglang_not_last_known_good(lkg_slurps) }}
+    {{ servers | sglang_restart_lines(restart_names, lkg_slurps, running_units) }}  check's words
     {{ servers | sglang_servers_on_gpus([0, 1]) }}          the servers using any of those GPUs
     {{ sglang_server_instances | sglang_server_api_keys }}   {name: key}: only for no_log tasks
     {{ router_list_results | sglang_router_missing }}        servers their router does not list
@@ -27,6 +28,7 @@ from typing import Any
 from ansible.errors import AnsibleFilterError
 
 from sglang_fleet import nodes as _nodes
+from sglang_fleet import restart_plan as _restart_plan
 from sglang_fleet import servers as _servers
 from sglang_fleet import validate as _validate
 from sglang_fleet.plain import plain
@@ -77,20 +79,33 @@ def sglang_host_errors(servers: list, host: dict) -> list[dict]:
     return _wrap(_validate.host_errors, servers, host)
 
 
+def _lkg_record(slurp: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A slurped lkg/meta.json as a dict; None where there is none or it does not parse."""
+    try:
+        record = json.loads(base64.b64decode(slurp["content"]))
+    except (KeyError, TypeError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
 def sglang_not_last_known_good(servers: list, lkg_slurps: list) -> list[str]:
     """Names of servers whose last-known-good record is missing or names another configuration.
 
     lkg_slurps: the results of slurping each server's lkg/meta.json, in the same order.
     """
-    names = []
-    for server, slurp in zip(plain(servers), plain(lkg_slurps), strict=True):
-        try:
-            recorded = json.loads(base64.b64decode(slurp["content"]))["config_hash"]
-        except (KeyError, TypeError, ValueError):
-            recorded = None
-        if recorded != server["config_hash"]:
-            names.append(server["name"])
-    return names
+    return [
+        server["name"]
+        for server, slurp in zip(plain(servers), plain(lkg_slurps), strict=True)
+        if (_lkg_record(slurp) or {}).get("config_hash") != server["config_hash"]
+    ]
+
+
+def sglang_restart_lines(
+    servers: list, restart_names: list, lkg_slurps: list, running_units: list
+) -> list[str]:
+    """sglang_fleet.restart_plan.restart_lines(): what a rollout would do, flag by flag."""
+    records = [_lkg_record(slurp) for slurp in plain(lkg_slurps)]
+    return _wrap(_restart_plan.restart_lines, servers, restart_names, records, running_units)
 
 
 def sglang_server_cluster(servers: Any, hostvars: Mapping, host: str) -> dict[str, Any]:
@@ -171,6 +186,7 @@ class FilterModule:
             "sglang_server_errors": sglang_server_errors,
             "sglang_host_errors": sglang_host_errors,
             "sglang_not_last_known_good": sglang_not_last_known_good,
+            "sglang_restart_lines": sglang_restart_lines,
             "sglang_servers_on_gpus": sglang_servers_on_gpus,
             "sglang_server_cluster": sglang_server_cluster,
             "sglang_server_api_keys": sglang_server_api_keys,

@@ -308,7 +308,9 @@ def compact(
 # "refused (calibrated)": the pre-flight refused the flag set on the host's calibration
 # (docs/CALIBRATION.md); the running server was not touched.
 REFUSED = "refused (calibrated)"
-OUTCOMES = ("passed", "rolled back", REFUSED, "failed", "unchanged", "not reached")
+# "would restart": --check, where nothing restarts (README.md, "Describing servers").
+WOULD_RESTART = "would restart"
+OUTCOMES = ("passed", "rolled back", REFUSED, "failed", WOULD_RESTART, "unchanged", "not reached")
 
 
 def rollout_rows(hosts: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -317,12 +319,14 @@ def rollout_rows(hosts: list[dict[str, Any]]) -> list[dict[str, Any]]:
     Each host: {host, servers: [{name, config_hash}] (None when the host never got as far as
     reading them), results: [{server, config_hash, outcome, output_throughput, p99_ttft_ms,
     message}] as the restart recorded them, error: the host's failure message or None,
-    refused: {server name: message} of flag sets the pre-flight refused on a calibration}.
+    refused: {server name: message} of flag sets the pre-flight refused on a calibration,
+    would_restart: names a rollout would restart, given under --check where nothing restarts}.
     """
     rows = []
     for entry in hosts:
         done = {r["server"]: r for r in entry.get("results") or []}  # the last one counts
         refused = dict(entry.get("refused") or {})
+        would_restart = set(entry.get("would_restart") or ())
         servers = entry.get("servers")
         if servers is None:
             outcome = "failed" if entry.get("error") else "not reached"
@@ -337,7 +341,8 @@ def rollout_rows(hosts: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     _row(entry["host"], name, server.get("config_hash"), REFUSED, refused[name])
                 )
             else:
-                rows.append(_row(entry["host"], name, server.get("config_hash"), "unchanged"))
+                outcome = WOULD_RESTART if name in would_restart else "unchanged"
+                rows.append(_row(entry["host"], name, server.get("config_hash"), outcome))
         # A failure the restart or a calibrated refusal recorded already has its row; others
         # (a held lock, a failed pre-flight) get one of their own.
         restart_failed = any(r.get("outcome") in ("failed", "rolled back") for r in done.values())

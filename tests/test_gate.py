@@ -352,6 +352,25 @@ def test_fleet_summary_reads_hosts_the_check_play_grouped_but_the_rollout_never_
     assert lines[-1] == "1 passed, 1 unchanged, 1 not reached"
 
 
+def test_under_check_the_fleet_summary_says_which_servers_would_restart() -> None:
+    gate = load_plugin("filter_plugins/sglang_gate.py")
+    servers = [{"name": "a", "config_hash": "h-a"}, {"name": "b", "config_hash": "h-b"}]
+    hostvars = {
+        "gpu1": {
+            "sglang_server_servers": servers,
+            "sglang_server_rollout_needed": True,
+            "sglang_server_rollout_reached": True,
+            "sglang_server_restart_names": ["a"],
+        }
+    }
+    checked = gate.sglang_rollout_table(["gpu1"], hostvars, True)
+    assert [line.split()[-1] for line in checked[1:3]] == ["restart", "unchanged"]
+    assert checked[1].split()[-2:] == ["would", "restart"]
+    assert checked[-1] == "1 would restart, 1 unchanged"
+    # A real run that restarted nothing (its results are empty) does not pretend it would.
+    assert gate.sglang_rollout_table(["gpu1"], hostvars)[-1] == "2 unchanged"
+
+
 REFUSAL = (
     "mem_fraction_static 0.970 leaves a predicted 1.26 GiB free after CUDA graph capture, "
     "below the 5.0 GiB margin"

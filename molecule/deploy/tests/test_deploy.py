@@ -107,6 +107,23 @@ def test_check_diff_shows_the_flag_change_and_restarts_nothing(host):
     assert run.rc == 0, run.failures
     after_text = "".join(str(d.get("after", "")) for d in run.diffs())
     assert "--max-running-requests 64" in after_text
+    # Flag by flag against the last-known-good record, and a summary that says what would happen.
+    said = [
+        line
+        for r in run.task_results("Say what a rollout would do to each server, flag by flag")
+        for line in r.get("msg") or []
+    ]
+    assert "  + --max-running-requests 64" in said, said
+    assert said[0].startswith("llama-a: would restart (") and "llama-b: unchanged" in said, said
+    summary = [
+        line
+        for r in run.task_results("Fleet summary")
+        if isinstance(r.get("msg"), list)
+        for line in r["msg"]
+    ]
+    rows = {line.split()[1]: line for line in summary if line.startswith(HOST)}
+    assert set(rows) == set(UNITS), summary
+    assert rows["llama-a"].endswith(" would restart") and rows["llama-b"].endswith(" unchanged")
     assert {name: unit_identity(host, name) for name in UNITS} == before
 
 

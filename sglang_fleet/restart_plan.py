@@ -1,0 +1,72 @@
+"""What a rollout would do to each server, flag by flag (README.md, "Describing servers").
+
+The restart decision itself is the sglang_server role's (vars/main.yml); this module says it in
+words for the operator: which servers would restart, why, and which flags change against the
+configuration each one last passed with (its last-known-good record, `lkg/meta.json`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sglang_fleet.flags import to_argv
+
+
+def _flag_words(flags: Mapping[str, Any]) -> dict[str, list[str]]:
+    """{--flag: its value words} as the launch line renders each flag (omitted ones left out)."""
+    words: dict[str, list[str]] = {}
+    for key, value in flags.items():
+        argv = to_argv({key: value})
+        if argv:
+            words[argv[0]] = argv[1:]
+    return words
+
+
+def _shown(flag: str, values: list[str]) -> str:
+    return " ".join([flag, *values])
+
+
+def flag_changes(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> list[str]:
+    """`- --flag old` / `+ --flag new` lines, in launch-line order; [] when the flags match."""
+    before = _flag_words(old or {})
+    after = _flag_words(new)
+    lines = []
+    for flag in sorted(before.keys() | after.keys(), key=lambda f: (f != "--model-path", f)):
+        if before.get(flag) == after.get(flag):
+            continue
+        if flag in before:
+            lines.append("- " + _shown(flag, before[flag]))
+        if flag in after:
+            lines.append("+ " + _shown(flag, after[flag]))
+    return lines
+
+
+def restart_lines(
+    servers: Sequence[Mapping[str, Any]],
+    restart_names: Sequence[str],
+    records: Sequence[Mapping[str, Any] | None],
+    running_units: Sequence[str],
+) -> list[str]:
+    """One line per server (and one per changed flag under it) of what a rollout would do.
+
+    records: each server's last-known-good record (None where it has none), in servers' order.
+    """
+    lines = []
+    for server, record in zip(servers, records, strict=True):
+        name = server["name"]
+        if name not in restart_names:
+            lines.append(f"{name}: unchanged")
+            continue
+        changes = flag_changes((record or {}).get("flags"), server["flags"]) if record else []
+        if server["unit"] not in running_units:
+            why = "not running"
+        elif record is None:
+            why = "no last-known-good record yet"
+        elif changes:
+            why = f"{len(changes)} flag line(s) differ from its last-known-good configuration"
+        else:
+            why = "its unit, environment, secrets or logging changed; same flags"
+        lines.append(f"{name}: would restart ({why})")
+        lines += [f"  {change}" for change in changes]
+    return lines
