@@ -184,31 +184,7 @@ def test_missing_binary_is_reported_as_such() -> None:
         gc_discovery.query_gpus("/nonexistent/nvidia-smi", runner)
 
 
-# --------------------------------------------------------------------------- /proc parsing
-
-
-def test_parse_stat_with_parentheses_in_the_name() -> None:
-    stat = "4242 (sglang::sch) (x)) S 1 4230 4230 0 -1 4194560 " + " ".join(["0"] * 12) + " 777 0"
-    assert gc_procfs.parse_stat(stat) == ("S", 1, 4230, 777)
-
-
-@pytest.mark.parametrize(
-    ("text", "path"),
-    [
-        ("0::/system.slice/sglang-kimi.service\n", "/system.slice/sglang-kimi.service"),
-        (
-            "12:pids:/system.slice/sglang.service\n"
-            "4:memory:/system.slice/sglang.service\n"
-            "1:name=systemd:/system.slice/sglang.service\n",
-            "/system.slice/sglang.service",
-        ),
-        # hybrid layout as on the machine that wrote these tests
-        ("9:name=systemd:/user.slice/user-1000.slice/session-3.scope\n8:pids:/\n0::/\n", None),
-    ],
-)
-def test_parse_cgroup_v1_v2_hybrid(text: str, path: str | None) -> None:
-    expected = path or "/user.slice/user-1000.slice/session-3.scope"
-    assert gc_procfs.parse_cgroup(text) == expected
+# ------------------------------------------------ cgroup paths (parsers: tests/test_procfs.py)
 
 
 @pytest.mark.parametrize(
@@ -223,19 +199,6 @@ def test_parse_cgroup_v1_v2_hybrid(text: str, path: str | None) -> None:
 )
 def test_owning_unit_is_the_innermost_unit(path: str, unit: str | None) -> None:
     assert gc_ownership.owning_unit(path) == unit
-
-
-@pytest.mark.parametrize(
-    ("name", "uids"),
-    [
-        ("root", (0, 0)),
-        ("nobody", (65534, 65534)),
-        # setresuid(0, 65534, 0): real root, effective nobody
-        ("real_root_effective_nobody", (0, 65534)),
-    ],
-)
-def test_parse_status_uids_real_and_effective(name: str, uids: tuple[int, int]) -> None:
-    assert gc_procfs.parse_status_uids(proc_fixture(f"status/{name}.txt")) == uids
 
 
 # Each container runtime's cgroup as /proc/PID/cgroup shows it from the host: the part of the
