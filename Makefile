@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 ALL_SCENARIOS := $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/molecule.yml))))
 # Longest first, so that the parallel slots finish together; any scenario not named here runs last.
-LONGEST_FIRST := fleet real_sglang tuning rollout deploy monitoring gpu_cleanup provision
+LONGEST_FIRST := fleet real_sglang tuning rollout deploy monitoring staging gpu_cleanup provision
 # Scenarios left out of `make test` until they have passed a whole run (check, converge,
 # idempotence, verify) on these machines; run one by name: make molecule SCENARIOS=<name>.
 OPT_IN :=
@@ -17,7 +17,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help check test demo lint pytest molecule host image wheelhouse cpu-image monitoring-debs sglang-ref resolve-gpu-deps bench clean
+.PHONY: help check test demo lint pytest molecule host image wheelhouse cpu-image monitoring-debs staging-debs sglang-ref resolve-gpu-deps bench clean
 help:
 	@echo "make check  - the quick loop, no containers: yamllint, ansible-lint, ruff and the unit tests"
 	@echo "make test   - set up, then yamllint, ansible-lint, ruff, pytest and every Molecule scenario"
@@ -50,6 +50,10 @@ cpu-image: $(BIN)/.stamp image
 monitoring-debs: image
 	@scripts/build-monitoring-debs.sh
 
+# rsync for the staging scenario's hosts, shipped as an air-gapped site would.
+staging-debs: image
+	@scripts/build-staging-debs.sh
+
 lint: $(BIN)/.stamp
 	@echo "==> yamllint"; $(BIN)/yamllint --strict .
 	@echo "==> ansible-lint (production profile)"; $(BIN)/ansible-lint --profile production
@@ -79,7 +83,7 @@ check: lint $(BIN)/.stamp wheelhouse
 	@echo "==> pytest (no containers)"; $(BIN)/pytest -n $(PYTEST_JOBS) -m "not container"
 
 molecule: $(BIN)/.stamp image wheelhouse $(if $(filter real_sglang,$(SCENARIOS)),cpu-image) \
-  $(if $(filter monitoring,$(SCENARIOS)),monitoring-debs)
+  $(if $(filter monitoring,$(SCENARIOS)),monitoring-debs) $(if $(filter staging,$(SCENARIOS)),staging-debs)
 	@scripts/molecule-all.sh $(SCENARIOS)
 
 test: lint pytest molecule

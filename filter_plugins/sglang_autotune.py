@@ -18,15 +18,11 @@ from typing import Any
 from ansible.errors import AnsibleFilterError
 
 from sglang_fleet import autotune
+from sglang_fleet.plain import plain
 
 # Every request the same length (the smoke client sends exactly these token counts), as the
 # search's wave model assumes; no warm-up beyond one request.
 _SMOKE_FIXED = {"backend": "sglang", "seed": 42, "warmup_requests": 1}
-
-
-def _plain(value: Any) -> Any:
-    """Ansible's lazy containers as plain data."""
-    return json.loads(json.dumps(value, default=str)) if value is not None else None
 
 
 def sglang_autotune_inputs(  # noqa: PLR0917 (Jinja passes filter arguments by position)
@@ -40,10 +36,10 @@ def sglang_autotune_inputs(  # noqa: PLR0917 (Jinja passes filter arguments by p
     """autotune.validate_inputs(): the operator's inputs typed; an error names the variable."""
     try:
         return autotune.validate_inputs(
-            space=_plain(space),
-            workload=_plain(workload),
-            slo=_plain(slo),
-            kv_cache_dtypes_allowed=_plain(kv_cache_dtypes_allowed),
+            space=plain(space),
+            workload=plain(workload),
+            slo=plain(slo),
+            kv_cache_dtypes_allowed=plain(kv_cache_dtypes_allowed),
             tolerance=tolerance,
             max_trials=max_trials,
         )
@@ -54,7 +50,7 @@ def sglang_autotune_inputs(  # noqa: PLR0917 (Jinja passes filter arguments by p
 def sglang_autotune_smoke_workload(workload: Any) -> dict[str, Any]:
     """The search's workload as the smoke client's flags (smoke_gate_workload)."""
     try:
-        typed = autotune.validate_workload(_plain(workload))
+        typed = autotune.validate_workload(plain(workload))
     except autotune.AutotuneInputError as exc:
         raise AnsibleFilterError(str(exc)) from exc
     return _SMOKE_FIXED | {
@@ -70,14 +66,14 @@ def sglang_autotune_smoke_workload(workload: Any) -> dict[str, Any]:
 def sglang_autotune_trial_result(trial: Any, smoke: Any = None) -> dict[str, Any]:
     """What `autotune record` reads, from the sglang_server role's sglang_server_trial_result
     and the smoke client's JSON (text or parsed; empty when the benchmark never ran)."""
-    trial = _plain(trial) or {}
+    trial = plain(trial) or {}
     if not isinstance(trial, Mapping):
         raise AnsibleFilterError("sglang_autotune_trial_result: the trial result must be a mapping")
     if isinstance(smoke, str | bytes):
         smoke = json.loads(smoke) if smoke.strip() else None
     failed = trial.get("outcome") != "passed"
     return {
-        "smoke": _plain(smoke),
+        "smoke": plain(smoke),
         "calibration": trial.get("calibration"),
         "error": (trial.get("error") or "failed") if failed else None,
         "phase": trial.get("phase") if failed else None,

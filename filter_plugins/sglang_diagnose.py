@@ -19,14 +19,6 @@ from sglang_fleet.diagnose import diagnose, diagnose_live, table_lines
 from sglang_fleet.plain import plain_mapping
 
 
-def _plain(value: Any, what: str) -> dict[str, Any] | None:
-    """Ansible's lazy containers (or JSON text) as a plain dict; None for nothing."""
-    try:
-        return plain_mapping(value, what, optional=True)
-    except ValueError as exc:
-        raise AnsibleFilterError(str(exc)) from exc
-
-
 def sglang_diagnose(
     smoke_result: Any,
     log_text: str | None = None,
@@ -34,12 +26,12 @@ def sglang_diagnose(
     plan_context: dict | None = None,
 ) -> dict:
     """diagnose() for the smoke gate's summary."""
-    return diagnose(
-        _plain(smoke_result, "smoke result"),
-        log_text or None,
-        int(concurrency) if concurrency else None,
-        _plain(plan_context, "plan context"),
-    )
+    try:
+        result = plain_mapping(smoke_result, "smoke result", optional=True)
+        context = plain_mapping(plan_context, "plan context", optional=True)
+    except ValueError as exc:
+        raise AnsibleFilterError(str(exc)) from exc
+    return diagnose(result, log_text or None, int(concurrency) if concurrency else None, context)
 
 
 def sglang_diagnose_live(
@@ -47,11 +39,13 @@ def sglang_diagnose_live(
 ) -> dict:
     """diagnose_live() on what sglang_fleet/live.py printed for a running server."""
     try:
-        return diagnose_live(
-            sample if isinstance(sample, str) else _plain(sample, "sample"),
-            _plain(plan_context, "plan context"),
-            log_text or None,
-        )
+        if not isinstance(sample, str):
+            sample = plain_mapping(sample, "sample", optional=True)
+        context = plain_mapping(plan_context, "plan context", optional=True)
+    except ValueError as exc:
+        raise AnsibleFilterError(str(exc)) from exc
+    try:
+        return diagnose_live(sample, context, log_text or None)
     except ValueError as exc:
         raise AnsibleFilterError(f"sglang_diagnose_live: {exc}") from exc
 
@@ -59,14 +53,18 @@ def sglang_diagnose_live(
 def sglang_diagnosis_table(entries: list) -> list[str]:
     """One header line, then HOST SERVER RUNNING QUEUED TOKEN-USAGE GEN-TOK/S VERDICT LEVER."""
     rows = []
-    for entry in entries or []:
-        rows.append(
-            {
-                "host": str(entry["host"]),
-                "server": str(entry["server"]),
-                "diagnosis": _plain(entry["diagnosis"], "diagnosis") or {},
-            }
-        )
+    try:
+        for entry in entries or []:
+            rows.append(
+                {
+                    "host": str(entry["host"]),
+                    "server": str(entry["server"]),
+                    "diagnosis": plain_mapping(entry["diagnosis"], "diagnosis", optional=True)
+                    or {},
+                }
+            )
+    except ValueError as exc:
+        raise AnsibleFilterError(str(exc)) from exc
     return table_lines(rows)
 
 

@@ -27,33 +27,28 @@ from sglang_fleet.gate import (
 from sglang_fleet.plain import plain_mapping
 
 
-def _plain(value: Any, what: str, optional: bool = False) -> dict[str, Any] | None:
-    """Ansible's lazy containers (or JSON text) as a plain dict."""
-    try:
-        return plain_mapping(value, what, optional)
-    except ValueError as exc:
-        raise AnsibleFilterError(str(exc)) from exc
-
-
 def sglang_gate(result: Any, thresholds: Any = None, baseline: Any = None) -> dict[str, Any]:
     """sglang_fleet.gate.evaluate(); unusable thresholds fail the task naming the threshold."""
     try:
         return evaluate(
-            _plain(result, "smoke result") or {},
-            _plain(thresholds, "thresholds", optional=True) or {},
-            _plain(baseline, "last-known-good smoke result", optional=True),
+            plain_mapping(result, "smoke result") or {},
+            plain_mapping(thresholds, "thresholds", optional=True) or {},
+            plain_mapping(baseline, "last-known-good smoke result", optional=True),
         )
     except GateInputError as exc:
         raise AnsibleFilterError(f"sglang_gate: {exc}") from exc
+    except ValueError as exc:  # the inputs themselves: no mapping, or not JSON
+        raise AnsibleFilterError(str(exc)) from exc
 
 
 def sglang_smoke_compact(result: Any, diagnosis: Any = None, report: str | None = None) -> dict:
     """sglang_fleet.gate.compact(): the part of a passing result that last-known-good keeps."""
-    return compact(
-        _plain(result, "smoke result") or {},
-        _plain(diagnosis, "diagnosis", optional=True),
-        str(report) if report else None,
-    )
+    try:
+        kept = plain_mapping(result, "smoke result") or {}
+        diagnosed = plain_mapping(diagnosis, "diagnosis", optional=True)
+    except ValueError as exc:
+        raise AnsibleFilterError(str(exc)) from exc
+    return compact(kept, diagnosed, str(report) if report else None)
 
 
 def _host_entry(host: str, hostvars: Mapping[str, Any]) -> dict[str, Any]:
@@ -78,7 +73,8 @@ def _host_entry(host: str, hostvars: Mapping[str, Any]) -> dict[str, Any]:
         if servers is None
         else [{"name": s["name"], "config_hash": s["config_hash"]} for s in servers],
         "results": [
-            _plain(r, "rollout result") for r in (facts.get("sglang_server_rollout_results") or [])
+            plain_mapping(r, "rollout result")
+            for r in (facts.get("sglang_server_rollout_results") or [])
         ],
         "error": facts.get("sglang_server_failure") if "sglang_server_failure" in facts else None,
         "refused": {str(name): str(message) for name, message in dict(refused).items()},
@@ -87,7 +83,11 @@ def _host_entry(host: str, hostvars: Mapping[str, Any]) -> dict[str, Any]:
 
 def sglang_rollout_table(hosts: list, hostvars: Mapping[str, Any]) -> list[str]:
     """The fleet summary of playbooks/deploy.yml, from the facts each host's rollout set."""
-    return format_rollout_table(rollout_rows([_host_entry(str(h), hostvars) for h in hosts]))
+    try:
+        entries = [_host_entry(str(h), hostvars) for h in hosts]
+    except ValueError as exc:  # a rollout result that is no mapping
+        raise AnsibleFilterError(str(exc)) from exc
+    return format_rollout_table(rollout_rows(entries))
 
 
 def sglang_fleet_module_file(name: str) -> str:

@@ -11,18 +11,13 @@ inventory Prometheus cannot scrape fails the task naming the server.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
 
 from sglang_fleet import monitoring
-
-
-def _plain(value: Any) -> Any:
-    """Ansible's lazy containers as plain data."""
-    return json.loads(json.dumps(value, default=str))
+from sglang_fleet.plain import plain
 
 
 def sglang_monitoring_plan(
@@ -30,14 +25,14 @@ def sglang_monitoring_plan(
 ) -> dict[str, Any]:
     try:
         return monitoring.scrape_plan(
-            _plain(hosts), str(monitoring_host), str(key_dir), float(ttft_ms), float(tpot_ms)
+            plain(hosts), str(monitoring_host), str(key_dir), float(ttft_ms), float(tpot_ms)
         )
     except (KeyError, ValueError) as exc:
         raise AnsibleFilterError(f"monitoring: {exc}") from exc
 
 
 def sglang_monitoring_credentials(hosts: list, key_dir: str) -> list[dict[str, str]]:
-    return monitoring.server_credentials(_plain(hosts), str(key_dir))
+    return monitoring.server_credentials(plain(hosts), str(key_dir))
 
 
 class FilterModule:

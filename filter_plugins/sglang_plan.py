@@ -26,19 +26,12 @@ from sglang_fleet.plain import plain_mapping
 from sglang_fleet.plan import PlanInputError, plan
 
 
-def _as_dict(value: Any, what: str) -> dict[str, Any]:
-    try:
-        return plain_mapping(value, what)  # type: ignore[return-value]
-    except ValueError as exc:
-        raise AnsibleFilterError(str(exc)) from exc
-
-
 def _weight_bytes(value: Any) -> int:
     if isinstance(value, int) and not isinstance(value, bool):
         return value
     if isinstance(value, str) and value.strip().isdigit():
         return int(value)
-    return weight_bytes_from_index(_as_dict(value, "weights (model.safetensors.index.json)"))
+    return weight_bytes_from_index(plain_mapping(value, "weights (model.safetensors.index.json)"))
 
 
 def sglang_plan(
@@ -47,13 +40,15 @@ def sglang_plan(
     """sglang_fleet.plan.plan(); bad input fails the task with the reason."""
     try:
         return plan(
-            _as_dict(model_config, "model_config"),
+            plain_mapping(model_config, "model_config"),
             _weight_bytes(weights),
-            _as_dict(args or {}, "plan arguments"),
-            _as_dict(host or {}, "host facts"),
+            plain_mapping(args or {}, "plan arguments"),
+            plain_mapping(host or {}, "host facts"),
         )
     except (PlanInputError, ModelConfigError) as exc:
         raise AnsibleFilterError(f"sglang_plan: {exc}") from exc
+    except ValueError as exc:  # the inputs themselves: no mapping, or not JSON
+        raise AnsibleFilterError(str(exc)) from exc
 
 
 def _server_gpus(server: dict[str, Any], gpu_list: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -69,7 +64,7 @@ _CALIBRATION_KEYS = frozenset({"store", "mode", "sglang_version"})
 def _calibration_args(calibration: Any, server: dict[str, Any]) -> dict[str, Any]:
     if not calibration:
         return {}
-    given = _as_dict(calibration, "calibration")
+    given = plain_mapping(calibration, "calibration")
     unknown = sorted(set(given) - _CALIBRATION_KEYS)
     if unknown:
         raise AnsibleFilterError(
@@ -109,34 +104,39 @@ def sglang_server_plan(  # noqa: PLR0917 (Jinja passes filter arguments by posit
     """The plan of one described server on its GPUs (min memory.total, name) and the host's
     RAM, with the host's calibration records when `calibration` is given; a CPU server's on
     the host's RAM alone."""
-    server = _as_dict(server, "server")
-    if server.get("device") == "cpu":
-        # A CPU server (docs/CPU-SERVERS.md) is planned on host RAM only; it has no GPUs.
+    try:
+        server = plain_mapping(server, "server")
+        if server.get("device") == "cpu":
+            # A CPU server (docs/CPU-SERVERS.md) is planned on host RAM only; it has no GPUs.
+            args = {
+                **server.get("plan_args", {}),
+                **plain_mapping(workload or {}, "workload"),
+            }
+            return sglang_plan(
+                model_config, weights, args, {"host_ram_gib": float(host_ram_mib) / 1024}
+            )
+        gpu_list = [plain_mapping(gpu, "gpu") for gpu in (gpus or [])]
+        if not gpu_list:
+            raise AnsibleFilterError(
+                f"sglang_server_plan: no GPU reported for {server.get('name')}"
+            )
+        own = _server_gpus(server, gpu_list)
+        host = {
+            "gpu_memory_mib": min(float(gpu["memory_total_mib"]) for gpu in own),
+            "host_ram_gib": float(host_ram_mib) / 1024,
+            "gpu_count": len(gpu_list),
+        }
+        names = sorted({str(gpu["name"]) for gpu in own if gpu.get("name")})
+        if len(names) == 1:
+            host["gpu_name"] = names[0]
         args = {
             **server.get("plan_args", {}),
-            **_as_dict(workload or {}, "workload"),
+            **plain_mapping(workload or {}, "workload"),
+            **_calibration_args(calibration, server),
         }
-        return sglang_plan(
-            model_config, weights, args, {"host_ram_gib": float(host_ram_mib) / 1024}
-        )
-    gpu_list = [_as_dict(gpu, "gpu") for gpu in (gpus or [])]
-    if not gpu_list:
-        raise AnsibleFilterError(f"sglang_server_plan: no GPU reported for {server.get('name')}")
-    own = _server_gpus(server, gpu_list)
-    host = {
-        "gpu_memory_mib": min(float(gpu["memory_total_mib"]) for gpu in own),
-        "host_ram_gib": float(host_ram_mib) / 1024,
-        "gpu_count": len(gpu_list),
-    }
-    names = sorted({str(gpu["name"]) for gpu in own if gpu.get("name")})
-    if len(names) == 1:
-        host["gpu_name"] = names[0]
-    args = {
-        **server.get("plan_args", {}),
-        **_as_dict(workload or {}, "workload"),
-        **_calibration_args(calibration, server),
-    }
-    return sglang_plan(model_config, weights, args, host)
+        return sglang_plan(model_config, weights, args, host)
+    except ValueError as exc:  # the inputs themselves: no mapping, or not JSON
+        raise AnsibleFilterError(str(exc)) from exc
 
 
 class FilterModule:

@@ -9,20 +9,13 @@ the task with the reason.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
 
 from sglang_fleet import router as _router
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {str(key): _plain(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(item) for item in value]
-    return value
+from sglang_fleet.plain import plain
 
 
 def sglang_router_command(
@@ -30,7 +23,7 @@ def sglang_router_command(
 ) -> dict[str, Any]:
     try:
         return _router.router_command(
-            _plain(flags),
+            plain(flags),
             python=str(python),
             launcher=str(launcher),
             key_credential=str(key_credential),

@@ -29,20 +29,12 @@ from ansible.errors import AnsibleFilterError
 from sglang_fleet import nodes as _nodes
 from sglang_fleet import servers as _servers
 from sglang_fleet import validate as _validate
-
-
-def _plain(value: Any) -> Any:
-    """Ansible's lazy/tagged containers as plain dicts and lists (deep copies are cheap here)."""
-    if isinstance(value, Mapping):
-        return {key: _plain(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(item) for item in value]
-    return value
+from sglang_fleet.plain import plain
 
 
 def _wrap(func: Callable[..., Any], *args: Any) -> Any:
     try:
-        return func(*(_plain(arg) for arg in args))
+        return func(*(plain(arg) for arg in args))
     except (_servers.ServerConfigError, ValueError) as exc:
         raise AnsibleFilterError(str(exc)) from exc
 
@@ -63,15 +55,15 @@ def sglang_server_describe(  # noqa: PLR0917 (Jinja passes filter arguments by p
     is the host's default (sglang_server_device)."""
     try:
         return _servers.describe_servers(
-            _plain(servers),
-            _plain(profiles or {}),
-            _plain(overrides or {}),
-            _plain(defaults or {}),
-            nccl_env=_plain(nccl_env or {}),
-            runtime=_plain(runtime or {}),
-            cluster=_plain(cluster or {}),
-            tuned=_plain(tuned or {}),
-            device=_plain(device),
+            plain(servers),
+            plain(profiles or {}),
+            plain(overrides or {}),
+            plain(defaults or {}),
+            nccl_env=plain(nccl_env or {}),
+            runtime=plain(runtime or {}),
+            cluster=plain(cluster or {}),
+            tuned=plain(tuned or {}),
+            device=plain(device),
         )
     except (_servers.ServerConfigError, ValueError) as exc:
         raise AnsibleFilterError(str(exc)) from exc
@@ -91,7 +83,7 @@ def sglang_not_last_known_good(servers: list, lkg_slurps: list) -> list[str]:
     lkg_slurps: the results of slurping each server's lkg/meta.json, in the same order.
     """
     names = []
-    for server, slurp in zip(_plain(servers), _plain(lkg_slurps), strict=True):
+    for server, slurp in zip(plain(servers), plain(lkg_slurps), strict=True):
         try:
             recorded = json.loads(base64.b64decode(slurp["content"]))["config_hash"]
         except (KeyError, TypeError, ValueError):
@@ -107,7 +99,7 @@ def sglang_server_cluster(servers: Any, hostvars: Mapping, host: str) -> dict[st
     node lists and GPU counts only: never a key). Hosts of no server's nodes are not read."""
     names = {
         node
-        for server in (_plain(servers) or [])
+        for server in (plain(servers) or [])
         if isinstance(server, Mapping)
         for node in (server.get("nodes") or [])
         if isinstance(node, str)
@@ -118,25 +110,25 @@ def sglang_server_cluster(servers: Any, hostvars: Mapping, host: str) -> dict[st
             continue
         known = hostvars[name]
         hosts[name] = _nodes.host_facts(
-            _plain(known.get("ansible_facts") or {}),
-            _plain(known.get("sglang_server_instances") or []),
+            plain(known.get("ansible_facts") or {}),
+            plain(known.get("sglang_server_instances") or []),
         )
     return {"host": str(host), "hosts": hosts}
 
 
 def sglang_servers_on_gpus(servers: list, gpus: list) -> list[dict]:
     """The described servers that use any of gpus (all of them when gpus is empty)."""
-    wanted = {int(gpu) for gpu in _plain(gpus) or []}
+    wanted = {int(gpu) for gpu in plain(gpus) or []}
     return [
         server
-        for server in _plain(servers)
+        for server in plain(servers)
         if not wanted or wanted.intersection(int(gpu) for gpu in server["gpus"])
     ]
 
 
 def sglang_server_api_keys(servers: Any) -> dict[str, str]:
     """{name: API key}: read only by no_log tasks (the secrets file, the smoke client's stdin)."""
-    return _servers.api_keys(_plain(servers))
+    return _servers.api_keys(plain(servers))
 
 
 def sglang_router_missing(listings: list) -> list[str]:
@@ -148,14 +140,14 @@ def sglang_router_missing(listings: list) -> list[str]:
 def sglang_rollout_groups(hosts: list, hostvars: Mapping) -> dict[str, list[str]]:
     """nodes.rollout_groups() from what the `check` entry point left on each host
     (sglang_server_servers, sglang_server_rollout_needed)."""
-    names = [str(host) for host in _plain(hosts) or []]
+    names = [str(host) for host in plain(hosts) or []]
     facts = {}
     for host in names:
         known = hostvars.get(host) or {}
         facts[host] = {
             "servers": [
                 {key: server.get(key) for key in ("name", "nodes", "router")}
-                for server in _plain(known.get("sglang_server_servers") or [])
+                for server in plain(known.get("sglang_server_servers") or [])
             ],
             "needed": bool(known.get("sglang_server_rollout_needed")),
         }
@@ -164,9 +156,9 @@ def sglang_rollout_groups(hosts: list, hostvars: Mapping) -> dict[str, list[str]
 
 def sglang_node_restarts(servers: list, hostvars: Mapping, fact: str) -> list[str]:
     """nodes.restarts_with_nodes(): each node's own restart decision is the fact named `fact`."""
-    described = _plain(servers) or []
+    described = plain(servers) or []
     nodes = {node for server in described for node in server.get("nodes") or []}
-    decisions = {node: _plain((hostvars.get(node) or {}).get(fact) or []) for node in sorted(nodes)}
+    decisions = {node: plain((hostvars.get(node) or {}).get(fact) or []) for node in sorted(nodes)}
     return _wrap(_nodes.restarts_with_nodes, described, decisions)
 
 

@@ -36,8 +36,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from sglang_fleet import kvmath
-from sglang_fleet.calibrate import Calibration, parse_log
 from sglang_fleet.modelcfg import ModelShape
+from sglang_fleet.server_log import Calibration, parse_log
 
 SCHEMA = 1
 STORE_SCHEMA = "sglang-fleet/calibrations/1"

@@ -32,7 +32,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from sglang_fleet import kvmath, live
-from sglang_fleet.calibrate import parse_decode_lines, parse_log
 from sglang_fleet.modelcfg import ModelConfigError, model_shape, read_model_dir
 from sglang_fleet.noop_flags import noop_flag_issues
 from sglang_fleet.plan import (
@@ -42,6 +41,7 @@ from sglang_fleet.plan import (
     plan,
     split_namespace,
 )
+from sglang_fleet.server_log import parse_decode_lines, parse_log
 
 # A run is KV-bound when, over the busy samples, requests waited in the queue at least this
 # share of the time ...

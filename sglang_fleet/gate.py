@@ -358,9 +358,24 @@ def _row(host: str, server: str, config_hash: str | None, outcome: str, message=
     }
 
 
+def _seconds_cell(value: Any) -> str:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return "-"
+    return f"{number:.1f}" if math.isfinite(number) and number >= 0 else "-"
+
+
 def format_rollout_table(rows: list[dict[str, Any]]) -> list[str]:
-    """The table as lines (a debug task prints a list one line per row)."""
+    """The table as lines (a debug task prints a list one line per row). A rollout that
+    restarted servers adds DOWN s (stop to healthy) and COPY s (the weights' staging, before the
+    stop: docs/STAGING.md); a drain that ran out of time gets a line under the table."""
+    timed = any(
+        _seconds_cell(r.get(k)) != "-" for r in rows for k in ("downtime_seconds", "copy_seconds")
+    )
     header = ("HOST", "SERVER", "CONFIG", "TOK/S", "P99 TTFT ms", "OUTCOME")
+    if timed:
+        header = (*header[:5], "DOWN s", "COPY s", *header[5:])
     cells = [header] + [
         (
             str(r["host"]),
@@ -368,8 +383,13 @@ def format_rollout_table(rows: list[dict[str, Any]]) -> list[str]:
             str(r.get("config_hash") or "-"),
             _opt(r.get("output_throughput"), 1).replace("n/a", "-"),
             _opt(r.get("p99_ttft_ms"), 1).replace("n/a", "-"),
-            str(r["outcome"]),
         )
+        + (
+            (_seconds_cell(r.get("downtime_seconds")), _seconds_cell(r.get("copy_seconds")))
+            if timed
+            else ()
+        )
+        + (str(r["outcome"]),)
         for r in rows
     ]
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
@@ -378,4 +398,5 @@ def format_rollout_table(rows: list[dict[str, Any]]) -> list[str]:
     ]
     counts = {o: sum(r["outcome"] == o for r in rows) for o in OUTCOMES}
     lines.append(", ".join(f"{n} {o}" for o, n in counts.items() if n))
+    lines += [f"{r['host']} {r['server']}: {r['drain_note']}" for r in rows if r.get("drain_note")]
     return lines

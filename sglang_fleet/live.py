@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Sample a running SGLang server without touching it: /metrics over a window, /server_info once.
 
-Standard library only, Python >= 3.9: a playbook copies this file and the one HTTP reader,
-module_utils/fleet_http.py, beside it to a GPU host (servers listen on loopback there) and runs
-it with the host's python3. From the repo:
+Standard library only, Python >= 3.9: a playbook copies this file, the one HTTP reader
+(module_utils/fleet_http.py) and the one Prometheus text parser (sglang_fleet/smoke.py, the
+smoke client) beside it to a GPU host (servers listen on loopback there) and runs it with the
+host's python3. From the repo:
 
     python3 -m sglang_fleet.live --url http://127.0.0.1:30000 [--window 30] [--interval 1] \\
         [--api-key-file FILE] [--json OUT]
@@ -29,19 +30,20 @@ import importlib.util
 import json
 import math
 import os
-import re
 import sys
 import time
 from typing import Any, Callable
 
 
-def _reader_beside_this_file() -> Any:
-    """module_utils/fleet_http.py as copied beside live.py on a GPU host (diagnose.yml)."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fleet_http.py")
-    spec = importlib.util.spec_from_file_location("fleet_http", path)
+def _beside_this_file(name: str, source: str) -> Any:
+    """source (a file of the repository) as diagnose.yml copies it beside live.py on a GPU
+    host, named name.py."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None or not os.path.isfile(path):
-        sys.exit(f"live.py: {path} is missing: copy module_utils/fleet_http.py beside live.py")
+        sys.exit(f"live.py: {path} is missing: copy {source} beside live.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while the file runs
     spec.loader.exec_module(module)
     return module
 
@@ -49,7 +51,11 @@ def _reader_beside_this_file() -> Any:
 try:
     from sglang_fleet.module_utils import fleet_http
 except ImportError:  # alone on a GPU host, without the package
-    fleet_http = _reader_beside_this_file()
+    fleet_http = _beside_this_file("fleet_http", "module_utils/fleet_http.py")
+try:
+    from sglang_fleet.smoke import parse_series
+except ImportError:  # alone on a GPU host: the smoke client, copied beside it
+    parse_series = _beside_this_file("smoke", "sglang_fleet/smoke.py").parse_series
 HttpError, redact_url, request = fleet_http.HttpError, fleet_http.redact_url, fleet_http.request
 check_http_url = fleet_http.check_url
 
@@ -114,9 +120,6 @@ SERVER_INFO_FIELDS = (
 )
 _MEMORY_USAGE_FIELDS = ("weight", "kvcache", "token_capacity")
 
-_SERIES = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
-_LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
-
 Fetch = Callable[[str], tuple[int, bytes]]
 
 
@@ -133,29 +136,8 @@ class SampleError(Exception):
 
 
 # --------------------------------------------------------------------------------------------
-# Prometheus text
+# Prometheus text: read by smoke.py's parse_series, the project's one parser of it
 # --------------------------------------------------------------------------------------------
-
-
-def parse_series(text: str) -> list[tuple[str, dict[str, str], float]]:
-    """Every sample line as (name, labels, value); comments and values that are not finite
-    numbers (NaN, +Inf, -Inf: legal Prometheus, but no count or gauge here) are skipped."""
-    series = []
-    for line in text.splitlines():
-        if not line or line[0] == "#":
-            continue
-        match = _SERIES.match(line)
-        if match is None:
-            continue
-        try:
-            value = float(match.group(3))
-        except ValueError:
-            continue
-        if not math.isfinite(value):
-            continue
-        labels = dict(_LABEL.findall(match.group(2) or ""))
-        series.append((match.group(1), labels, value))
-    return series
 
 
 def aggregate(series: list[tuple[str, dict[str, str], float]]) -> dict[str, float]:

@@ -49,9 +49,9 @@ from pathlib import Path
 from typing import Any
 
 from sglang_fleet import attndp, calibration, kvmath
-from sglang_fleet.calibrate import Calibration, parse_log
 from sglang_fleet.modelcfg import ModelConfigError, model_shape, read_model_dir
 from sglang_fleet.noop_flags import noop_flag_issues
+from sglang_fleet.server_log import Calibration, parse_log
 
 # Flags of a server this planner reads (a server's plan_args); the rest do not change its
 # arithmetic.

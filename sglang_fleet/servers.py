@@ -82,6 +82,7 @@ from sglang_fleet import nodes as _nodes
 from sglang_fleet.flags import env_file_line, exec_start, normalize_key, to_argv
 from sglang_fleet.module_utils.fleet_http import HttpError, check_url, redact_url
 from sglang_fleet.plan import PLANNER_FLAGS
+from sglang_fleet.staging import StageConfigError, check_model_source
 
 SERVERS_VAR = "sglang_server_instances"
 PROFILES_VAR = "sglang_server_profiles"
@@ -115,6 +116,8 @@ SERVER_KEYS = (
     "host",
     "api_key",
     "router",
+    # Where the weights come from, staged to model_path before a stop (sglang_fleet/staging.py).
+    "model_source",
     # One server across hosts (sglang_fleet/nodes.py, docs/MULTINODE.md).
     "nodes",
     "dist_init_port",
@@ -675,6 +678,10 @@ def resolve_server(
     _check_keys(server, where, SERVER_KEYS, " (SGLang flags go in flags:)")
     api_key_set = _check_api_key(server, where)
     model_path = _check_text(server.get("model_path"), f"{where}.model_path", required=True)
+    try:
+        model_source = check_model_source(server.get("model_source"), where, str(model_path))
+    except StageConfigError as exc:
+        raise ServerConfigError(exc.variable, exc.message) from exc
     served_name = _check_text(
         server.get("served_model_name"), f"{where}.served_model_name", required=False
     )
@@ -749,6 +756,7 @@ def resolve_server(
         "name": name,
         "unit": f"sglang@{name}.service",
         "model_path": model_path,
+        "model_source": model_source,
         "served_model_name": served_name,
         "port": port,
         "host": host,

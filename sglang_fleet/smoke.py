@@ -46,6 +46,7 @@ import json
 import math
 import os
 import random
+import re
 import ssl
 import statistics
 import sys
@@ -983,34 +984,42 @@ class _CompletionsStream(_SseStream):
 
 
 # --------------------------------------------------------------------------------------------
-# Server /metrics (Prometheus text format, parsed by hand)
+# Server /metrics (Prometheus text format): the project's one parser of it, also what
+# sglang_fleet/live.py reads a running server's metrics with
 # --------------------------------------------------------------------------------------------
+
+# Blanks (spaces or tabs) end the name; after a label set's "}" the value may follow at once.
+_SERIES = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\}\s*|\s+)(\S+)")
+_LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def parse_series(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """Every sample line as (name, labels, value); comments and values that are not finite
+    numbers (NaN, +Inf, -Inf: legal Prometheus, but no count or gauge here; +Inf would reach a
+    result file as JSON's Infinity) are skipped. A timestamp after the value is ignored."""
+    series = []
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        match = _SERIES.match(line)
+        if match is None:
+            continue
+        try:
+            value = float(match.group(3))
+        except ValueError:
+            continue
+        if not math.isfinite(value):
+            continue
+        labels = dict(_LABEL.findall(match.group(2) or ""))
+        series.append((match.group(1), labels, value))
+    return series
 
 
 def parse_prometheus(text: str) -> dict[str, float]:
     """Finite sample values by metric name, summed over label sets (one per tp/dp rank)."""
     totals: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line[0] == "#":
-            continue
-        brace = line.find("{")
-        space = line.find(" ")
-        if brace != -1 and (space == -1 or brace < space):
-            name = line[:brace]
-            rest = line[line.rfind("}") + 1 :]
-        elif space != -1:
-            name, rest = line[:space], line[space:]
-        else:
-            continue
-        fields = rest.split()
-        if not fields:
-            continue
-        try:
-            value = float(fields[0])
-        except ValueError:
-            continue
-        if math.isfinite(value):  # +Inf would reach the result file as JSON's Infinity
-            totals[name] = totals.get(name, 0.0) + value
+    for name, _labels, value in parse_series(text):
+        totals[name] = totals.get(name, 0.0) + value
     return totals
 
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from sglang_fleet import calibration, kvmath
-from sglang_fleet.calibrate import parse_log
 from sglang_fleet.plan import main as plan_main
 from sglang_fleet.plan import plan
+from sglang_fleet.server_log import parse_log
 
 REAL = Path(__file__).resolve().parent / "fixtures" / "real-sglang-0.5.23-cpu"
 STARTUP_LOG = (REAL / "startup.log").read_text()

@@ -39,13 +39,14 @@ from gpusim_helpers import (
 )
 
 from sglang_fleet import diagnose as diagnose_mod
-from sglang_fleet import live
+from sglang_fleet import live, smoke
 from sglang_fleet.diagnose import diagnose_live, table_lines
 from sglang_fleet.modelcfg import read_model_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 LIVE_PY = ROOT / "sglang_fleet" / "live.py"
 READER_PY = ROOT / "module_utils" / "fleet_http.py"
+SMOKE_PY = ROOT / "sglang_fleet" / "smoke.py"
 KIMI_DIR = ROOT / "tests" / "fixtures" / "models" / "kimi-k2.5-int4"
 API_KEY = "s3cret-live"
 
@@ -192,6 +193,11 @@ def test_parse_series_reads_labels_and_skips_comments_and_nan():
     assert live.parse_series('m{a="x,\\"y}"} 2\n')[0] == ("m", {"a": 'x,\\"y}'}, 2.0)
 
 
+def test_the_sampler_reads_metrics_with_the_smoke_clients_parser():
+    """One Prometheus text parser in the project: smoke.py's, which live.py imports."""
+    assert live.parse_series is smoke.parse_series
+
+
 def test_aggregate_sums_data_parallel_groups_and_drops_duplicates():
     text = "\n".join(
         [
@@ -324,10 +330,12 @@ def _imports(path: Path) -> set[str]:
 
 
 def test_live_py_imports_only_the_standard_library():
-    """Beside the standard library, only its HTTP reader, which imports nothing else either
-    (the package's copy, or the one diagnose.yml puts beside live.py on the host)."""
+    """Beside the standard library, only its HTTP reader and the smoke client (its Prometheus
+    text parser), which import nothing else either (the package's copies, or the ones
+    diagnose.yml puts beside live.py on the host)."""
     assert _imports(LIVE_PY) - {"__future__", "sglang_fleet"} <= sys.stdlib_module_names
     assert _imports(READER_PY) - {"__future__"} <= sys.stdlib_module_names
+    assert _imports(SMOKE_PY) - {"__future__"} <= sys.stdlib_module_names
 
 
 def _host_pythons() -> list[str]:
@@ -347,8 +355,10 @@ def test_live_py_runs_alone_with_the_key_from_stdin(python, scripted, tmp_path):
     alone = tmp_path / "live.py"
     shutil.copy(LIVE_PY, alone)
     shutil.copy(READER_PY, tmp_path / "fleet_http.py")  # as roles/smoke_gate/tasks/diagnose.yml
+    shutil.copy(SMOKE_PY, tmp_path / "smoke.py")  # likewise
     out = tmp_path / "sample.json"
-    argv = [python, "-I", str(alone), "--url", url, "--window", "0.2", "--interval", "0.1"]
+    # -S: no site-packages, so no sglang_fleet either, as on a GPU host
+    argv = [python, "-I", "-S", str(alone), "--url", url, "--window", "0.2", "--interval", "0.1"]
     done = subprocess.run(
         [*argv, "--api-key-file", "/dev/stdin", "--json", str(out)],
         input=API_KEY + "\n",
@@ -364,6 +374,28 @@ def test_live_py_runs_alone_with_the_key_from_stdin(python, scripted, tmp_path):
     assert json.loads(done.stdout) == written
     assert written["server_info"]["served_model_name"] == "kimi"
     assert written["server_metrics"]["generation_tokens_delta"] == 60
+
+
+@pytest.mark.parametrize("missing", ["fleet_http.py", "smoke.py"])
+def test_live_py_alone_names_the_file_it_misses(missing, tmp_path):
+    shutil.copy(LIVE_PY, tmp_path / "live.py")
+    shutil.copy(READER_PY, tmp_path / "fleet_http.py")
+    shutil.copy(SMOKE_PY, tmp_path / "smoke.py")
+    (tmp_path / missing).unlink()
+    done = subprocess.run(
+        [sys.executable, "-I", "-S", str(tmp_path / "live.py"), "--help"],
+        check=False,
+        capture_output=True,
+        text=True,
+        env={"PATH": os.environ["PATH"]},
+        timeout=60,
+    )
+    assert done.returncode == 1
+    assert done.stderr.strip() == (
+        f"live.py: {tmp_path / missing} is missing: copy "
+        f"{'module_utils/fleet_http.py' if missing == 'fleet_http.py' else 'sglang_fleet/smoke.py'}"
+        " beside live.py"
+    )
 
 
 def run_live(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

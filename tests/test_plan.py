@@ -24,9 +24,9 @@ from ansible.errors import AnsibleFilterError
 from conftest import load_plugin
 
 from sglang_fleet import plan as plan_mod
-from sglang_fleet.calibrate import parse_log
 from sglang_fleet.modelcfg import read_model_dir
 from sglang_fleet.plan import PlanInputError, plan
+from sglang_fleet.server_log import parse_log
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"

@@ -892,6 +892,12 @@ def test_parse_prometheus_sums_label_sets_and_skips_comments() -> None:
     assert values["odd"] == 2.0
 
 
+def test_parse_prometheus_reads_tabs_and_a_value_right_after_the_labels() -> None:
+    values = smoke.parse_prometheus('m\t3 1700000000000\ng{a="x}"}2\ng{a="y"} 1\n')
+    assert values == {"m": 3.0, "g": 3.0}
+    assert smoke.parse_series('g{a="x}"}2\n') == [("g", {"a": "x}"}, 2.0)]
+
+
 def test_parse_prometheus_skips_infinities() -> None:
     """+Inf is legal Prometheus text but no count: it would reach the result as Infinity."""
     values = smoke.parse_prometheus('g{r="0"} +Inf\ng{r="1"} 2\nh -Inf\nk 1e400\n')

@@ -32,7 +32,7 @@ from gpusim_helpers import init_root, start_server, stop_server
 from prometheus_client.parser import text_string_to_metric_families
 
 from sglang_fleet import calibration, smoke
-from sglang_fleet.calibrate import parse_log
+from sglang_fleet.server_log import parse_log
 
 REPO = Path(__file__).resolve().parents[2]
 REF_VENV = Path(os.environ.get("SGLANG_REF_VENV", REPO / ".cache" / "sglang-ref" / "venv"))

@@ -1,0 +1,51 @@
+"""Ansible filters for weight staging (thin wrappers over sglang_fleet.staging; tested there).
+
+{{ sglang_server_instances | model_stage_plan }}     [{path, source, servers}], one per path
+{{ sglang_server_instances | model_stage_protected }}  every model_path (never pruned)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ansible.errors import AnsibleFilterError
+
+from sglang_fleet.plain import plain
+from sglang_fleet.staging import StageConfigError, protected_paths, stage_plan, stage_summary
+
+
+def _plain_list(value: Any) -> list:
+    """A list (of servers or of loop results) as plain data; None is an empty list."""
+    value = plain(value) if value is not None else []
+    if not isinstance(value, list):
+        raise AnsibleFilterError(f"model_stage: expected a list, got {type(value).__name__}")
+    return value
+
+
+def model_stage_plan(servers: Any) -> list[dict[str, Any]]:
+    """One copy per model_path with a model_source; a bad source fails naming the variable."""
+    try:
+        return stage_plan(_plain_list(servers))
+    except StageConfigError as exc:
+        raise AnsibleFilterError(str(exc)) from exc
+
+
+def model_stage_protected(servers: Any) -> list[str]:
+    """Every model_path of the host's servers."""
+    return protected_paths(_plain_list(servers))
+
+
+def model_stage_summary(results: Any) -> dict[str, dict[str, Any]]:
+    """{model_path: {changed, bytes, copy_seconds, ...}} from the staging loop's results."""
+    return stage_summary(_plain_list(results))
+
+
+class FilterModule:
+    """Ansible's entry point for filter plugins."""
+
+    def filters(self) -> dict[str, Any]:
+        return {
+            "model_stage_plan": model_stage_plan,
+            "model_stage_protected": model_stage_protected,
+            "model_stage_summary": model_stage_summary,
+        }

@@ -1,0 +1,43 @@
+"""Ansible filters for what a stop cost (thin wrappers over sglang_fleet.downtime; tested there).
+
+{{ names | sglang_stop_notes(sglang_server_downtimes, sglang_server_drain_results) }}  lines
+{{ sglang_server_downtimes[name] | sglang_downtime_seconds }}   stop to healthy, or None
+{{ drain_result | sglang_drain_note(downtime) }}    how a drain ran out of time, or None
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sglang_fleet.downtime import downtime_seconds, drain_note, stop_notes
+from sglang_fleet.plain import plain_mapping
+
+
+def sglang_stop_notes(names: Any, downtimes: Any = None, drains: Any = None) -> list[str]:
+    return stop_notes(
+        [str(n) for n in names or []],
+        plain_mapping(downtimes, "downtimes", True) or {},
+        plain_mapping(drains, "drains", True) or {},
+    )
+
+
+def sglang_downtime_seconds(downtime: Any) -> float | None:
+    return downtime_seconds(plain_mapping(downtime, "downtime", True) or {})
+
+
+def sglang_drain_note(drain: Any, downtime: Any = None) -> str | None:
+    return drain_note(
+        plain_mapping(drain, "drain result", True) or {},
+        plain_mapping(downtime, "downtime", True) or {},
+    )
+
+
+class FilterModule:
+    """Ansible's entry point for filter plugins."""
+
+    def filters(self) -> dict[str, Any]:
+        return {
+            "sglang_stop_notes": sglang_stop_notes,
+            "sglang_downtime_seconds": sglang_downtime_seconds,
+            "sglang_drain_note": sglang_drain_note,
+        }

@@ -1,0 +1,71 @@
+"""Every entry point that stops a server takes a routed replica out of its router first, through
+the one task file a rollout uses (roles/sglang_server/tasks/router_take_out.yml; docs/STAGING.md,
+"Drain before every stop of a routed replica"). Read from the task files themselves, so a new
+stop path that skips the drain fails here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+TASKS = Path(__file__).resolve().parent.parent / "roles" / "sglang_server" / "tasks"
+# Task files that stop a server (directly, or through start_and_wait.yml / clean_gpus.yml).
+STOPS = ("start_and_wait.yml", "rollback_server.yml", "clean_gpus.yml")
+
+
+def _flat(tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for task in tasks or []:
+        out.append(task)
+        for key in ("block", "rescue", "always"):
+            out.extend(_flat(task.get(key, [])))
+    return out
+
+
+def _includes(path: Path) -> list[str]:
+    tasks = _flat(yaml.safe_load(path.read_text()))
+    return [
+        str(t.get("ansible.builtin.include_tasks") or t.get("ansible.builtin.import_tasks"))
+        for t in tasks
+        if "ansible.builtin.include_tasks" in t or "ansible.builtin.import_tasks" in t
+    ]
+
+
+@pytest.mark.parametrize(
+    ("entry", "stop"),
+    [
+        ("restart.yml", "start_and_wait.yml"),
+        ("rollback_replica.yml", "rollback_server.yml"),
+        ("clean.yml", "clean_gpus.yml"),
+        ("trial_server.yml", "start_and_wait.yml"),
+    ],
+)
+def test_a_routed_replica_is_taken_out_before_it_stops(entry: str, stop: str) -> None:
+    included = _includes(TASKS / entry)
+    assert "router_take_out.yml" in included, f"{entry} never drains"
+    assert included.index("router_take_out.yml") < included.index(stop)
+
+
+@pytest.mark.parametrize("entry", ["restart.yml", "rollback_replica.yml", "trial_server.yml"])
+def test_a_replica_that_serves_again_goes_back_into_its_router(entry: str) -> None:
+    included = _includes(TASKS / entry)
+    assert included[-1] == "router_put_back.yml"
+
+
+def test_rollback_goes_through_the_draining_path() -> None:
+    assert "rollback_replica.yml" in _includes(TASKS / "rollback.yml")
+    assert "rollback_server.yml" not in _includes(TASKS / "rollback.yml")
+
+
+def test_no_other_task_file_stops_a_server_without_the_drain() -> None:
+    """The files that include a stop are exactly the known entry points (and the stops'
+    own nesting); a new one must be added above, with its drain."""
+    known = {"restart.yml", "rollback_replica.yml", "clean.yml", "trial_server.yml"}
+    nested = {"rollback_server.yml", "start_and_wait.yml", "restart.yml", "trial_server.yml"}
+    callers = {
+        path.name for path in TASKS.glob("*.yml") if any(stop in _includes(path) for stop in STOPS)
+    }
+    assert callers <= known | nested, callers - known - nested
