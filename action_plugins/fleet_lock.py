@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
-import pwd
 import socket
 from collections.abc import Mapping
 from typing import Any
@@ -24,9 +23,15 @@ from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
+# module_utils/procfs.py, the /proc reader the gpu_cleanup module ships to GPU hosts. Ansible
+# resolves ansible.module_utils.<name> from ansible.cfg's module_utils path only when it packs a
+# module for a host; on the controller that name is ansible-core's own package. The control-node
+# package maps module_utils/ as sglang_fleet.module_utils (pyproject.toml), so the same file is
+# imported from there (docs/ARCHITECTURE.md, "module_utils on the controller").
+from sglang_fleet.module_utils.procfs import PROC, parse_stat, parse_status_uids, user_name
+
 display = Display()
 
-PROC = "/proc"
 STATES = ("acquired", "renewed", "released")
 # A takeover can lose a race (the holder renewed, another run took it): judge again, a few times.
 MAX_TRIES = 3
@@ -62,19 +67,6 @@ def _read_bytes(path: str) -> bytes | None:
         return None
 
 
-def parse_stat(text: str) -> tuple[str, int, int]:
-    """(state, ppid, starttime) from /proc/PID/stat; comm may hold spaces and parentheses."""
-    fields = text[text.rindex(")") + 2 :].split()
-    return fields[0], int(fields[1]), int(fields[19])
-
-
-def parse_uid(status: str) -> int:
-    for line in status.splitlines():
-        if line.startswith("Uid:"):
-            return int(line.split()[1])
-    raise ValueError("no Uid line")
-
-
 def read_proc(pid: int, proc: str = PROC) -> Proc | None:
     """One live process, or None when it is gone, hidden or a zombie (it may exit while we
     read). A zombie keeps its pid and start time until reaped, but does nothing any more."""
@@ -84,13 +76,13 @@ def read_proc(pid: int, proc: str = PROC) -> Proc | None:
     if stat is None or status is None or cmdline is None:
         return None
     try:
-        state, ppid, starttime = parse_stat(stat.decode(errors="replace"))
-        uid = parse_uid(status.decode(errors="replace"))
+        fields = parse_stat(stat.decode(errors="replace"))
+        uid, _ = parse_status_uids(status.decode(errors="replace"))
     except (ValueError, IndexError):
         return None
-    if state in ("Z", "X"):
+    if uid is None or fields.state in ("Z", "X"):
         return None
-    return Proc(pid, ppid, uid, starttime, cmdline)
+    return Proc(pid, fields.ppid, uid, fields.starttime, cmdline)
 
 
 def list_procs(proc: str = PROC) -> dict[int, Proc]:
@@ -153,13 +145,6 @@ def read_controller(proc: str = PROC) -> Controller:
     return Controller(
         socket.gethostname(), boot_id, pidns, os.geteuid(), hidepid_active(mountinfo, proc)
     )
-
-
-def user_name(uid: int) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
 
 
 def playbook_names(cmdline: bytes) -> str:

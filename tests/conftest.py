@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -49,17 +50,43 @@ def load_plugin(relative_path: str) -> ModuleType:
     return _load(name, path)
 
 
+_UTIL_IMPORT = re.compile(r"^from ansible\.module_utils\.(\w+) import", re.MULTILINE)
+
+
+def module_utils_in_import_order() -> list[Path]:
+    """module_utils/*.py, each after the module_utils files it imports.
+
+    AnsiballZ finds a module's module_utils by reading their import lines; reading them the
+    same way here lets one part import another (gpu_cleanup_plan imports procfs).
+    """
+    files = {path.stem: path for path in sorted((ROOT / "module_utils").glob("[!_]*.py"))}
+    ordered: list[Path] = []
+
+    def visit(name: str) -> None:
+        path = files[name]
+        if path in ordered:
+            return
+        for used in _UTIL_IMPORT.findall(path.read_text(encoding="utf-8")):
+            if used in files:
+                visit(used)
+        ordered.append(path)
+
+    for name in files:
+        visit(name)
+    return ordered
+
+
 # What Ansible ships to the host beside a module: module_utils/<name>.py as
 # ansible.module_utils.<name>.
-for _util in sorted((ROOT / "module_utils").glob("[!_]*.py")):
+for _util in module_utils_in_import_order():
     load_plugin(f"module_utils/{_util.name}")
     sys.modules[f"ansible.module_utils.{_util.stem}"] = sys.modules[f"module_utils.{_util.stem}"]
 
 # The same in a process of its own, for a module run as Ansible runs it (an arguments file):
 # module_utils/<name>.py registered as ansible.module_utils.<name>, then the module as __main__.
 _MODULE_BOOT = """
-import importlib.util, pathlib, runpy, sys
-for path in sorted(pathlib.Path(sys.argv[1]).glob("[!_]*.py")):
+import importlib.util, os, pathlib, runpy, sys
+for path in map(pathlib.Path, sys.argv[1].split(os.pathsep)):
     spec = importlib.util.spec_from_file_location("ansible.module_utils." + path.stem, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
@@ -75,7 +102,7 @@ def module_argv(relative_path: str, *args: str) -> list[str]:
         sys.executable,
         "-c",
         _MODULE_BOOT,
-        str(ROOT / "module_utils"),
+        os.pathsep.join(str(path) for path in module_utils_in_import_order()),
         str(ROOT / relative_path),
         *args,
     ]

@@ -358,11 +358,6 @@ def _proc(pid: int, ppid: int, cmd: bytes, start: int, uid: int = 1000) -> Any:
 PLAYBOOK_CMD = b"/venv/bin/python3\0/venv/bin/ansible-playbook\0-e\0api_key=s3cret\0deploy.yml\0"
 
 
-def test_parse_stat_survives_odd_process_names() -> None:
-    line = "123 (a) b (c)) S 45 123 123 0 -1 4194560 " + " ".join(["0"] * 12) + " 98765 0"
-    assert act.parse_stat(line) == ("S", 45, 98765)
-
-
 def test_playbook_process_is_the_top_of_the_same_command_line() -> None:
     procs = {
         1: _proc(1, 0, b"init\0", 1),

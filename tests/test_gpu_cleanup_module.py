@@ -1,4 +1,5 @@
-"""Tests for library/gpu_cleanup.py and module_utils/nvidia_smi.py.
+"""Tests for library/gpu_cleanup.py, its parts (module_utils/gpu_cleanup_*.py, procfs.py) and
+module_utils/nvidia_smi.py.
 
 Parsing is tested on real nvidia-smi output (tests/fixtures/nvidia_smi/, sources in SOURCES.md),
 classification and the kill decision on fake /proc trees built from real /proc samples
@@ -28,8 +29,16 @@ FIXTURES = ROOT / "tests" / "fixtures" / "nvidia_smi"
 PROC_FIXTURES = ROOT / "tests" / "fixtures" / "proc"
 
 
-# The module imports its parser as Ansible packages it (ansible.module_utils.nvidia_smi).
+# The module imports its parts as Ansible packages them (ansible.module_utils.<name>): the
+# nvidia-smi parser, /proc reading, then one file per job of the cleanup.
 nvsmi = load_plugin("module_utils/nvidia_smi.py")
+gc_procfs = load_plugin("module_utils/procfs.py")
+gc_command = load_plugin("module_utils/timed_command.py")
+gc_ownership = load_plugin("module_utils/gpu_cleanup_ownership.py")
+gc_discovery = load_plugin("module_utils/gpu_cleanup_discovery.py")
+gc_plan = load_plugin("module_utils/gpu_cleanup_plan.py")
+gc_kill = load_plugin("module_utils/gpu_cleanup_kill.py")
+gc_gate = load_plugin("module_utils/gpu_cleanup_gate.py")
 gc = load_plugin("library/gpu_cleanup.py")
 
 # Fake pids beyond any kernel's pid_max (2**22), so they never collide with real ones.
@@ -169,37 +178,13 @@ def test_successful_result_passes_through() -> None:
 
 def test_missing_binary_is_reported_as_such() -> None:
     def runner(argv: list[str], timeout: float) -> tuple[int, str, str]:
-        return gc.run_command(["/nonexistent/nvidia-smi", *argv[1:]], timeout)
+        return gc_command.run_command(["/nonexistent/nvidia-smi", *argv[1:]], timeout)
 
     with pytest.raises(nvsmi.NvidiaSmiError, match="nvidia-smi not found"):
-        gc.query_gpus("/nonexistent/nvidia-smi", runner)
+        gc_discovery.query_gpus("/nonexistent/nvidia-smi", runner)
 
 
-# --------------------------------------------------------------------------- /proc parsing
-
-
-def test_parse_stat_with_parentheses_in_the_name() -> None:
-    stat = "4242 (sglang::sch) (x)) S 1 4230 4230 0 -1 4194560 " + " ".join(["0"] * 12) + " 777 0"
-    assert gc.parse_stat(stat) == ("S", 1, 4230, 777)
-
-
-@pytest.mark.parametrize(
-    ("text", "path"),
-    [
-        ("0::/system.slice/sglang-kimi.service\n", "/system.slice/sglang-kimi.service"),
-        (
-            "12:pids:/system.slice/sglang.service\n"
-            "4:memory:/system.slice/sglang.service\n"
-            "1:name=systemd:/system.slice/sglang.service\n",
-            "/system.slice/sglang.service",
-        ),
-        # hybrid layout as on the machine that wrote these tests
-        ("9:name=systemd:/user.slice/user-1000.slice/session-3.scope\n8:pids:/\n0::/\n", None),
-    ],
-)
-def test_parse_cgroup_v1_v2_hybrid(text: str, path: str | None) -> None:
-    expected = path or "/user.slice/user-1000.slice/session-3.scope"
-    assert gc.parse_cgroup(text) == expected
+# ------------------------------------------------ cgroup paths (parsers: tests/test_procfs.py)
 
 
 @pytest.mark.parametrize(
@@ -213,20 +198,7 @@ def test_parse_cgroup_v1_v2_hybrid(text: str, path: str | None) -> None:
     ],
 )
 def test_owning_unit_is_the_innermost_unit(path: str, unit: str | None) -> None:
-    assert gc.owning_unit(path) == unit
-
-
-@pytest.mark.parametrize(
-    ("name", "uids"),
-    [
-        ("root", (0, 0)),
-        ("nobody", (65534, 65534)),
-        # setresuid(0, 65534, 0): real root, effective nobody
-        ("real_root_effective_nobody", (0, 65534)),
-    ],
-)
-def test_parse_status_uids_real_and_effective(name: str, uids: tuple[int, int]) -> None:
-    assert gc.parse_status_uids(proc_fixture(f"status/{name}.txt")) == uids
+    assert gc_ownership.owning_unit(path) == unit
 
 
 # Each container runtime's cgroup as /proc/PID/cgroup shows it from the host: the part of the
@@ -247,13 +219,15 @@ CONTAINER_LAYOUTS = {
 # The Molecule test host: a Docker container (cgroupfs driver, cgroup v1 hybrid, host cgroup
 # namespace) running systemd. Captured there: a process started by `docker exec` (as Ansible's
 # modules are) and one of a systemd unit.
-TESTHOST_ROOT = gc.container_root(gc.parse_cgroup(cgroup_fixture("testhost_exec_v1")))
+TESTHOST_ROOT = gc_ownership.container_root(
+    gc_procfs.parse_cgroup(cgroup_fixture("testhost_exec_v1"))
+)
 
 
 @pytest.mark.parametrize(("name", "marker"), sorted(CONTAINER_LAYOUTS.items()))
 def test_container_cgroups_are_recognised(name: str, marker: str) -> None:
-    path = gc.parse_cgroup(cgroup_fixture(name))
-    container = gc.container_cgroup(path)
+    path = gc_procfs.parse_cgroup(cgroup_fixture(name))
+    container = gc_ownership.container_cgroup(path)
     assert container is not None and container.startswith(marker), container
 
 
@@ -270,8 +244,8 @@ def test_container_cgroups_are_recognised(name: str, marker: str) -> None:
     ],
 )
 def test_host_cgroups_are_no_container(name: str) -> None:
-    path = gc.relative_cgroup(gc.parse_cgroup(cgroup_fixture(name)), TESTHOST_ROOT)
-    assert gc.container_cgroup(path) is None
+    path = gc_ownership.relative_cgroup(gc_procfs.parse_cgroup(cgroup_fixture(name)), TESTHOST_ROOT)
+    assert gc_ownership.container_cgroup(path) is None
 
 
 @pytest.mark.parametrize(
@@ -290,16 +264,16 @@ def test_host_cgroups_are_no_container(name: str) -> None:
     ],
 )
 def test_container_root_of_the_modules_own_cgroup(path: str, root: str) -> None:
-    assert gc.container_root(path) == root
+    assert gc_ownership.container_root(path) == root
 
 
 def test_relative_cgroup_only_strips_a_whole_prefix() -> None:
-    assert gc.relative_cgroup("/docker/abc/system.slice/x.service", "/docker/abc") == (
+    assert gc_ownership.relative_cgroup("/docker/abc/system.slice/x.service", "/docker/abc") == (
         "/system.slice/x.service"
     )
-    assert gc.relative_cgroup("/docker/abc", "/docker/abc") == "/"
-    assert gc.relative_cgroup("/docker/abcd", "/docker/abc") == "/docker/abcd"
-    assert gc.relative_cgroup("/docker/abc", "") == "/docker/abc"
+    assert gc_ownership.relative_cgroup("/docker/abc", "/docker/abc") == "/"
+    assert gc_ownership.relative_cgroup("/docker/abcd", "/docker/abc") == "/docker/abcd"
+    assert gc_ownership.relative_cgroup("/docker/abc", "") == "/docker/abc"
 
 
 @pytest.mark.parametrize(
@@ -311,7 +285,7 @@ def test_relative_cgroup_only_strips_a_whole_prefix() -> None:
     ],
 )
 def test_login_uid_from_the_user_slice(path: str, uid: int | None) -> None:
-    assert gc.login_uid(path) == uid
+    assert gc_ownership.login_uid(path) == uid
 
 
 TCP = (
@@ -327,9 +301,9 @@ TCP = (
 
 
 def test_listen_inodes_only_for_listening_sockets_on_wanted_ports() -> None:
-    assert gc.parse_listen_inodes(TCP, [8000]) == {55501}
-    assert gc.parse_listen_inodes(TCP, [8000, 2024]) == {55501, 1605}
-    assert gc.parse_listen_inodes(TCP, [9999]) == set()
+    assert gc_procfs.parse_listen_inodes(TCP, [8000]) == {55501}
+    assert gc_procfs.parse_listen_inodes(TCP, [8000, 2024]) == {55501, 1605}
+    assert gc_procfs.parse_listen_inodes(TCP, [9999]) == set()
 
 
 @pytest.mark.parametrize(
@@ -342,7 +316,7 @@ def test_listen_inodes_only_for_listening_sockets_on_wanted_ports() -> None:
     ],
 )
 def test_runs_module(argv: list[str], expected: bool) -> None:
-    assert gc.runs_module(argv, "sglang.launch_server") is expected
+    assert gc_ownership.runs_module(argv, "sglang.launch_server") is expected
 
 
 # --------------------------------------------------------------------------- fake /proc trees
@@ -417,7 +391,7 @@ def smi_runner(gpus: int = 4, used: dict[int, int] | None = None, apps: str = ""
     return runner
 
 
-RULES = gc.OursRules.from_params(
+RULES = gc_ownership.OursRules.from_params(
     {
         "units": ["sglang-a"],
         "process_titles": ["sglang::"],
@@ -428,7 +402,7 @@ RULES = gc.OursRules.from_params(
 IGNORE = ["nvidia-persistenced", "nvidia-smi"]
 # Owners: root and a service user with uid 998 (user names are resolved in cleanup()).
 SERVICE_UID = 998
-OWNERSHIP = gc.Ownership(RULES, {0, SERVICE_UID})
+OWNERSHIP = gc_ownership.Ownership(RULES, {0, SERVICE_UID})
 
 
 @pytest.fixture
@@ -462,7 +436,7 @@ def _host(fake: FakeProc) -> None:
 
 
 def _snapshot(fake: FakeProc, apps: str = "", ownership: Any = OWNERSHIP) -> Any:
-    return gc.discover(
+    return gc_discovery.discover(
         "nvidia-smi",
         "/dev/nvidia*",
         ownership,
@@ -600,7 +574,9 @@ def test_sglang_inside_a_container_blocks(fake: FakeProc, layout: str) -> None:
     fake.add(BASE + 703, ["sglang::scheduler_TP0"], cgroup_text=text, fds=["/dev/nvidia0"])
     rec, plan = _one(fake, BASE + 703)
     assert (rec["ours"], rec["action"]) == (False, "block")
-    assert rec["reasons"] == [f"inside container {gc.container_cgroup(gc.parse_cgroup(text))}"]
+    assert rec["reasons"] == [
+        f"inside container {gc_ownership.container_cgroup(gc_procfs.parse_cgroup(text))}"
+    ]
     assert plan.kill_groups == []
 
 
@@ -614,7 +590,8 @@ def test_sglang_inside_a_container_blocks(fake: FakeProc, layout: str) -> None:
         ),
         (
             "session_other_user_v2",
-            f"inside session-3.scope of user {gc.user_name(1000)} (uid 1000), not an owner user",
+            f"inside session-3.scope of user {gc_procfs.user_name(1000)} (uid 1000), "
+            "not an owner user",
         ),
         (
             "other_unit_v2",
@@ -633,8 +610,10 @@ def test_sglang_in_someone_elses_unit_or_login_blocks(
 
 
 def test_a_unit_of_ours_proves_ownership_whatever_the_uid(fake: FakeProc) -> None:
-    rules = gc.OursRules.from_params({"units": ["sglang@kimi"], "process_titles": ["sglang::"]})
-    ownership = gc.Ownership(rules, {0})
+    rules = gc_ownership.OursRules.from_params(
+        {"units": ["sglang@kimi"], "process_titles": ["sglang::"]}
+    )
+    ownership = gc_ownership.Ownership(rules, {0})
     fake.add(
         BASE + 705,
         ["sglang::scheduler_TP0"],
@@ -647,10 +626,10 @@ def test_a_unit_of_ours_proves_ownership_whatever_the_uid(fake: FakeProc) -> Non
 
 
 def test_a_container_of_the_same_unit_name_is_not_ours(fake: FakeProc) -> None:
-    rules = gc.OursRules.from_params({"units": ["sglang@kimi"]})
+    rules = gc_ownership.OursRules.from_params({"units": ["sglang@kimi"]})
     path = "/system.slice/docker-0a1b.scope/system.slice/system-sglang.slice/sglang@kimi.service"
     fake.add(BASE + 706, ["sglang::scheduler_TP0"], cgroup=path, fds=["/dev/nvidia0"])
-    rec, _ = _one(fake, BASE + 706, ownership=gc.Ownership(rules, {0}))
+    rec, _ = _one(fake, BASE + 706, ownership=gc_ownership.Ownership(rules, {0}))
     assert rec["action"] == "block"
     assert rec["reasons"] == [
         "inside container docker-0a1b.scope/system.slice/system-sglang.slice/sglang@kimi.service"
@@ -663,8 +642,10 @@ def test_run_inside_a_container_the_module_judges_that_containers_processes(
     # As on the Molecule test host: the module, the orphans and the units share one container;
     # another container on the same machine stays foreign.
     exec_text, unit_text = (cgroup_fixture(f"testhost_{n}_v1") for n in ("exec", "unit"))
-    rules = gc.OursRules.from_params({"units": ["sglang@kimi"], "process_titles": ["sglang::"]})
-    ownership = gc.Ownership(rules, {0}, own_container=TESTHOST_ROOT)
+    rules = gc_ownership.OursRules.from_params(
+        {"units": ["sglang@kimi"], "process_titles": ["sglang::"]}
+    )
+    ownership = gc_ownership.Ownership(rules, {0}, own_container=TESTHOST_ROOT)
     fake.add(BASE + 707, ["sglang::scheduler_TP0"], cgroup_text=exec_text, fds=["/dev/nvidia0"])
     fake.add(BASE + 708, ["sglang::scheduler_TP1"], cgroup_text=unit_text, fds=["/dev/nvidia1"])
     fake.add(BASE + 709, ["sglang::scheduler_TP0"], cgroup="/docker/f00d", fds=["/dev/nvidia1"])
@@ -675,26 +656,26 @@ def test_run_inside_a_container_the_module_judges_that_containers_processes(
     assert procs[BASE + 709]["reasons"] == ["inside container docker/f00d"]
     assert [b["pid"] for b in plan.blockers] == [BASE + 709]
     # Seen from the machine running Docker, all three are inside containers.
-    snap, _ = _decide(fake, {0, 1}, ownership=gc.Ownership(rules, {0}))
+    snap, _ = _decide(fake, {0, 1}, ownership=gc_ownership.Ownership(rules, {0}))
     assert all(p["reasons"][0].startswith("inside container docker/") for p in snap.processes)
 
 
 def test_owner_users_resolve_names_and_uids() -> None:
-    assert gc.resolve_owner_uids(["root", "65534", 7]) == {0, 65534, 7}
-    with pytest.raises(gc.OwnerError, match=r"ours\.users: no user 'no-such-user-x'"):
-        gc.resolve_owner_uids(["root", "no-such-user-x"])
+    assert gc_ownership.resolve_owner_uids(["root", "65534", 7]) == {0, 65534, 7}
+    with pytest.raises(gc_ownership.OwnerError, match=r"ours\.users: no user 'no-such-user-x'"):
+        gc_ownership.resolve_owner_uids(["root", "no-such-user-x"])
 
 
 def test_unknown_owner_user_fails_before_anything_is_looked_at(fake: FakeProc) -> None:
     params = _params(gpus=[0])
     params["ours"] = {**params["ours"], "users": ["root", "sglnag"]}
-    with pytest.raises(gc.OwnerError, match="sglnag"):
+    with pytest.raises(gc_ownership.OwnerError, match="sglnag"):
         gc.cleanup(params, False, smi_runner(), str(fake.root))
 
 
 def test_owner_users_default_to_root() -> None:
-    assert gc.OursRules.from_params({}).users == ["root"]
-    assert gc.OursRules.from_params({"users": []}).users == []
+    assert gc_ownership.OursRules.from_params({}).users == ["root"]
+    assert gc_ownership.OursRules.from_params({"users": []}).users == []
 
 
 def _decide(
@@ -707,7 +688,7 @@ def _decide(
     ownership: Any = OWNERSHIP,
 ) -> Any:
     snap = _snapshot(fake, apps, ownership)
-    plan = gc.decide(
+    plan = gc_plan.decide(
         snap,
         needed,
         allow_kill_foreign=allow,
@@ -802,7 +783,7 @@ def test_process_hidden_by_nvidia_smi_blocks(fake: FakeProc) -> None:
     apps = f"[Insufficient Permissions], {GPU_UUIDS[0]}, [Insufficient Permissions], [N/A]\n"
     _, plan = _decide(fake, {0}, allow=True, apps=apps)
     assert [p["reasons"] for p in plan.blockers] == [["hidden by nvidia-smi"]]
-    assert "       ?        ? ?" in gc.format_table(plan.blockers)
+    assert "       ?        ? ?" in gc_plan.format_table(plan.blockers)
 
 
 def test_nvidia_smi_decides_the_gpu_of_a_listed_process(fake: FakeProc) -> None:
@@ -891,7 +872,7 @@ def _snap(used: dict[int, int | None], processes: list[dict[str, Any]] = ()) -> 
         {"index": i, "uuid": "u", "name": "n", "memory_used_mib": m, "memory_total_mib": 97887}
         for i, m in used.items()
     ]
-    return gc.Snapshot(gpus, list(processes))
+    return gc_discovery.Snapshot(gpus, list(processes))
 
 
 def _proc(pid: int, gpus: list[int]) -> dict[str, Any]:
@@ -899,12 +880,12 @@ def _proc(pid: int, gpus: list[int]) -> dict[str, Any]:
 
 
 def test_gate_clear_busy_and_stuck() -> None:
-    assert gc.evaluate(_snap({0: 3, 1: 2048, 2: 90000}), {0, 1}, 2048).clear
-    held = gc.evaluate(_snap({0: 60000, 1: 70000}, [_proc(7, [0])]), {0, 1}, 2048)
+    assert gc_gate.evaluate(_snap({0: 3, 1: 2048, 2: 90000}), {0, 1}, 2048).clear
+    held = gc_gate.evaluate(_snap({0: 60000, 1: 70000}, [_proc(7, [0])]), {0, 1}, 2048)
     assert not held.clear
     assert held.busy_gpus == [0, 1]
     assert held.stuck_gpus == [1]  # busy with nobody on it
-    unknown = gc.evaluate(_snap({0: None}), {0}, 2048)
+    unknown = gc_gate.evaluate(_snap({0: None}), {0}, 2048)
     assert not unknown.clear and unknown.stuck_gpus == [0]
 
 
@@ -912,7 +893,7 @@ def test_wait_clear_polls_until_memory_is_released() -> None:
     snaps = iter(
         [_snap({0: 80000}, [_proc(7, [0])]), _snap({0: 80000}), _snap({0: 5}), _snap({0: 5})]
     )
-    result = gc.wait_clear(lambda: next(snaps), {0}, 2048, timeout=30, poll_interval=0)
+    result = gc_gate.wait_clear(lambda: next(snaps), {0}, 2048, timeout=30, poll_interval=0)
     assert result.clear
     assert next(snaps).gpus[0]["memory_used_mib"] == 5  # stopped at the first clear snapshot
 
@@ -1012,7 +993,7 @@ def _reap(*procs: subprocess.Popen[str]) -> None:
 
 
 def _group(pgid: int) -> dict[str, Any]:
-    members = gc.group_members(pgid)
+    members = gc_plan.group_members(pgid)
     return {
         "pgid": pgid,
         "pids": [m.pid for m in members],
@@ -1026,7 +1007,7 @@ def test_sigterm_reaches_every_planned_member() -> None:
     try:
         group = _group(proc.pid)
         assert len(group["pids"]) == 2  # the launcher and its child share the group
-        report = gc.terminate([group], term_timeout=10, poll_interval=0.05)
+        report = gc_kill.terminate([group], term_timeout=10, poll_interval=0.05)
         assert report == [
             {
                 "pgid": proc.pid,
@@ -1038,7 +1019,7 @@ def test_sigterm_reaches_every_planned_member() -> None:
         ]
         assert proc.wait(timeout=5) == -signal.SIGTERM
         assert not any(
-            gc.alive(p, s) for p, s in zip(group["pids"], group["starttimes"], strict=True)
+            gc_kill.alive(p, s) for p, s in zip(group["pids"], group["starttimes"], strict=True)
         )
     finally:
         _reap(proc)
@@ -1048,7 +1029,7 @@ def test_sigterm_reaches_every_planned_member() -> None:
 def test_process_ignoring_sigterm_gets_sigkill_after_the_timeout() -> None:
     proc = spawn("fleet-test::stubborn", ignore_term=True)
     try:
-        report = gc.terminate([_group(proc.pid)], term_timeout=0.5, poll_interval=0.05)
+        report = gc_kill.terminate([_group(proc.pid)], term_timeout=0.5, poll_interval=0.05)
         assert report[0]["signal"] == "SIGKILL"
         assert report[0]["survived"] == []
         assert proc.wait(timeout=5) == -signal.SIGKILL
@@ -1063,7 +1044,7 @@ def test_a_pid_whose_start_time_changed_is_not_signalled() -> None:
         group = _group(proc.pid)
         # As if the process classified had exited and its pid gone to this one.
         group["starttimes"] = [group["starttimes"][0] - 1]
-        report = gc.terminate([group], term_timeout=0.2, poll_interval=0.05)
+        report = gc_kill.terminate([group], term_timeout=0.2, poll_interval=0.05)
         assert report[0]["pids"] == [] and report[0]["survived"] == []
         (skipped,) = report[0]["skipped"]
         assert skipped["pid"] == proc.pid
@@ -1079,7 +1060,7 @@ def test_pid_reused_since_classification_is_skipped_and_reported(fake: FakeProc)
     # Between classification and the signal the rank exits and its pid goes to a new shell.
     fake.set_start(BASE + 101, 777, comm="bash", pgid=BASE + 101)
     (fake.root / str(BASE + 101) / "cmdline").write_text("bash\0")
-    report = gc.terminate(plan.kill_groups, 0, 0, proc_root=str(fake.root))
+    report = gc_kill.terminate(plan.kill_groups, 0, 0, proc_root=str(fake.root))
     assert report == [
         {
             "pgid": BASE + 101,
@@ -1126,9 +1107,11 @@ def test_clean_run_reports_a_skipped_pid(fake: FakeProc) -> None:
 def _require_no_unit() -> None:
     """Skip when the tests run inside a systemd unit: processes they spawn belong to that unit,
     which the module rightly takes for somebody else's."""
-    own = gc.own_cgroup()
-    unit = gc.owning_unit(gc.relative_cgroup(own, gc.container_root(own)))
-    if unit and gc.login_uid(own) is None:
+    own = gc_procfs.own_cgroup()
+    unit = gc_ownership.owning_unit(
+        gc_ownership.relative_cgroup(own, gc_ownership.container_root(own))
+    )
+    if unit and gc_ownership.login_uid(own) is None:
         pytest.skip(f"the tests run inside systemd unit {unit}")
 
 
@@ -1156,7 +1139,7 @@ def test_clean_leaves_the_launching_shells_sleep_alone(tmp_path: Path) -> None:
         assert (spared["pid"], spared["command"]) == (shell.pid, "sleep 60")
         assert shell.poll() is None  # the sleep lives on
         # The rank is dead: a zombie, since its parent (now the sleep) never reaps it.
-        rank = gc.read_proc(killed["pids"][0])
+        rank = gc_procfs.read_proc(killed["pids"][0])
         assert rank is None or rank.state == "Z"
     finally:
         _reap(shell)
@@ -1390,7 +1373,7 @@ def test_cpu_gate_is_clear_when_nothing_of_ours_is_left(fake: FakeProc) -> None:
 
 
 def test_cpu_with_gpus_is_refused(fake: FakeProc) -> None:
-    with pytest.raises(gc.OwnerError, match="accelerator cpu"):
+    with pytest.raises(gc_ownership.OwnerError, match="accelerator cpu"):
         gc.cleanup(_cpu_params(gpus=[0]), False, no_smi_runner, str(fake.root))
 
 
