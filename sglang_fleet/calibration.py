@@ -37,6 +37,7 @@ from typing import Any
 
 from sglang_fleet import kvmath
 from sglang_fleet.modelcfg import ModelShape
+from sglang_fleet.plain import finite_number
 from sglang_fleet.server_log import Calibration, parse_log
 
 SCHEMA = 1
@@ -182,18 +183,8 @@ def public_server_info(info: Mapping[str, Any] | None) -> dict[str, Any] | None:
     return kept
 
 
-def _num(value: Any) -> float | None:
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
-
-
 def _int(value: Any) -> int | None:
-    number = _num(value)
+    number = finite_number(value)
     return None if number is None else int(number)
 
 
@@ -204,9 +195,9 @@ def _first(*values: Any) -> Any:
 def _graph_total_gib(memory_usage: Mapping[str, Any]) -> float | None:
     graph = memory_usage.get("graph")
     if isinstance(graph, Mapping):
-        parts = [_num(v) for v in graph.values()]
+        parts = [finite_number(v) for v in graph.values()]
         return sum(p for p in parts if p is not None)
-    return _num(graph)
+    return finite_number(graph)
 
 
 def _memory_from_server_info(info: Mapping[str, Any]) -> dict[str, float | None]:
@@ -214,8 +205,8 @@ def _memory_from_server_info(info: Mapping[str, Any]) -> dict[str, float | None]
     post ~ KV + graphs + what was still free, pre ~ post + weights (both a little low)."""
     states = info.get("internal_states") or [{}]
     usage = (states[0] if isinstance(states[0], Mapping) else {}).get("memory_usage") or {}
-    weight, kv = _num(usage.get("weight")), _num(usage.get("kvcache"))
-    free, graph = _num(usage.get("startup_available")), _graph_total_gib(usage)
+    weight, kv = finite_number(usage.get("weight")), finite_number(usage.get("kvcache"))
+    free, graph = finite_number(usage.get("startup_available")), _graph_total_gib(usage)
     post = None
     if None not in (kv, free, graph):
         post = kv + free + graph  # type: ignore[operator]
@@ -226,7 +217,7 @@ def _memory_from_server_info(info: Mapping[str, Any]) -> dict[str, float | None]
         "graph_gib": graph,
         "post_gib": post,
         "pre_gib": None if post is None or weight is None else post + weight,
-        "max_total_num_tokens": _num(usage.get("token_capacity")),
+        "max_total_num_tokens": finite_number(usage.get("token_capacity")),
     }
 
 
@@ -286,7 +277,7 @@ def _record_key(
     # The fraction SGLang reports beats the flags; a fraction derived from the KV pool's
     # size (a log without server_args) is only the last resort: it misses the multimodal
     # reserve.
-    fraction = _num(
+    fraction = finite_number(
         _first(
             info.get("mem_fraction_static"),
             cal.server_args.get("mem_fraction_static"),
@@ -301,13 +292,13 @@ def _record_key(
         # cpu for SGLang's CPU engine (its "avail mem" is host RAM, docs/CPU-SERVERS.md).
         "device": cal.device or "cuda",
         "gpu_name": key.get("gpu_name"),
-        "gpu_memory_mib": _num(key.get("gpu_memory_mib")),
+        "gpu_memory_mib": finite_number(key.get("gpu_memory_mib")),
         "sglang_version": _first(key.get("sglang_version"), info.get("version")),
         "tp_size": _int(_resolved("tp_size", info, cal, known)) or 1,
         **_attn_dp_key(info, cal, known),
         "pp_size": _int(_resolved("pp_size", info, cal, known)) or 1,
         "nnodes": _int(_resolved("nnodes", info, cal, known)) or 1,
-        "mem_fraction_static": _first(fraction, _num(known.get("mem_fraction_static"))),
+        "mem_fraction_static": _first(fraction, finite_number(known.get("mem_fraction_static"))),
         "kv_cache_dtype": str(_resolved("kv_cache_dtype", info, cal, known) or "auto"),
         "page_size": _int(_resolved("page_size", info, cal, known)) or 1,
         "chunked_prefill_size": measured["chunked_prefill_size"],
@@ -430,7 +421,8 @@ def _physical_problem(key: Mapping[str, Any], measured: Mapping[str, Any]) -> st
     if problem:
         return problem
     pre, post = float(measured["pre_gib"]), float(measured["post_gib"])
-    free, gpu_mib = float(measured["free_after_graph_gib"]), _num(key.get("gpu_memory_mib"))
+    free = float(measured["free_after_graph_gib"])
+    gpu_mib = finite_number(key.get("gpu_memory_mib"))
     gpu_gib = gpu_mib / 1024 if gpu_mib and gpu_mib > 0 else MAX_GPU_GIB
     if not 0 < post <= pre <= gpu_gib * 1.01 or not 0 <= free <= gpu_gib:
         return (
@@ -505,9 +497,9 @@ def _norm(value: Any) -> Any:
             return False
         if text in {"", "none", "null"}:
             return None
-        number = _num(text)
+        number = finite_number(text)
         return number if number is not None else text
-    number = _num(value)
+    number = finite_number(value)
     return number if number is not None else value
 
 
@@ -733,7 +725,7 @@ def _resolve(
     explicit_bs = _int(
         _first(values.get("cuda_graph_max_bs_decode"), values.get("cuda_graph_max_bs"))
     )
-    fraction = _num(values.get("mem_fraction_static"))
+    fraction = finite_number(values.get("mem_fraction_static"))
     attn_dp = _int(values.get("attn_dp_size")) or 1
     return _Setting(
         fraction=defaults.mem_fraction_static if fraction is None else fraction,
@@ -789,7 +781,9 @@ def predict(
     """
     key, measured = record["key"], record["measured"]
     tp = int(_int(flags.get("tp_size")) or 1)
-    gpu_mib = float(_first(_num(host.get("gpu_memory_mib")), _num(key.get("gpu_memory_mib"))))
+    gpu_mib = float(
+        _first(finite_number(host.get("gpu_memory_mib")), finite_number(key.get("gpu_memory_mib")))
+    )
     old = _resolve(key, shape, gpu_mib, tp, measured.get("chunked_prefill_size"))
     new = _resolve(flags, shape, gpu_mib, tp, None)
     pre, post = float(measured["pre_gib"]), float(measured["post_gib"])

@@ -10,24 +10,14 @@ functions.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
-
-def _number(value: Any) -> float | None:
-    """A finite number, or None (a missing or broken reading is no figure)."""
-    if isinstance(value, bool) or value is None:
-        return None
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
+from sglang_fleet.plain import finite_number
 
 
 def _count(value: Any) -> int | None:
-    number = _number(value)
+    number = finite_number(value)
     return None if number is None or number < 0 else int(number)
 
 
@@ -36,7 +26,7 @@ def downtime_seconds(downtime: Mapping[str, Any] | None) -> float | None:
     before (a first start has no downtime to measure) or nothing was recorded."""
     if not downtime or not downtime.get("was_running"):
         return None
-    seconds = _number(downtime.get("downtime_seconds"))
+    seconds = finite_number(downtime.get("downtime_seconds"))
     return None if seconds is None or seconds < 0 else seconds
 
 
@@ -59,7 +49,7 @@ def drain_note(
     parts = []
     if timed_out:
         running = _count(drain.get("running_reqs"))
-        seconds = _number(drain.get("drain_seconds"))
+        seconds = finite_number(drain.get("drain_seconds"))
         parts.append(
             "drain ran out of time"
             + (f" after {seconds:.0f} s" if seconds is not None else "")
