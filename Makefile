@@ -48,11 +48,11 @@ cpu-image: $(BIN)/.stamp image
 
 # Debian's Prometheus packages for the monitoring scenario, shipped as an air-gapped site would.
 monitoring-debs: image
-	@scripts/build-monitoring-debs.sh
+	@scripts/build-debs.sh monitoring-debs prometheus prometheus-alertmanager prometheus-node-exporter
 
 # rsync for the staging scenario's hosts, shipped as an air-gapped site would.
 staging-debs: image
-	@scripts/build-staging-debs.sh
+	@scripts/build-debs.sh staging-debs rsync
 
 lint: $(BIN)/.stamp
 	@echo "==> yamllint"; $(BIN)/yamllint --strict .
