@@ -87,16 +87,20 @@ def row(lines: list[str], host: str) -> str:
 
 # deploy.yml checks every host first (read-only, all at once), then rolls out only the hosts
 # that would change: a host the rollout never reached has events of the check play only.
-CHECK_PLAY = "Check every host before anything changes"
+# deploy.yml's plays that read (or stage weights on) every host before any rollout play runs.
+EVERY_HOST_PLAYS = {
+    "Stage the weights while the running servers serve",
+    "Check every host before anything changes",
+}
 
 
 def hosts_with_events(run: PlaybookRun) -> set[str]:
-    """Hosts the rollout plays reached (the check play reads every host)."""
+    """Hosts the rollout plays reached (the staging and check plays run on every host)."""
     kinds = ("runner_on_ok", "runner_on_failed", "runner_on_skipped", "runner_item_on_ok")
     return {
         e["event_data"].get("host")
         for e in run.events
-        if e.get("event") in kinds and e["event_data"].get("play") != CHECK_PLAY
+        if e.get("event") in kinds and e["event_data"].get("play") not in EVERY_HOST_PLAYS
     } - {None, "localhost"}
 
 
