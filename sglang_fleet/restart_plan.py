@@ -23,10 +23,6 @@ def _flag_words(flags: Mapping[str, Any]) -> dict[str, list[str]]:
     return words
 
 
-def _shown(flag: str, values: list[str]) -> str:
-    return " ".join([flag, *values])
-
-
 def flag_changes(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> list[str]:
     """`- --flag old` / `+ --flag new` lines, in launch-line order; [] when the flags match."""
     before = _flag_words(old or {})
@@ -36,9 +32,9 @@ def flag_changes(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> list[
         if before.get(flag) == after.get(flag):
             continue
         if flag in before:
-            lines.append("- " + _shown(flag, before[flag]))
+            lines.append(" ".join(["-", flag, *before[flag]]))
         if flag in after:
-            lines.append("+ " + _shown(flag, after[flag]))
+            lines.append(" ".join(["+", flag, *after[flag]]))
     return lines
 
 
@@ -58,7 +54,7 @@ def restart_lines(
         if name not in restart_names:
             lines.append(f"{name}: unchanged")
             continue
-        changes = flag_changes((record or {}).get("flags"), server["flags"]) if record else []
+        changes = flag_changes(record.get("flags"), server["flags"]) if record else []
         if server["unit"] not in running_units:
             why = "not running"
         elif record is None:
