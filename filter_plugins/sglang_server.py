@@ -6,7 +6,9 @@
     {{ sglang_server_instances | sglang_server_cluster(hostvars, inventory_hostname) }}
     {{ servers | sglang_host_errors(host) }}         host: {gpu_count, ram_mib}
     {{ servers | map('sglang_server_errors', host) }}
-    {{ servers | sglang_not_last_known_good(lkg_slurps) }}
+    {{ servers | sglang_restart_decision(changed_paths, running_units, lkg_slurps) }}
+    {{ servers | sglang_server_secret_files(api_keys) }}    the secrets files: only for no_log tasks
+    {{ servers | sglang_server_records_and_routers }}       {records, routers}: sglang_host_state's
     {{ servers | sglang_restart_lines(restart_names, lkg_slurps, running_units) }}  check's words
     {{ servers | sglang_servers_on_gpus([0, 1]) }}          the servers using any of those GPUs
     {{ sglang_server_instances | sglang_server_api_keys }}   {name: key}: only for no_log tasks
@@ -88,16 +90,25 @@ def _lkg_record(slurp: Mapping[str, Any]) -> dict[str, Any] | None:
     return record if isinstance(record, dict) else None
 
 
-def sglang_not_last_known_good(servers: list, lkg_slurps: list) -> list[str]:
-    """Names of servers whose last-known-good record is missing or names another configuration.
+def sglang_restart_decision(
+    servers: list, changed_paths: list, running_units: list, lkg_slurps: list
+) -> list[str]:
+    """sglang_fleet.restart_plan.restart_decision(): the servers a rollout restarts.
 
-    lkg_slurps: the results of slurping each server's lkg/meta.json, in the same order.
+    lkg_slurps: the results of slurping each server's lkg/meta.json, in the servers' order.
     """
-    return [
-        server["name"]
-        for server, slurp in zip(plain(servers), plain(lkg_slurps), strict=True)
-        if (_lkg_record(slurp) or {}).get("config_hash") != server["config_hash"]
-    ]
+    records = [_lkg_record(slurp) for slurp in plain(lkg_slurps)]
+    return _wrap(_restart_plan.restart_decision, servers, changed_paths, running_units, records)
+
+
+def sglang_server_records_and_routers(servers: list) -> dict[str, list[dict]]:
+    """sglang_fleet.servers.records_and_routers(): what sglang_host_state checks besides files."""
+    return _wrap(_servers.records_and_routers, servers)
+
+
+def sglang_server_secret_files(servers: list, keys: dict) -> list[dict]:
+    """sglang_fleet.servers.secret_files(): the secrets files (the API keys): no_log tasks only."""
+    return _wrap(_servers.secret_files, servers, keys)
 
 
 def sglang_restart_lines(
@@ -185,7 +196,9 @@ class FilterModule:
             "sglang_server_describe": sglang_server_describe,
             "sglang_server_errors": sglang_server_errors,
             "sglang_host_errors": sglang_host_errors,
-            "sglang_not_last_known_good": sglang_not_last_known_good,
+            "sglang_restart_decision": sglang_restart_decision,
+            "sglang_server_secret_files": sglang_server_secret_files,
+            "sglang_server_records_and_routers": sglang_server_records_and_routers,
             "sglang_restart_lines": sglang_restart_lines,
             "sglang_servers_on_gpus": sglang_servers_on_gpus,
             "sglang_server_cluster": sglang_server_cluster,

@@ -27,8 +27,9 @@ author: sglang-fleet
 options:
   files:
     description:
-      - Files as they must be, each {path, sha1, owner, group, mode}; or {path, absent=true} for a
-        file that must not exist.
+      - Files as they must be, each {path, content, owner, group, mode} (or C(sha1), the SHA-1 of
+        the content, in place of C(content)); or {path, absent=true} for a file that must not
+        exist. Other keys are ignored.
     type: list
     elements: dict
     default: []
@@ -86,8 +87,8 @@ EXAMPLES = r"""
 - name: Read whether the host is as the rollout would leave it
   sglang_host_state:
     files:
-      - {path: /etc/sglang/kimi.env, sha1: "{{ env_text | hash('sha1') }}", owner: root,
-         group: root, mode: "0644"}
+      - {path: /etc/sglang/kimi.env, content: "{{ env_text }}", owner: root, group: root,
+         mode: "0644"}
       - {path: /run/lock/sglang-fleet.lock, absent: true}
     units: [sglang@kimi.service]
     records:
@@ -171,7 +172,10 @@ def check_file(want: dict[str, Any]) -> list[str]:
     if not stat.S_ISREG(info.st_mode):
         return [f"{path}: not a regular file"]
     found = _attributes(path, info, want)
-    if want.get("sha1") and _sha1(path) != want["sha1"]:
+    expected = want.get("sha1")
+    if "content" in want:  # the checksum Ansible itself uses for files, not a security use
+        expected = hashlib.sha1(str(want["content"]).encode()).hexdigest()
+    if expected and _sha1(path) != expected:
         found.append(f"{path}: content differs")
     return found
 

@@ -1,8 +1,10 @@
-"""What a rollout would do to each server, flag by flag (README.md, "Describing servers").
+"""Which servers a rollout restarts, and what it would do to each, flag by flag (README.md,
+"Describing servers").
 
-The restart decision itself is the sglang_server role's (vars/main.yml); this module says it in
-words for the operator: which servers would restart, why, and which flags change against the
-configuration each one last passed with (its last-known-good record, `lkg/meta.json`).
+restart_decision() is the rollout's decision (the sglang_server role's configure.yml results in,
+server names out); restart_lines() says it in words for the operator: which servers would
+restart, why, and which flags change against the configuration each one last passed with (its
+last-known-good record, `lkg/meta.json`).
 """
 
 from __future__ import annotations
@@ -66,3 +68,33 @@ def restart_lines(
         lines.append(f"{name}: would restart ({why})")
         lines += [f"  {change}" for change in changes]
     return lines
+
+
+def restart_decision(
+    servers: Sequence[Mapping[str, Any]],
+    changed_paths: Sequence[str],
+    running_units: Sequence[str],
+    records: Sequence[Mapping[str, Any] | None],
+) -> list[str]:
+    """Names of the servers a rollout restarts, in the servers' order.
+
+    changed_paths: the files configure.yml wrote or removed that changed. A changed file of no
+    server (the host's template unit) restarts every server; a server's own file (its `files`, its
+    secrets file) restarts it. A server not running restarts, and so does one whose last-known-good
+    record is missing or names another configuration (a run interrupted between writing files and
+    restarting). records: each server's record (None where it has none), in servers' order.
+    """
+    owners = {
+        path: server["name"]
+        for server in servers
+        for path in [*(file["path"] for file in server["files"]), server["paths"]["secrets_file"]]
+    }
+    changed = {owners.get(path) for path in changed_paths}
+    return [
+        server["name"]
+        for server, record in zip(servers, records, strict=True)
+        if None in changed
+        or server["name"] in changed
+        or server["unit"] not in running_units
+        or (record or {}).get("config_hash") != server["config_hash"]
+    ]

@@ -895,6 +895,97 @@ def _logging_config(flags: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+# What Ansible's own templates put first ({{ ansible_managed | comment }}). The role's files kept
+# it when they moved from templates to here, so a file a template wrote is the same byte for byte
+# (an upgrade restarts nothing).
+MANAGED_HEADER = "#\n# Ansible managed\n#\n"
+ROOT_FILE = {"owner": "root", "group": "root", "mode": "0644"}
+
+
+def _dropin_text(name: str, exec_line: str, load_credential: str | None) -> str:
+    """The drop-in that gives sglang@<name>.service its launch line."""
+    text = (
+        f"{MANAGED_HEADER}# Launch line of SGLang server {name}, quoted for systemd's command-line"
+        " parser by\n# sglang_fleet.servers (docs/ARCHITECTURE.md).\n[Service]\n"
+    )
+    if load_credential:
+        text += (
+            "# The API key never appears on the command line: systemd hands the root-only secrets"
+            " file to the\n# service as a credential and SGLang reads it with --config.\n"
+            f"LoadCredential={load_credential}\n"
+        )
+    return f"{text}ExecStart=\nExecStart={exec_line}\n"
+
+
+def _env_text(name: str, env_lines: list[str]) -> str:
+    """The EnvironmentFile of sglang@<name>.service."""
+    return (
+        f"{MANAGED_HEADER}# Environment of SGLang server {name}: its GPU set, this host's NCCL"
+        " settings and, with\n# an API key, the logging configuration that keeps the key out of"
+        " the journal.\n" + "".join(f"{line}\n" for line in env_lines)
+    )
+
+
+def _server_files(name: str, paths: Mapping[str, str], rendered: Mapping[str, Any]) -> list[dict]:
+    """Every file of one server a rollout writes (or removes), with its content: configure.yml
+    writes exactly these and check.yml compares exactly these. The secrets file is apart
+    (secret_files()): its content is the key."""
+    files = [
+        {"path": paths["dropin"], **ROOT_FILE,
+         "content": _dropin_text(name, rendered["exec_start"], rendered["load_credential"])},
+        {"path": paths["env_file"], **ROOT_FILE,
+         "content": _env_text(name, rendered["env_lines"])},
+    ]  # fmt: skip
+    if rendered["logging_config"] is not None:
+        text = json.dumps(rendered["logging_config"], indent=4, sort_keys=True) + "\n"
+        files.append({"path": paths["logging_file"], **ROOT_FILE, "content": text})
+    else:
+        files.append({"path": paths["secrets_file"], "absent": True})
+    return [{"server": name, **file} for file in files]
+
+
+def secret_files(servers: list[Mapping[str, Any]], keys: Mapping[str, str]) -> list[dict]:
+    """The root-only secrets file of each server with an API key, with its content: read by
+    SGLang's --config, which turns each key into "--<key> <value>" as written (dashed keys).
+    keys: api_keys() of the inventory. Only no_log tasks call this."""
+    import yaml  # noqa: PLC0415 (the control node's Ansible brings PyYAML; the hosts need none)
+
+    files = []
+    for server in servers:
+        if not server.get("api_key_set"):
+            continue
+        key = {"api-key": keys[server["name"]]}
+        body = yaml.safe_dump(key, indent=4, allow_unicode=True, default_flow_style=False)
+        content = (
+            f"{MANAGED_HEADER}# Read by SGLang's --config, which turns each key into"
+            ' "--<key> <value>" exactly as written:\n# keys take the flags\' dashed spelling.\n'
+            f"{body}"
+        )
+        path = server["paths"]["secrets_file"]
+        files.append({"server": server["name"], "path": path, **ROOT_FILE, "mode": "0600",
+                      "content": content})  # fmt: skip
+    return files
+
+
+def records_and_routers(servers: list[Mapping[str, Any]]) -> dict[str, list[dict]]:
+    """What a converged host holds besides its files (the sglang_host_state module's `records`
+    and `routers`): each server's last-known-good record naming its configuration hash, and each
+    replica listed by its router."""
+    return {
+        "records": [
+            {"label": server["name"], "path": f"{server['paths']['lkg_dir']}/meta.json",
+             "key": "config_hash", "value": server["config_hash"]}
+            for server in servers
+        ],
+        "routers": [
+            {"label": server["name"], "router_url": server["router"]["url"],
+             "worker_url": server["router"]["worker_url"]}
+            for server in servers
+            if server.get("router")
+        ],
+    }  # fmt: skip
+
+
 def _rendered(server: dict[str, Any], runtime: Mapping[str, str]) -> dict[str, Any]:
     """Everything the role writes and runs for one resolved server, computed in one place."""
     name = server["name"]
@@ -923,7 +1014,7 @@ def _rendered(server: dict[str, Any], runtime: Mapping[str, str]) -> dict[str, A
     if server["api_key_set"]:
         argv += ["--config", f"%d/{SECRETS_CREDENTIAL}"]
         exec_line += f" --config %d/{SECRETS_CREDENTIAL}"
-    return {
+    rendered = {
         "flag_argv": flag_argv,
         "argv": argv,
         "exec_start": exec_line,
@@ -936,6 +1027,9 @@ def _rendered(server: dict[str, Any], runtime: Mapping[str, str]) -> dict[str, A
         "plan_args": {key: server["flags"][key] for key in PLANNER_FLAGS if key in server["flags"]},
         "config_hash": config_hash(server),
     }
+    rendered["files"] = _server_files(name, paths, rendered)
+    rendered["directories"] = [{"path": paths["dropin_dir"], **ROOT_FILE, "mode": "0755"}]
+    return rendered
 
 
 def describe_servers(
@@ -959,8 +1053,10 @@ def describe_servers(
     (sglang_server_device: cuda or cpu), under each server's own `device`. Each server is
     resolve_server()'s description plus flag_argv (the flags as SGLang's parser reads them),
     argv (the whole command), exec_start (the ExecStart= value), env_lines (the EnvironmentFile),
-    logging_config and load_credential (servers with an API key), paths, plan_args (the
-    planner's flags) and config_hash. No API key is in the result.
+    logging_config and load_credential (servers with an API key), paths, files (each file the
+    role writes or removes for it, with its content: configure.yml writes exactly these, check.yml
+    compares exactly these), directories, plan_args (the planner's flags) and config_hash. No API
+    key is in the result (secret_files() renders the secrets files).
     """
     defaults = dict(_mapping(defaults, DEFAULTS_VAR))
     base_env = _env_layer(nccl_env, "sglang_server_nccl_env")

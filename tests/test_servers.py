@@ -368,20 +368,98 @@ def test_config_hash_names_flags_env_and_key_presence_but_not_order():
     assert config_hash(base) != config_hash({**base, "api_key_set": True})
 
 
-def test_not_last_known_good_names_missing_and_different_records():
+def test_the_restart_decision_reads_configure_results_records_and_running_units():
     def described(name: str, flags: dict) -> dict:
-        server = {"name": name, "flags": flags, "environment": {}, "api_key_set": False}
-        return {**server, "config_hash": config_hash(server)}
+        [server] = describe([kimi(name=name, port=30000 + len(name), flags=flags)])
+        return server
 
-    same, other, missing = described("a", {"x": 1}), described("b", {"x": 2}), described("c", {})
+    a, b, c = described("a", {"x": 1}), described("bb", {"x": 2}), described("ccc", {})
 
     def slurp(server, **change):
         meta = {"config_hash": config_hash({**server, **change})}
         return {"content": b64.b64encode(json.dumps(meta).encode()).decode()}
 
-    slurps = [slurp(same), slurp(other, flags={"x": 1}), {"failed": True, "msg": "not found"}]
-    not_lkg = FILTERS["sglang_not_last_known_good"]
-    assert not_lkg([same, other, missing], slurps) == ["b", "c"]
+    good = [slurp(a), slurp(b), slurp(c)]
+    running = [a["unit"], b["unit"], c["unit"]]
+    decide = FILTERS["sglang_restart_decision"]
+    assert decide([a, b, c], [], running, good) == []
+    # A server's own files: its drop-in, its environment, its (removed) secrets file.
+    assert decide([a, b, c], [b["paths"]["env_file"]], running, good) == ["bb"]
+    assert decide([a, b, c], [c["paths"]["secrets_file"]], running, good) == ["ccc"]
+    # A file of no server (the template unit): every server.
+    assert decide([a, b, c], ["/etc/systemd/system/sglang@.service"], running, good) == [
+        "a", "bb", "ccc"
+    ]  # fmt: skip
+    assert decide([a, b, c], [], running[1:], good) == ["a"]
+    records = [slurp(a), slurp(b, flags={"x": 1}), {"failed": True, "msg": "not found"}]
+    assert decide([a, b, c], [], running, records) == ["bb", "ccc"]
+
+
+# The role's files as Ansible's templates wrote them before sglang_fleet.servers rendered them:
+# the same bytes, so upgrading the role restarts no server.
+KIMI_DROPIN = """#
+# Ansible managed
+#
+# Launch line of SGLang server kimi, quoted for systemd's command-line parser by
+# sglang_fleet.servers (docs/ARCHITECTURE.md).
+[Service]
+# The API key never appears on the command line: systemd hands the root-only secrets file to the
+# service as a credential and SGLang reads it with --config.
+LoadCredential=sglang-secrets.yaml:/etc/sglang/kimi.secrets.yaml
+ExecStart=
+ExecStart={exec_start}
+"""
+KIMI_ENV = """#
+# Ansible managed
+#
+# Environment of SGLang server kimi: its GPU set, this host's NCCL settings and, with
+# an API key, the logging configuration that keeps the key out of the journal.
+CUDA_VISIBLE_DEVICES="0,1,2,3,4,5,6,7"
+SGLANG_LOGGING_CONFIG_PATH="/etc/sglang/kimi.logging.json"
+"""
+KIMI_SECRETS = """#
+# Ansible managed
+#
+# Read by SGLang's --config, which turns each key into "--<key> <value>" exactly as written:
+# keys take the flags' dashed spelling.
+api-key: 'sk-é''"x: y'
+"""
+
+
+def test_each_server_carries_its_files_with_their_content() -> None:
+    [keyed, plain_one] = describe([kimi(api_key="sk-secret-123"), kimi(name="b", port=30001)])
+    files = {file["path"]: file for file in keyed["files"]}
+    dropin = files["/etc/systemd/system/sglang@kimi.service.d/10-launch.conf"]
+    assert dropin == {"server": "kimi", "path": dropin["path"], "owner": "root", "group": "root",
+                      "mode": "0644",
+                      "content": KIMI_DROPIN.format(exec_start=keyed["exec_start"])}  # fmt: skip
+    assert files["/etc/sglang/kimi.env"]["content"] == KIMI_ENV
+    logging = json.loads(files["/etc/sglang/kimi.logging.json"]["content"])
+    assert logging == keyed["logging_config"]
+    assert keyed["directories"] == [{"path": "/etc/systemd/system/sglang@kimi.service.d",
+                                     "owner": "root", "group": "root", "mode": "0755"}]  # fmt: skip
+    # Without a key: no logging configuration, and a secrets file left over is removed.
+    assert [f["path"] for f in plain_one["files"]][2:] == ["/etc/sglang/b.secrets.yaml"]
+    assert plain_one["files"][2]["absent"] is True
+    assert "LoadCredential" not in plain_one["files"][0]["content"]
+
+
+def test_secrets_files_render_only_for_servers_with_a_key() -> None:
+    servers = describe([kimi(api_key="x"), kimi(name="b", port=30001)])
+    [secret] = FILTERS["sglang_server_secret_files"](servers, {"kimi": "sk-é'\"x: y"})
+    assert secret["path"] == "/etc/sglang/kimi.secrets.yaml" and secret["mode"] == "0600"
+    assert secret["content"] == KIMI_SECRETS
+
+
+def test_records_and_routers_name_each_servers_configuration_and_worker() -> None:
+    routed = kimi(router={"url": "http://gw:30000", "worker_url": "http://gpu-01:8000"})
+    [server] = describe([routed])
+    wants = FILTERS["sglang_server_records_and_routers"]([server])
+    record = "/var/lib/sglang-fleet/kimi/lkg/meta.json"
+    assert wants["records"] == [{"label": "kimi", "path": record, "key": "config_hash",
+                                 "value": server["config_hash"]}]  # fmt: skip
+    assert wants["routers"] == [{"label": "kimi", "router_url": "http://gw:30000",
+                                 "worker_url": "http://gpu-01:8000"}]  # fmt: skip
 
 
 @pytest.mark.parametrize("key", ["", None, " sk-secret-123", "sk-secret-123\n", "-sk-secret-123"])
