@@ -11,13 +11,15 @@ LONGEST_FIRST := fleet real_sglang tuning rollout deploy monitoring staging gpu_
 # Scenarios left out of `make test` until they have passed a whole run (check, converge,
 # idempotence, verify) on these machines; run one by name: make molecule SCENARIOS=<name>.
 OPT_IN :=
+# Scenarios that start from the provisioned test-host layer (make double-image): their molecule.yml says so.
+DOUBLE_LAYER_SCENARIOS := $(notdir $(patsubst %/molecule.yml,%,$(shell grep -l 'image: sglang-fleet-testhost-double' molecule/*/molecule.yml)))
 SCENARIOS ?= $(filter-out $(OPT_IN),$(filter $(ALL_SCENARIOS),$(LONGEST_FIRST)) \
   $(filter-out $(LONGEST_FIRST),$(ALL_SCENARIOS)))
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help check test demo lint pytest molecule host image wheelhouse cpu-image monitoring-debs staging-debs sglang-ref resolve-gpu-deps bench clean
+.PHONY: help check test demo lint pytest molecule host image wheelhouse cpu-image double-image monitoring-debs staging-debs sglang-ref resolve-gpu-deps bench clean
 help:
 	@echo "make check  - the quick loop, no containers: yamllint, ansible-lint, ruff and the unit tests"
 	@echo "make test   - set up, then yamllint, ansible-lint, ruff, pytest and every Molecule scenario"
@@ -44,7 +46,12 @@ wheelhouse: $(BIN)/.stamp
 # installed by the ml_env role: only molecule/real_sglang needs them, so only it builds them.
 cpu-image: $(BIN)/.stamp image
 	@scripts/build-wheelhouse.sh cpu
-	@scripts/build-cpu-testhost-image.sh
+	@scripts/build-testhost-layer.sh cpu
+
+# The test-host image layer with the double and the ml-env installed (scripts/build-testhost-layer.sh):
+# the scenarios that roll out servers start from it; deploy and provision provision from scratch.
+double-image: $(BIN)/.stamp image wheelhouse
+	@scripts/build-testhost-layer.sh double
 
 # Debian's Prometheus packages for the monitoring scenario, shipped as an air-gapped site would.
 monitoring-debs: image
@@ -83,6 +90,7 @@ check: lint $(BIN)/.stamp wheelhouse
 	@echo "==> pytest (no containers)"; $(BIN)/pytest -n $(PYTEST_JOBS) -m "not container"
 
 molecule: $(BIN)/.stamp image wheelhouse $(if $(filter real_sglang,$(SCENARIOS)),cpu-image) \
+  $(if $(filter $(DOUBLE_LAYER_SCENARIOS),$(SCENARIOS)),double-image) \
   $(if $(filter monitoring,$(SCENARIOS)),monitoring-debs) $(if $(filter staging,$(SCENARIOS)),staging-debs)
 	@scripts/molecule-all.sh $(SCENARIOS)
 
