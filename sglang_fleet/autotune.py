@@ -1096,11 +1096,27 @@ def _cmd_init(ns: argparse.Namespace) -> Any:
     return load_summary(state) | {"resumed": False, "replaced": replaced}
 
 
+def trials_at_most(state: Mapping[str, Any]) -> int:
+    """How many trials this search may still run, at most: the length of the tuning loop
+    (roles/autotune/tasks/main.yml), which ends earlier when next_trial() says done. The trial in
+    flight, a baseline start, and every candidate not tried yet (a pruned one may come back
+    after a calibration), within what is left of the trial budget."""
+    in_flight = 1 if state["in_flight"] is not None else 0
+    if state["done"]:
+        return in_flight
+    bound = in_flight + 1 + sum(1 for c in state["candidates"] if c["status"] != "tried")
+    if state["max_trials"] is not None:
+        left = max(0, state["max_trials"] - len(state["trials"]))
+        bound = min(bound, in_flight + 1 + left)
+    return bound
+
+
 def load_summary(state: Mapping[str, Any]) -> dict[str, Any]:
     counts: dict[str, int] = {}
     for c in state["candidates"]:
         counts[c["status"]] = counts.get(c["status"], 0) + 1
     return {
+        "trials_at_most": trials_at_most(state),
         "server": state["server"],
         "started_at": state.get("started_at"),
         "candidates": len(state["candidates"]),

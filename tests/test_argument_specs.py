@@ -1,8 +1,8 @@
 """Every role's defaults/main.yml, meta/argument_specs.yml and README.md agree.
 
 For each role under roles/ (so roles added later are covered without a change here):
-- the variables in defaults/main.yml are exactly the options of the ``main`` entry point (an
-  option marked ``required: true`` needs no default), with equal default values;
+- the variables in defaults/main.yml are exactly the options of its entry points (an option
+  marked ``required: true`` needs no default), with equal default values;
 - every public variable carries the role's name as prefix;
 - the README lists every variable with its default: between the markers below it must be the
   table this file generates (regenerate with ``.venv/bin/python tests/test_argument_specs.py
@@ -41,8 +41,14 @@ def defaults_of(role: Path) -> dict[str, Any]:
 
 
 def options_of(role: Path) -> dict[str, dict[str, Any]]:
+    """Every entry point's options, main's first: each entry point takes only what it needs
+    (roles/sglang_server), so a variable may belong to another entry point than main."""
     specs = load_yaml(role / "meta" / "argument_specs.yml")["argument_specs"]
-    return specs["main"].get("options") or {}
+    options: dict[str, dict[str, Any]] = {}
+    for name in ["main", *sorted(set(specs) - {"main"})]:
+        for option, spec in (specs[name].get("options") or {}).items():
+            options.setdefault(option, spec)
+    return options
 
 
 def render_default(value: Any) -> str:

@@ -540,3 +540,31 @@ def test_inputs_are_checked_without_a_host(inputs: dict[str, Any], message: str)
         )["workload"]["num_prompts"]
         == 150
     )
+
+
+@pytest.mark.parametrize(
+    ("calibrated", "overrides", "factor"),
+    [
+        (True, {}, lambda f: 1.0),
+        (False, {}, lambda f: 1.0),  # a baseline start first
+        (True, {"max_trials": 2}, lambda f: 1.0),
+        (False, {"tolerance": 0.0}, lambda f: 0.5 if f.get("kv_cache_dtype") else 1.0),
+    ],
+)
+def test_trials_at_most_bounds_the_tuning_loop(calibrated, overrides, factor) -> None:
+    """The tuning loop (roles/autotune/tasks/main.yml) runs at most trials_at_most() steps, as
+    read before the first one; at every step the bound still covers what is left, and it is 0
+    once the search is done."""
+    state = search(calibrated, **overrides)
+    measure = wave_server(factor)
+    bounds, steps = [], 0
+    while True:
+        bounds.append(autotune.trials_at_most(state))
+        trial = autotune.next_trial(state)
+        if trial is None:
+            break
+        steps += 1
+        autotune.record_trial(state, trial, {"smoke": measure(trial["flags"])})
+    assert steps > 0
+    assert all(bound >= steps - taken for taken, bound in enumerate(bounds))
+    assert autotune.trials_at_most(state) == 0
