@@ -5,6 +5,7 @@
     {{ ansible_play_hosts_all | sglang_rollout_table(hostvars, ansible_check_mode) }}
                                                  the fleet summary, as lines
     {{ 'smoke' | sglang_fleet_module_file }}   the installed sglang_fleet/smoke.py (copied to hosts)
+    {{ workload | sglang_smoke_argv(python, client, port, json_path, timeout) }}  client command
 
 Thin wrappers over the installed sglang_fleet package (gate.py; tested there). The
 result may be what `slurp` + `b64decode` give (JSON text) or already parsed.
@@ -24,8 +25,24 @@ from sglang_fleet.gate import (
     evaluate,
     format_rollout_table,
     rollout_rows,
+    smoke_argv,
 )
 from sglang_fleet.plain import plain_mapping
+
+
+def sglang_smoke_argv(  # noqa: PLR0917 (Jinja passes filter arguments by position)
+    workload: Any, python: str, client: str, port: Any, json_path: str, timeout: Any
+) -> list[str]:
+    """sglang_fleet.gate.smoke_argv(): the smoke client's command; an unknown workload key fails
+    the task naming it."""
+    try:
+        return smoke_argv(
+            plain_mapping(workload, "smoke_gate_workload") or {},
+            python=str(python), client=str(client), port=int(port), json_path=str(json_path),
+            timeout=int(timeout),
+        )  # fmt: skip
+    except GateInputError as exc:
+        raise AnsibleFilterError(str(exc)) from exc
 
 
 def sglang_gate(result: Any, thresholds: Any = None, baseline: Any = None) -> dict[str, Any]:
@@ -115,4 +132,5 @@ class FilterModule:
             "sglang_smoke_compact": sglang_smoke_compact,
             "sglang_rollout_table": sglang_rollout_table,
             "sglang_fleet_module_file": sglang_fleet_module_file,
+            "sglang_smoke_argv": sglang_smoke_argv,
         }

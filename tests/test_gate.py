@@ -14,6 +14,7 @@ import pytest
 from ansible.errors import AnsibleFilterError
 from conftest import load_plugin
 
+from sglang_fleet import gate, smoke
 from sglang_fleet.gate import (
     GateInputError,
     compact,
@@ -414,3 +415,27 @@ def test_the_fleet_summary_filter_reads_the_refusal_fact() -> None:
     assert lines[1].split()[-2:] == ["refused", "(calibrated)"]
     assert lines[2].split()[-1] == "unchanged"
     assert len(lines) == 4  # header, two rows, counts: no extra "failed" row for gpu1
+
+
+def test_smoke_argv_is_the_clients_command_with_the_key_from_stdin() -> None:
+    workload = {"backend": "sglang", "num_prompts": 64, "max_concurrency": 16,
+                "random_output_len": 128, "slo_ttft_ms": None, "request_rate": 2.5}  # fmt: skip
+    argv = gate.smoke_argv(workload, python="/usr/bin/python3", client="/x/smoke.py", port=30000,
+                           json_path="/s/r.json", timeout=600)  # fmt: skip
+    assert argv[:6] == ["timeout", "--kill-after=10", "600", "/bin/sh", "-c", argv[5]]
+    assert "read -r SGLANG_API_KEY" in argv[5] and 'exec "$0" "$@"' in argv[5]
+    assert argv[6:] == [
+        "/usr/bin/python3", "/x/smoke.py", "--url", "http://127.0.0.1:30000", "--json",
+        "/s/r.json", "--timeout", "600", "--backend", "sglang", "--num-prompts", "64",
+        "--max-concurrency", "16", "--random-output-len", "128", "--request-rate", "2.5",
+    ]  # fmt: skip
+    # What the client parses is what the workload asked for (the SLO left out was null).
+    parsed = smoke.build_parser().parse_args(argv[8:])
+    assert (parsed.num_prompts, parsed.max_concurrency, parsed.request_rate) == (64, 16, 2.5)
+    assert parsed.slo_ttft_ms is None
+
+
+@pytest.mark.parametrize("key", ["num_promptz", "url", "api_key", "json"])
+def test_smoke_argv_refuses_a_key_the_client_does_not_take_from_a_workload(key: str) -> None:
+    with pytest.raises(gate.GateInputError, match=f"smoke_gate_workload.{key}: not a workload"):
+        gate.smoke_argv({key: 1}, python="p", client="c", port=1, json_path="j", timeout=1)
