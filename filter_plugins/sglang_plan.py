@@ -3,6 +3,7 @@
     {{ server | sglang_server_plan(model_config, weights, gpus, host_ram_mib, workload,
                                    calibration) }}
     {{ model_config | sglang_plan(weights, plan_args, host_facts) }}
+    {{ plan | sglang_plan_verdict(server_name, workload, warnings_fatal) }}
 
 server is one entry of sglang_server_servers (its plan_args are the planner's flags, its
 flags the whole flag set a calibration record is compared with); gpus is what the
@@ -11,7 +12,8 @@ is {store: the host's calibration.json as slurped (text, may be empty), mode: en
 | ignore, sglang_version: the installed version} (docs/CALIBRATION.md). model_config and
 weights may be what `slurp` + `b64decode` give (JSON text) or already parsed; weights may be
 a byte count or the parsed model.safetensors.index.json. The logic lives in sglang_fleet.plan
-(docs/ARCHITECTURE.md).
+(docs/ARCHITECTURE.md); what a plan means for the rollout (the line that says what bounds the
+server, a calibrated refusal, the message that fails the host) in sglang_fleet.plan_verdict.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from sglang_fleet.calibration import CalibrationError, load_store
 from sglang_fleet.modelcfg import ModelConfigError, weight_bytes_from_index
 from sglang_fleet.plain import plain_mapping
 from sglang_fleet.plan import PlanInputError, plan
+from sglang_fleet.plan_verdict import verdict
 
 
 def _weight_bytes(value: Any) -> int:
@@ -139,8 +142,31 @@ def sglang_server_plan(  # noqa: PLR0917 (Jinja passes filter arguments by posit
         raise AnsibleFilterError(str(exc)) from exc
 
 
+def sglang_plan_verdict(
+    plan_result: Any, name: str, workload: Any, warnings_fatal: bool = False
+) -> dict[str, str]:
+    """sglang_fleet.plan_verdict.verdict(): {bounds, refusal, blocking} of one server's plan."""
+    if not isinstance(warnings_fatal, bool):
+        raise AnsibleFilterError(
+            f"sglang_plan_verdict: warnings_fatal must be true or false, got {warnings_fatal!r}"
+        )
+    try:
+        return verdict(
+            plain_mapping(plan_result, "plan"),
+            str(name),
+            plain_mapping(workload or {}, "workload"),
+            warnings_fatal=warnings_fatal,
+        )
+    except (KeyError, ValueError) as exc:
+        raise AnsibleFilterError(f"sglang_plan_verdict: not a plan ({exc})") from exc
+
+
 class FilterModule:
     """Ansible's entry point for filter plugins."""
 
     def filters(self) -> dict[str, Any]:
-        return {"sglang_plan": sglang_plan, "sglang_server_plan": sglang_server_plan}
+        return {
+            "sglang_plan": sglang_plan,
+            "sglang_server_plan": sglang_server_plan,
+            "sglang_plan_verdict": sglang_plan_verdict,
+        }

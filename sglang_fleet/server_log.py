@@ -36,7 +36,10 @@ _PREFIX = re.compile(r"^\[(?P<head>[^\]]*)\]\s*(?P<msg>.*)$")
 _RANK = re.compile(r"\b((?:DP|PP|TP|EP)\d+)\b")
 
 _LOAD_BEGIN = re.compile(rf"Load weight begin\. avail mem={_NUM} GB")
-_LOAD_END = re.compile(rf"Load weight end\..*?avail mem={_NUM} GB, mem usage={_NUM} GB")
+# "mem usage" is the drop in free memory across the load: on a CPU server (host RAM) or beside
+# another process that frees memory meanwhile it can be negative ("mem usage=-0.01 GB", seen
+# with SGLang 0.5.23's CPU engine while other work ran): the load used less than the noise.
+_LOAD_END = re.compile(rf"Load weight end\..*?avail mem={_NUM} GB, mem usage=(-?\d+(?:\.\d+)?) GB")
 _LOAD_TYPE = re.compile(r"Load weight end\..*?type=(\w+)")
 _KV_ALLOC = re.compile(
     rf"KV Cache is allocated\..*?#tokens: (\d+), "
@@ -174,7 +177,7 @@ def _memory_line(cal: Calibration, msg: str) -> bool:
         cal.pre_gib = _min(cal.pre_gib, float(m[1]))
     elif m := _LOAD_END.search(msg):
         cal.post_gib = _min(cal.post_gib, float(m[1]))
-        cal.weight_gib = _max(cal.weight_gib, float(m[2]))
+        cal.weight_gib = _max(cal.weight_gib, max(0.0, float(m[2])))
         if kind := _LOAD_TYPE.search(msg):
             cal.architecture = kind[1]
     elif m := _KV_ALLOC.search(msg):

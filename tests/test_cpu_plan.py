@@ -48,6 +48,26 @@ def test_the_real_cpu_start_up_log_parses() -> None:
     assert cal.architecture == "LlamaForCausalLM"
 
 
+def test_a_load_that_freed_memory_meanwhile_still_parses() -> None:
+    # Real SGLang 0.5.23 on its CPU engine, while other work on the machine freed memory: the
+    # "mem usage" across the weight load came out negative (tests/double/test_contract_real.py
+    # read this line from the reference server and, before the fix, found no post-load figure).
+    line = (
+        "[2026-12-01 19:25:28] Load weight end. elapsed=0.05 s, type=LlamaForCausalLM, "
+        "avail mem=20.96 GB, mem usage=-0.01 GB."
+    )
+    log = STARTUP_LOG.replace(_load_end_line(STARTUP_LOG), line)
+    cal = parse_log(log)
+    assert cal.post_gib == 20.96
+    assert cal.weight_gib == 0.0  # less than the noise, never a negative weight
+    assert calibration.build_record(log, None, {})["measured"]["max_total_num_tokens"] == 4096
+
+
+def _load_end_line(log: str) -> str:
+    [line] = [line for line in log.splitlines() if "Load weight end." in line]
+    return line
+
+
 def test_the_real_cpu_start_up_log_calibrates_rather_than_incomplete() -> None:
     record = calibration.build_record(STARTUP_LOG, None, {})
     assert record["key"]["device"] == "cpu"

@@ -210,7 +210,7 @@ def test_diagnose_gives_a_verdict_from_the_real_metrics(host):
         for r in run.task_results("Keep the diagnosis for the table - tiny")
         if "ansible_facts" in r
     ]
-    [row] = kept["ansible_facts"]["sglang_server_diagnoses"]
+    [row] = kept["ansible_facts"]["smoke_gate_diagnoses"]
     diagnosis = row["diagnosis"]
     print(f"diagnosis of the real server: {json.dumps(diagnosis)[:600]}")
     assert diagnosis["verdict"]
