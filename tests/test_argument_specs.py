@@ -42,10 +42,11 @@ def defaults_of(role: Path) -> dict[str, Any]:
 
 def options_of(role: Path) -> dict[str, dict[str, Any]]:
     """Every entry point's options, main's first: each entry point takes only what it needs
-    (roles/sglang_server), so a variable may belong to another entry point than main."""
+    (roles/sglang_server), so a variable may belong to another entry point than main, and a
+    role may have no main at all (roles/fleet_lock)."""
     specs = load_yaml(role / "meta" / "argument_specs.yml")["argument_specs"]
     options: dict[str, dict[str, Any]] = {}
-    for name in ["main", *sorted(set(specs) - {"main"})]:
+    for name in sorted(specs, key=lambda entry: (entry != "main", entry)):
         for option, spec in (specs[name].get("options") or {}).items():
             options.setdefault(option, spec)
     return options
