@@ -17,7 +17,6 @@ SCENARIOS ?= $(filter-out $(OPT_IN),$(filter $(ALL_SCENARIOS),$(LONGEST_FIRST)) 
   $(filter-out $(LONGEST_FIRST),$(ALL_SCENARIOS)))
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
-export PYTHONDONTWRITEBYTECODE := 1
 
 .PHONY: help check test demo lint pytest molecule host image wheelhouse cpu-image double-image monitoring-debs staging-debs sglang-ref resolve-gpu-deps bench clean
 help:
