@@ -3,11 +3,12 @@
 Mitogen keeps one Python interpreter per test host for the whole run and sends it each module,
 instead of starting a process in the container (runc) and a Python that re-imports Ansible's
 module_utils for every task. Measured on a 2-core machine, 80 one-module tasks against one test
-host: 27-30 s and 29-32 CPU-seconds with Ansible's own strategy and connection, 4.3-5.6 s and
-4.5-5.9 CPU-seconds with this one (docs/TESTING.md, "Why the scenarios run through Mitogen").
+host over the docker connection: 27-30 s and 29-32 CPU-seconds with Ansible's own strategy,
+4.3 s and 4.5 CPU-seconds with this one (docs/TESTING.md).
 
-This file only points Ansible's plugin loader at the installed package's strategy, as the
-package's own plugins/strategy/mitogen_linear.py does (requirements.txt pins it).
+The strategy is the installed package's (requirements.txt pins it), as its own
+plugins/strategy/mitogen_linear.py loads it, with two changes: the filter and test plugins are
+loaded before the workers fork, and plays on the control node keep the plain linear strategy.
 """
 
 import ansible_mitogen.loaders
