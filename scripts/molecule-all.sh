@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Run Molecule scenarios, MOLECULE_JOBS at a time (default 3: much of a scenario is waiting on
 # containers booting and servers starting, so three overlap well on 2 cores). Each scenario's
-# output goes to .cache/molecule-logs/<scenario>.log; a failed scenario's log tail is printed.
+# output goes to .cache/molecule-logs/<scenario>.log; a failed scenario's log tail is printed when
+# it ends, and again, as its failing tests and tasks only, after the last scenario (where a CI
+# log that keeps only its end still shows why).
 # Usage: scripts/molecule-all.sh SCENARIO...
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -48,7 +50,18 @@ for s in "$@"; do
 done
 while [ "${#pids[@]}" -gt 0 ]; do wait_one; done
 
+summary() {  # $1 scenario: pytest's failing tests and assertion lines, Ansible's failed tasks
+  sed 's/\x1b\[[0-9;]*m//g' "$logs/$1.log" |
+    grep -E '^(FAILED|ERROR) |^E  |^(fatal|failed): |^TASK \[|^[a-zA-Z_./]+\.py:[0-9]+: ' |
+    grep -B1 -E '^(FAILED|ERROR) |^E  |^(fatal|failed): |\.py:[0-9]+: ' | grep -v '^--$' |
+    cut -c1-400 | tail -n 60
+}
+
 if [ "${#failed[@]}" -gt 0 ] || [ "${#passed[@]}" -ne "$#" ]; then
+  for s in "${failed[@]}"; do
+    echo "==> why molecule $s failed (from $logs/$s.log):"
+    summary "$s"
+  done
   echo "==> Molecule scenarios failed: ${failed[*]:-} (passed ${#passed[@]} of $#)"
   exit 1
 fi
