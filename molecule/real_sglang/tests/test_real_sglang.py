@@ -268,7 +268,10 @@ def test_a_stop_lets_running_requests_finish_within_timeout_stop_sec(host):
     )
     host.run("rm -f /tmp/drained.json")
     host.run("nohup python3 -c %s >/tmp/drain-client.log 2>&1 &", client)
-    deadline = time.monotonic() + 30
+    # SGLang updates the gauge from its decode statistics (every 40 decode steps by default),
+    # so on busy cores the request shows a while after it starts.
+    deadline = time.monotonic() + 90
+    running: list[str] = []
     while time.monotonic() < deadline:
         _, metrics = request(host, "/metrics")
         running = [
@@ -278,7 +281,8 @@ def test_a_stop_lets_running_requests_finish_within_timeout_stop_sec(host):
             break
         time.sleep(0.2)
     else:
-        raise AssertionError("the long request never showed as running")
+        log = host.file("/tmp/drain-client.log").content_string
+        raise AssertionError(f"the long request never showed as running: {running} {log}")
     # sglang_server_drain_seconds of the scenario's inventory; systemd prints it as "2min".
     timeout_s = 120
     assert host.check_output("systemctl show -p TimeoutStopUSec --value %s", UNIT) == "2min"
@@ -294,7 +298,7 @@ def test_a_stop_lets_running_requests_finish_within_timeout_stop_sec(host):
     drained = json.loads(host.file("/tmp/drained.json").content_string)
     print(f"stop with a {tokens}-token request running took {took:.1f} s (limit {timeout_s} s)")
     assert drained["meta_info"]["completion_tokens"] == tokens
-    assert took < timeout_s
+    assert took < timeout_s, f"the stop took {took:.1f} s"
     journal = host.check_output("journalctl -u %s --no-pager -o cat -n 200", UNIT)
     assert "SIGTERM received" in journal
     # Back to serving for the next test.
