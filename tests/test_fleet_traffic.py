@@ -1,4 +1,4 @@
-"""The fleet scenario's traffic client (molecule/fleet/traffic.py) against a loopback stand-in
+"""The fleet scenario's traffic client (molecule/shared/traffic.py) against a loopback stand-in
 for the router: every failed, refused or short answer is counted, and capacity is sampled."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ KEY = "sk-test-traffic"
 
 def load_client() -> ModuleType:
     spec = importlib.util.spec_from_file_location(
-        "fleet_traffic", ROOT / "molecule/fleet/traffic.py"
+        "fleet_traffic", ROOT / "molecule/shared/traffic.py"
     )
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)

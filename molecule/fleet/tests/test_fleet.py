@@ -1,7 +1,7 @@
 """Fleet scenario: two replicas behind SGLang's real router, rolled while clients send traffic.
 
 fleet-gpu1 runs the router (port 8080) and one replica, fleet-gpu2 the other replica. During
-each rollout molecule/fleet/traffic.py runs on fleet-gpu2 against the router: every request must
+each rollout molecule/shared/traffic.py runs on fleet-gpu2 against the router: every request must
 come back whole, and the router must keep at least N-1 of the N replicas healthy all the time
 (sampled from its /readiness). Tests run top to bottom: a changed flag set is rolled out to both
 replicas, then a failing one is rolled back on the first and never reaches the second.
@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import json
 import os
-import time
-from pathlib import Path
 from typing import Any
 
 import pytest
 import testinfra
 import testinfra.utils.ansible_runner
 from fleet_runner import REPO, PlaybookRun, run_playbook
+from traffic_unit import TrafficUnit
 
 # A rollout of both replicas (or both nodes) with traffic runs for minutes, longer on busy
 # shared cores than pytest.ini's default of 300 s; every playbook bounds its own waits.
@@ -40,7 +39,6 @@ UNIT = "sglang@llama.service"
 META = "/var/lib/sglang-fleet/llama/lkg/meta.json"
 LAUNCH = "/etc/systemd/system/sglang@llama.service.d/10-launch.conf"
 API_KEY = os.environ.get("MOLECULE_SGLANG_API_KEY", "sk-canary-0f3b9e2d71")
-CLIENT = Path(__file__).resolve().parents[1] / "traffic.py"
 REPORTS = REPO / "reports" / "fleet"
 ROLLOUT_PLAYS = (
     "Roll out the replicas behind a router, one host at a time",
@@ -100,55 +98,17 @@ def healthy_workers() -> set[str]:
     return {w["url"] for w in router_workers(on(GATEWAY)) if w["is_healthy"]}
 
 
-class Traffic:
-    """traffic.py running on fleet-gpu2 as a transient systemd unit while a playbook runs."""
+def traffic(label: str) -> TrafficUnit:
+    """Four clients on fleet-gpu2 sending steady traffic through the router with the key."""
+    return TrafficUnit(on(SECOND), label, unit="fleet-traffic", url=ROUTER, key=API_KEY)
 
-    UNIT = "fleet-traffic"
-    DIR = "/root/fleet-traffic"
 
-    def __init__(self, label: str) -> None:
-        self.label = label
-        self.host = on(SECOND)
-        self.out = f"{self.DIR}/{label}.json"
-        self.stop = f"{self.DIR}/{label}.stop"
-
-    def __enter__(self) -> Traffic:
-        host = self.host
-        host.check_output("install -d -m 0700 %s", self.DIR)
-        result = host.ansible(
-            "ansible.builtin.copy",
-            f"src={CLIENT} dest={self.DIR}/traffic.py mode=0644",
-            check=False,
-        )
-        assert not result.get("failed"), result
-        host.check_output(
-            "printf '%%s\\n' %s > %s/key && chmod 600 %s/key", API_KEY, self.DIR, self.DIR
-        )
-        host.check_output(
-            "systemd-run --unit=%s --collect python3 %s/traffic.py --url %s --key-file %s/key"
-            " --out %s --stop-file %s --threads 4 --tokens 32 --max-seconds 600",
-            self.UNIT,
-            self.DIR,
-            ROUTER,
-            self.DIR,
-            self.out,
-            self.stop,
-        )
-        time.sleep(3)  # a few requests before the rollout starts
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.host.run("touch %s", self.stop)
-        deadline = time.monotonic() + 90
-        while self.host.run("systemctl is-active --quiet %s", self.UNIT).rc == 0:
-            assert time.monotonic() < deadline, "the traffic client did not stop"
-            time.sleep(1)
-
-    def result(self) -> dict[str, Any]:
-        result = json.loads(self.host.check_output("cat %s", self.out))
-        REPORTS.mkdir(parents=True, exist_ok=True)
-        (REPORTS / f"traffic-{self.label}.json").write_text(json.dumps(result, indent=1))
-        return result
+def traffic_result(client: TrafficUnit, label: str) -> dict[str, Any]:
+    """The client's result, also kept in reports/fleet/ for the record."""
+    result = client.result()
+    REPORTS.mkdir(parents=True, exist_ok=True)
+    (REPORTS / f"traffic-{label}.json").write_text(json.dumps(result, indent=1))
+    return result
 
 
 def capacity_summary(result: dict[str, Any]) -> str:
@@ -196,10 +156,10 @@ def test_each_replica_listens_for_the_router_and_reports_metrics(host):
 
 def test_a_changed_flag_set_rolls_through_the_router_without_a_failed_request():
     before = {h: (unit_identity(on(h)), lkg(on(h))["config_hash"]) for h in REPLICAS}
-    with Traffic("changed") as traffic:
+    with traffic("changed") as client:
         run = run_playbook("deploy.yml", extravars=overrides(CHANGED))
     assert run.rc == 0, run.failures
-    result = traffic.result()
+    result = traffic_result(client, "changed")
     print("changed flag set:", capacity_summary(result))
     for host in REPLICAS:
         identity, config = before[host]
@@ -219,14 +179,14 @@ def test_a_failing_flag_set_is_rolled_back_and_put_back_without_a_failed_request
     canary, second = on(GATEWAY), on(SECOND)
     canary_lkg, second_identity = lkg(canary), unit_identity(second)
     # At -vvv: the key passes through the router's worker API (out, list, back) and never shows.
-    with Traffic("failing") as traffic:
+    with traffic("failing") as client:
         run = run_playbook(
             "deploy.yml", extravars={**overrides(FAILING), **OVERRULE}, cmdline="-vvv"
         )
     assert run.rc != 0
     assert API_KEY not in run.text()
     assert run.task_results("Take out of the router and wait for its running requests - llama")
-    result = traffic.result()
+    result = traffic_result(client, "failing")
     print("failing flag set:", capacity_summary(result))
     text = " ".join(msg for h, _, msg in run.failures if h == GATEWAY)
     assert "out of memory" in text.lower(), text

@@ -14,14 +14,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import time
-from pathlib import Path
 from typing import Any
 
 import pytest
 import testinfra
 import testinfra.utils.ansible_runner
 from fleet_runner import REPO, PlaybookRun, run_playbook
+from traffic_unit import TrafficUnit
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -35,7 +34,6 @@ SHARED = "/srv/shared/llama"
 STAGE_TASK = "Stage, verify and prune"
 STOP_TASK_PREFIX = "Stop the unit, SGLang drains"
 TAKE_OUT_TASK_PREFIX = "Take out of the router and wait for its running requests"
-CLIENT = Path(__file__).resolve().parents[2] / "fleet" / "traffic.py"
 REPORTS = REPO / "reports" / "staging"
 WEIGHT = "model-00002-of-00002.safetensors"
 
@@ -218,48 +216,6 @@ def test_the_staged_rollout_s_downtime_does_not_include_the_copy():
     record("rollout", {"copy_seconds": copy_seconds, "downtime_seconds": downtimes})
 
 
-class Traffic:
-    """traffic.py on the storage host, through the router, while a playbook runs."""
-
-    UNIT = "staging-traffic"
-    DIR = "/root/staging-traffic"
-
-    def __init__(self, label: str) -> None:
-        self.host = on(STORE)
-        self.out = f"{self.DIR}/{label}.json"
-        self.stop = f"{self.DIR}/{label}.stop"
-
-    def __enter__(self) -> Traffic:
-        self.host.check_output("install -d -m 0700 %s", self.DIR)
-        result = self.host.ansible(
-            "ansible.builtin.copy",
-            f"src={CLIENT} dest={self.DIR}/traffic.py mode=0644",
-            check=False,
-        )
-        assert not result.get("failed"), result
-        self.host.check_output(
-            "systemd-run --unit=%s --collect python3 %s/traffic.py --url http://%s:8080"
-            " --out %s --stop-file %s --threads 4 --tokens 32 --max-seconds 600",
-            self.UNIT,
-            self.DIR,
-            GPU,
-            self.out,
-            self.stop,
-        )
-        time.sleep(3)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.host.run("touch %s", self.stop)
-        deadline = time.monotonic() + 90
-        while self.host.run("systemctl is-active --quiet %s", self.UNIT).rc == 0:
-            assert time.monotonic() < deadline, "the traffic client did not stop"
-            time.sleep(1)
-
-    def result(self) -> dict[str, Any]:
-        return json.loads(self.host.check_output("cat %s", self.out))
-
-
 def test_rollback_drains_each_replica_through_the_router_without_a_failed_request():
     host = on(GPU)
     # An edit by hand that the last-known-good record does not hold: rollback.yml restores it.
@@ -269,9 +225,11 @@ def test_rollback_drains_each_replica_through_the_router_without_a_failed_reques
             name,
         )
     before = identities()
-    with Traffic("rollback") as traffic:
+    # Four clients on the storage host, through the router.
+    client = TrafficUnit(on(STORE), "rollback", unit="staging-traffic", url=f"http://{GPU}:8080")
+    with client:
         run = run_playbook("rollback.yml", extravars={"sglang_server_instances": servers("rev-b")})
-    result = traffic.result()
+    result = client.result()
     record("rollback-traffic", {k: v for k, v in result.items() if k != "samples"})
     assert run.rc == 0, run.failures
     assert result["requests"] > 0

@@ -1,11 +1,12 @@
 """Steady client traffic through SGLang's router during a rollout, and the router's capacity.
 
-Test infrastructure for molecule/fleet (standard library only: it runs with a test host's own
-python3). Worker threads send non-streaming /generate requests through the router, one after
-the other, each asking for exactly --tokens tokens; a request counts as failed when it raises,
-answers anything but 200, or returns a different number of completion tokens (a short answer is
-a failure, as in the smoke client). A sampler reads the router's /readiness every --sample-every
-seconds: healthy_workers of total_workers (0 when it answers 503 or not at all).
+Test infrastructure for the fleet and staging scenarios (standard library only: it runs with a
+test host's own python3; molecule/shared/traffic_unit.py starts it there). Worker threads send
+non-streaming /generate requests through the router, one after the other, each asking for
+exactly --tokens tokens; a request counts as failed when it raises, answers anything but 200, or
+returns a different number of completion tokens (a short answer is a failure, as in the smoke
+client). A sampler reads the router's /readiness every --sample-every seconds: healthy_workers
+of total_workers (0 when it answers 503 or not at all).
 
 It stops at the first of: the stop file exists, --max-seconds passed, --max-requests sent. Then
 it writes one JSON document to --out (written to a temporary name, then renamed, so a reader
