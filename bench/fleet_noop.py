@@ -71,6 +71,7 @@ def start_hosts(names: list[str]) -> None:
         docker(
             "run", "-d", "--name", name, "--hostname", name, "--network", NETWORK,
             "--cgroupns", "host", "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw",
+            "-v", f"{KEY}.pub:/root/.ssh/authorized_keys:ro",
             "--tmpfs", "/run", "--tmpfs", "/run/lock", "--tmpfs", "/tmp", IMAGE, "/sbin/init",
         )  # fmt: skip
 

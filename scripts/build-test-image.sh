@@ -3,6 +3,10 @@
 # systemd as PID 1 and runs sshd, imported with `docker import` (no registry is reachable).
 # Cached: the image tag carries a hash of this recipe and of the CA certificates copied in, so
 # the build reruns only when one of them changes.
+# SSH: the image holds no key. Each checkout has its own (.cache/testhost/id_ed25519, made here
+# when missing); what reaches a host over SSH (molecule/provision, bench/fleet_noop.py) mounts
+# its public half as root's authorized_keys, so checkouts that share this machine's Docker
+# images cannot lock each other out.
 # Env: TESTHOST_MIRROR overrides the Debian mirror (default: this machine's apt sources).
 set -euo pipefail
 
@@ -19,8 +23,12 @@ recipe_hash=$( { cat "$0"; echo "$packages"; for c in "${extra_certs[@]}"; do ca
 image="sglang-fleet-testhost:$recipe_hash"
 key="$cache/id_ed25519"
 
-if docker image inspect "$image" >/dev/null 2>&1 && [ -s "$key" ] \
-   && [ "$(cat "$cache/key.tag" 2>/dev/null)" = "$recipe_hash" ]; then
+if [ ! -s "$key" ] || [ ! -s "$key.pub" ]; then
+  rm -f "$key" "$key.pub"
+  ssh-keygen -q -t ed25519 -N '' -C sglang-fleet-molecule -f "$key"
+fi
+
+if docker image inspect "$image" >/dev/null 2>&1; then
   say "test-host image $image is up to date"
   docker tag "$image" sglang-fleet-testhost:latest
   exit 0
@@ -50,13 +58,10 @@ say "debootstrap bookworm from this machine's apt mirror (takes a few minutes)"
 debootstrap --variant=minbase --include="$packages" bookworm "$rootfs" "$mirror" \
   >"$cache/debootstrap.log" 2>&1 || { tail -n 30 "$cache/debootstrap.log" >&2; exit 1; }
 
-say "configuring the rootfs: CA certificates, sshd with a build-time key, systemd for containers"
+say "configuring the rootfs: CA certificates, sshd for keys only, systemd for containers"
 for c in "${extra_certs[@]}"; do cp "$c" "$rootfs/usr/local/share/ca-certificates/"; done
 chroot "$rootfs" update-ca-certificates >/dev/null
-rm -f "$key" "$key.pub"
-ssh-keygen -q -t ed25519 -N '' -C sglang-fleet-molecule -f "$key"
 install -d -m 0700 "$rootfs/root/.ssh"
-install -m 0600 "$key.pub" "$rootfs/root/.ssh/authorized_keys"
 chroot "$rootfs" ssh-keygen -A >/dev/null
 printf 'PermitRootLogin prohibit-password\nPasswordAuthentication no\n' \
   >"$rootfs/etc/ssh/sshd_config.d/molecule.conf"
@@ -77,5 +82,4 @@ tar -C "$rootfs" -c . | docker import \
   --change 'CMD ["/sbin/init"]' --change 'ENV container=docker' \
   - "$image" >/dev/null
 docker tag "$image" sglang-fleet-testhost:latest
-echo "$recipe_hash" >"$cache/key.tag"
 say "test-host image ready: $image"
