@@ -3,7 +3,8 @@
 # containers booting and servers starting, so three overlap well on 2 cores). Each scenario's
 # output goes to .cache/molecule-logs/<scenario>.log; a failed scenario's log tail is printed when
 # it ends, and again, as its failing tests and tasks only, after the last scenario (where a CI
-# log that keeps only its end still shows why).
+# log that keeps only its end still shows why). Each scenario's line says how long each of its
+# Molecule actions took (the start of each is kept in .cache/molecule-logs/<scenario>.phases).
 # Usage: scripts/molecule-all.sh SCENARIO...
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -15,14 +16,34 @@ failed=()
 passed=()
 [ "$#" -gt 0 ] || { echo "usage: $0 SCENARIO..." >&2; exit 2; }
 
+run_scenario() {  # $1 scenario: its output to its log, the time each action starts to .phases
+  local line
+  : >"$logs/$1.phases"
+  cd "$repo" && molecule test -s "$1" 2>&1 | while IFS= read -r line || [ -n "$line" ]; do
+    printf '%s\n' "$line"
+    case $line in *Executing*) printf '%(%s)T %s\n' -1 "$line" >>"$logs/$1.phases" ;; esac
+  done >"$logs/$1.log"
+}
+
+phases() {  # $1 scenario, $2 when it ended: "create 0m15s, prepare 0m20s, ..."
+  sed 's/\x1b\[[0-9;]*m//g' "$logs/$1.phases" |
+    sed -n 's/^\([0-9]*\) .* \([a-z_]*\): Executing$/\1 \2/p' |
+    awk -v end="$2" '{ t[NR] = $1; p[NR] = $2 }
+      END { for (i = 1; i <= NR; i++) { d = (i < NR ? t[i + 1] : end) - t[i]
+              printf "%s%s %dm%02ds", (i > 1 ? ", " : ""), p[i], d / 60, d % 60 } }'
+}
+
 finish() {  # $1 scenario, $2 exit status
-  local took=$(( $(date +%s) - started[$1] ))
+  local now took
+  now=$(date +%s)
+  took=$(( now - started[$1] ))
   if [ "$2" -eq 0 ]; then
-    printf '==> molecule %-12s passed in %dm%02ds\n' "$1" $((took / 60)) $((took % 60))
+    printf '==> molecule %-12s passed in %dm%02ds (%s)\n' "$1" $((took / 60)) $((took % 60)) \
+      "$(phases "$1" "$now")"
     passed+=("$1")
   else
-    printf '==> molecule %-12s FAILED after %dm%02ds; last lines of %s:\n' \
-      "$1" $((took / 60)) $((took % 60)) "$logs/$1.log"
+    printf '==> molecule %-12s FAILED after %dm%02ds (%s); last lines of %s:\n' \
+      "$1" $((took / 60)) $((took % 60)) "$(phases "$1" "$now")" "$logs/$1.log"
     sed 's/\x1b\[[0-9;]*m//g' "$logs/$1.log" | tail -n 80
     failed+=("$1")
   fi
@@ -45,7 +66,7 @@ for s in "$@"; do
   while [ "${#pids[@]}" -ge "$jobs" ]; do wait_one; done
   echo "==> molecule test -s $s (log: .cache/molecule-logs/$s.log)"
   started[$s]=$(date +%s)
-  (cd "$repo" && exec molecule test -s "$s") >"$logs/$s.log" 2>&1 &
+  run_scenario "$s" &
   pids[$s]=$!
 done
 while [ "${#pids[@]}" -gt 0 ]; do wait_one; done
