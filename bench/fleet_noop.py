@@ -17,8 +17,9 @@ then deploy.yml: two servers per host, gated, as in the Molecule scenarios), the
 and all N, and prints the median of each and their ratio. Every timed run must exit 0 and
 change nothing (the recap's changed=0 on every host), else the bench fails. Ansible reaches the
 hosts over SSH with pipelining and a persistent connection per host, as it reaches a real
-fleet (the image runs sshd with the key in .cache/testhost); --connection docker uses
-`docker exec` instead, which costs far more CPU per task on this machine.
+fleet (sshd in the image, this checkout's .cache/testhost key mounted as root's
+authorized_keys); --connection docker uses `docker exec` instead, which costs far more CPU per
+task on this machine.
 
 The times move with the load other processes put on the machine's cores: compare the two
 figures of one run, never across runs. Not part of `make test`.
