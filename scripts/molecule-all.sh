@@ -71,11 +71,13 @@ for s in "$@"; do
 done
 while [ "${#pids[@]}" -gt 0 ]; do wait_one; done
 
-summary() {  # $1 scenario: pytest's failing tests and assertion lines, Ansible's failed tasks
-  sed 's/\x1b\[[0-9;]*m//g' "$logs/$1.log" |
-    grep -E '^(FAILED|ERROR) |^E  |^(fatal|failed): |^TASK \[|^[a-zA-Z_./]+\.py:[0-9]+: ' |
-    grep -B1 -E '^(FAILED|ERROR) |^E  |^(fatal|failed): |\.py:[0-9]+: ' | grep -v '^--$' |
-    cut -c1-400 | tail -n 60
+summary() {  # $1 scenario: assertion lines, failed tasks, pytest's short test summary
+  # (Molecule draws a "  │ " margin before the output of what it runs and wraps it at 80
+  # columns: the margin is taken off first; wrapped lines stay wrapped.)
+  sed -e 's/\x1b\[[0-9;]*m//g' -e 's/^ *│ \{0,1\}//' "$logs/$1.log" | awk '
+    /short test summary info/ { in_summary = 1 }
+    in_summary { print; if (/[0-9]+ (failed|passed|error)/) in_summary = 0; next }
+    /^E  |^[a-zA-Z_.\/]+\.py:[0-9]+: |^(fatal|failed): / { print }' | cut -c1-400 | tail -n 60
 }
 
 if [ "${#failed[@]}" -gt 0 ] || [ "${#passed[@]}" -ne "$#" ]; then

@@ -63,8 +63,8 @@ class TrafficUnit:
             self.url,
             self.out,
             self.stop,
-            self.threads,
-            self.tokens,
+            str(self.threads),  # testinfra shell-quotes every argument: strings only
+            str(self.tokens),
         )
         time.sleep(3)  # a few requests before the playbook starts
         return self
