@@ -16,6 +16,10 @@ failed=()
 passed=()
 [ "$#" -gt 0 ] || { echo "usage: $0 SCENARIO..." >&2; exit 2; }
 
+plain() {  # $1 file: its text without terminal colours
+  sed 's/\x1b\[[0-9;]*m//g' "$1"
+}
+
 run_scenario() {  # $1 scenario: its output to its log, the time each action starts to .phases
   local line
   : >"$logs/$1.phases"
@@ -26,11 +30,19 @@ run_scenario() {  # $1 scenario: its output to its log, the time each action sta
 }
 
 phases() {  # $1 scenario, $2 when it ended: "create 0m15s, prepare 0m20s, ..."
-  sed 's/\x1b\[[0-9;]*m//g' "$logs/$1.phases" |
-    sed -n 's/^\([0-9]*\) .* \([a-z_]*\): Executing$/\1 \2/p' |
+  plain "$logs/$1.phases" | sed -n 's/^\([0-9]*\) .* \([a-z_]*\): Executing$/\1 \2/p' |
     awk -v end="$2" '{ t[NR] = $1; p[NR] = $2 }
       END { for (i = 1; i <= NR; i++) { d = (i < NR ? t[i + 1] : end) - t[i]
               printf "%s%s %dm%02ds", (i > 1 ? ", " : ""), p[i], d / 60, d % 60 } }'
+}
+
+summary() {  # $1 scenario: assertion lines, failed tasks, pytest's short test summary
+  # (Molecule draws a "  │ " margin before the output of what it runs and wraps it at 80
+  # columns: the margin is taken off first; wrapped lines stay wrapped.)
+  plain "$logs/$1.log" | sed 's/^ *│ \{0,1\}//' | awk '
+    /short test summary info/ { in_summary = 1 }
+    in_summary { print; if (/[0-9]+ (failed|passed|error)/) in_summary = 0; next }
+    /^E  |^[a-zA-Z_.\/]+\.py:[0-9]+: |^(fatal|failed): / { print }' | cut -c1-400 | tail -n 60
 }
 
 finish() {  # $1 scenario, $2 exit status
@@ -44,7 +56,7 @@ finish() {  # $1 scenario, $2 exit status
   else
     printf '==> molecule %-12s FAILED after %dm%02ds (%s); last lines of %s:\n' \
       "$1" $((took / 60)) $((took % 60)) "$(phases "$1" "$now")" "$logs/$1.log"
-    sed 's/\x1b\[[0-9;]*m//g' "$logs/$1.log" | tail -n 80
+    plain "$logs/$1.log" | tail -n 80
     failed+=("$1")
   fi
 }
@@ -70,15 +82,6 @@ for s in "$@"; do
   pids[$s]=$!
 done
 while [ "${#pids[@]}" -gt 0 ]; do wait_one; done
-
-summary() {  # $1 scenario: assertion lines, failed tasks, pytest's short test summary
-  # (Molecule draws a "  │ " margin before the output of what it runs and wraps it at 80
-  # columns: the margin is taken off first; wrapped lines stay wrapped.)
-  sed -e 's/\x1b\[[0-9;]*m//g' -e 's/^ *│ \{0,1\}//' "$logs/$1.log" | awk '
-    /short test summary info/ { in_summary = 1 }
-    in_summary { print; if (/[0-9]+ (failed|passed|error)/) in_summary = 0; next }
-    /^E  |^[a-zA-Z_.\/]+\.py:[0-9]+: |^(fatal|failed): / { print }' | cut -c1-400 | tail -n 60
-}
 
 if [ "${#failed[@]}" -gt 0 ] || [ "${#passed[@]}" -ne "$#" ]; then
   for s in "${failed[@]}"; do
