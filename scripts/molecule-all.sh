@@ -38,11 +38,13 @@ phases() {  # $1 scenario, $2 when it ended: "create 0m15s, prepare 0m20s, ..."
 
 summary() {  # $1 scenario: assertion lines, failed tasks, pytest's short test summary
   # (Molecule draws a "  │ " margin before the output of what it runs and wraps it at 80
-  # columns: the margin is taken off first; wrapped lines stay wrapped.)
+  # columns: the margin is taken off first; an assertion line keeps its wrapped continuation.)
   plain "$logs/$1.log" | sed 's/^ *│ \{0,1\}//' | awk '
     /short test summary info/ { in_summary = 1 }
     in_summary { print; if (/[0-9]+ (failed|passed|error)/) in_summary = 0; next }
-    /^E  |^[a-zA-Z_.\/]+\.py:[0-9]+: |^(fatal|failed): / { print }' | cut -c1-400 | tail -n 60
+    /^E  |^[a-zA-Z_.\/]+\.py:[0-9]+: |^(fatal|failed): / { print; wrapped = /^E  /; next }
+    wrapped && /^  [^ ]/ { print; next }
+    { wrapped = 0 }' | cut -c1-400 | tail -n 80
 }
 
 finish() {  # $1 scenario, $2 exit status

@@ -184,7 +184,20 @@ def test_a_new_flag_set_rolls_out_and_calibrates_from_the_real_journal(host):
     assert record["key"]["device"] == "cpu"
     assert record["measured"]["max_total_num_tokens"] == 4096
     store = json.loads(host.file(f"{STATE}/calibration.json").content_string)
-    assert store["records"][0]["config_hash"] == record["config_hash"]
+    # What the record step said and did, for a failure to show where the record went.
+    kept = [(r["config_hash"], r["recorded_at"]) for r in store["records"]]
+    steps = {
+        name: [
+            (r.get("changed"), r.get("skipped"), str(r.get("msg"))[:300])
+            for r in run.task_results(name)
+        ]
+        for name in (
+            "Say why no calibration was kept - tiny",
+            "Say what the start measured - tiny",
+            "Write the calibrations of tiny",
+        )
+    }
+    assert store["records"][0]["config_hash"] == record["config_hash"], (kept, steps)
     assert latest_smoke(host)["total_output_tokens"] == PROMPTS * OUTPUT_LEN
 
 
