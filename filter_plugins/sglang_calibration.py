@@ -2,7 +2,7 @@
 
     {{ journal_text | sglang_calibration_record(server_info, key) }}
     {{ journal_text | sglang_calibration_attempt(server_info, key) }}   {record, error}
-    {{ store_text | sglang_calibration_store(record) }}
+    {{ store_text | sglang_calibration_store_update(record, path, server) }}
     {{ server_info | sglang_server_info_public }}      what a record reads; never the API key
     {{ config_json | sglang_model_fingerprint(index_json_or_weight_bytes) }}
 
@@ -14,6 +14,7 @@ mapping is expected.
 from __future__ import annotations
 
 import json
+import posixpath
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
@@ -76,33 +77,44 @@ def sglang_server_info_public(server_info: Any) -> dict[str, Any] | None:
     return calibration.public_server_info(_parsed(server_info, "server_info"))
 
 
-def sglang_calibration_store(
-    store: Any, record: dict, limit: int = calibration.STORE_LIMIT
-) -> dict:
-    """The store with `record` added (newest first, one per flag set), ready to write."""
-    try:
-        records = calibration.load_store(_parsed(store, "calibration store"))
-    except calibration.CalibrationError as exc:
-        raise AnsibleFilterError(f"sglang_calibration_store: {exc}") from exc
-    return calibration.dump_store(calibration.add_record(records, record, int(limit)))
-
-
 def sglang_calibration_store_update(
     store: Any, record: dict, path: str = "calibration.json", server: str = "?"
 ) -> dict[str, Any]:
-    """{store: the store with `record` added, or None; error: why the file on the host is not
-    a store (naming it and the server), or None}. The record step of a healthy start writes
-    only a store it could read: it never fails that start, and never overwrites what it
-    cannot read (the next pre-flight refuses it by name)."""
+    """What the record step of a healthy start writes (docs/CALIBRATION.md, "The store"):
+
+    {store: the store with `record` first, to write to `path`;
+     set_aside: the side file's content (calibration.dump_set_aside), or None;
+     set_aside_path: where it goes, beside the store;
+     warning: which entries were set aside and why (naming the file and the server), or None}.
+
+    Entries of the file on the host that no plan may use are moved to the side file, the good
+    ones kept: the step never fails the start, and never drops what it cannot read unseen."""
+    read = calibration.read_store(store if store not in (None, "") else None)
+    problems = [] if not read.set_aside else [read.problems()]
     try:
-        records = calibration.load_store(store if store not in (None, "") else None)
+        records = calibration.add_record(read.records, record)
     except calibration.CalibrationError as exc:
-        return {
-            "store": None,
-            "error": f"{path} (calibrations of server {server}) is not a calibration store: "
-            f"{exc}; this start's record is not kept. Move the file away.",
-        }
-    return {"store": calibration.dump_store(calibration.add_record(records, record)), "error": None}
+        records = read.records
+        problems.append(f"this start's record is not kept: {exc}")
+    set_aside, side_path = None, None
+    if read.set_aside:
+        stamp = calibration.timestamp().replace("-", "").replace(":", "")
+        folder, name = posixpath.split(path)
+        side_path = posixpath.join(folder, f"{posixpath.splitext(name)[0]}.set-aside-{stamp}.json")
+        set_aside = calibration.dump_set_aside(read, path)
+    warning = None
+    if problems:
+        moved = f"; set aside in {side_path}" if side_path else ""
+        warning = (
+            f"{path} (calibrations of server {server}): {' | '.join(problems)}{moved}; "
+            f"{len(records)} record(s) kept"
+        )
+    return {
+        "store": calibration.dump_store(records),
+        "set_aside": set_aside,
+        "set_aside_path": side_path,
+        "warning": warning,
+    }
 
 
 def sglang_model_fingerprint(model_config: Any, weights: Any) -> str:
@@ -121,7 +133,6 @@ class FilterModule:
             "sglang_calibration_record": sglang_calibration_record,
             "sglang_calibration_attempt": sglang_calibration_attempt,
             "sglang_server_info_public": sglang_server_info_public,
-            "sglang_calibration_store": sglang_calibration_store,
             "sglang_calibration_store_update": sglang_calibration_store_update,
             "sglang_model_fingerprint": sglang_model_fingerprint,
         }

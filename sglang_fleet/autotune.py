@@ -316,6 +316,7 @@ def new_state(
     if isinstance(margin_gib, bool) or margin is None or not 0 <= margin < math.inf:
         raise AutotuneInputError(f"autotune margin_gib: {margin_gib!r} is not a number >= 0")
     typed_space = typed["space"]
+    store = calibration.read_store(context.get("calibration"))
     state: dict[str, Any] = {
         "schema": STATE_SCHEMA,
         "started_at": _stamp(),
@@ -333,7 +334,9 @@ def new_state(
             "host": dict(context["host"]),
             "sglang_version": context.get("sglang_version"),
         },
-        "calibrations": _calibrations(context, server),
+        "calibrations": store.records,
+        # Entries of the host's store no plan may use: named here, never planned with.
+        "calibrations_set_aside": [entry.describe() for entry in store.set_aside],
         "candidates": _grid(base_flags, typed_space),
         "trials": [],
         "speed_model": None,
@@ -344,16 +347,6 @@ def new_state(
     state["spec_digest"] = spec_digest(state)
     _replan(state)
     return state
-
-
-def _calibrations(context: Mapping[str, Any], server: str) -> list[dict[str, Any]]:
-    try:
-        return calibration.load_store(context.get("calibration"))
-    except calibration.CalibrationError as exc:
-        raise AutotuneInputError(
-            f"the host's calibration.json of server {server} (autotune context calibration) "
-            f"cannot be used: {exc}; move it away and start the server once to record a new one"
-        ) from None
 
 
 def _check_context(context: Mapping[str, Any], workload: Mapping[str, int]) -> None:
@@ -801,7 +794,10 @@ def record_trial(
     _mark_candidate(state, trial["candidate"], row["outcome"])
     record = result.get("calibration")
     if record:
-        state["calibrations"] = calibration.add_record(state["calibrations"], record)
+        try:
+            state["calibrations"] = calibration.add_record(state["calibrations"], record)
+        except calibration.CalibrationError as exc:
+            row["calibration_not_kept"] = str(exc)
     state["in_flight"] = None
     _replan(state)
     return row

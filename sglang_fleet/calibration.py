@@ -18,7 +18,7 @@ Interface (the deploy's filters and the autotune loop use these):
     match(records, flags, host) -> (record | None, reason)
     predict(record, flags, host, shape, margin_gib=...) -> Prediction
     apply(records, flags, host, shape, ...) -> Applied  (the planner's entry point)
-    add_record(records, record) / load_store(text) / dump_store(records)
+    add_record(records, record) / read_store(text) / dump_store(records)
 
 `flags` are SGLang field names as the server is launched with (tp_size, mem_fraction_static,
 kv_cache_dtype, ...); `host` holds gpu_name, gpu_memory_mib, sglang_version and the
@@ -206,6 +206,8 @@ def _memory_from_server_info(info: Mapping[str, Any]) -> dict[str, float | None]
     states = info.get("internal_states") or [{}]
     usage = (states[0] if isinstance(states[0], Mapping) else {}).get("memory_usage") or {}
     weight, kv = finite_number(usage.get("weight")), finite_number(usage.get("kvcache"))
+    if weight is not None and weight < 0:
+        weight = None  # the log's negative "mem usage": free memory rose, no weights measured
     free, graph = finite_number(usage.get("startup_available")), _graph_total_gib(usage)
     post = None
     if None not in (kv, free, graph):
@@ -360,19 +362,27 @@ def build_record(
         measured["cell_size_bytes"] = round(measured["kv_size_gib"] * kvmath.GIB / tokens)
     else:
         measured["cell_size_bytes"] = None
+    rise = float(measured["post_gib"]) - float(measured["pre_gib"])
+    if rise > 0:
+        measured["free_rose_during_load_gib"] = round(rise, 3)
     sources = [name for name, given in (("log", cal.has_memory), ("server_info", info)) if given]
-    return {
+    record = {
         "schema": SCHEMA,
-        "recorded_at": key.get("recorded_at") or _now(),
+        "recorded_at": key.get("recorded_at") or timestamp(),
         "server": key.get("server"),
         "config_hash": key.get("config_hash"),
         "sources": sources,
         "key": record_key,
         "measured": measured,
     }
+    problem = record_problem(record)
+    if problem:
+        raise CalibrationError(f"this start's figures are no calibration: {problem}")
+    return record
 
 
-def _now() -> str:
+def timestamp() -> str:
+    """Now, as records and side files are stamped (UTC, seconds)."""
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -382,7 +392,16 @@ def _now() -> str:
 MAX_GPU_GIB = 4096.0
 MAX_POOL_TOKENS = 1 << 40
 _GIB_FIGURES = ("pre_gib", "post_gib", "weight_gib", "kv_size_gib", "pool_end_free_gib",
-                "free_after_graph_gib", "graph_gib")  # fmt: skip
+                "free_after_graph_gib", "graph_gib", "free_rose_during_load_gib")  # fmt: skip
+# How far free memory may rise across the weight load and the start still describe its
+# device (docs/CALIBRATION.md, "Noise"). SGLang reads free memory before and after the load;
+# anything else that frees memory meanwhile raises the second reading. On the CPU engine "free"
+# is the host's RAM, which every process on the host moves; on a GPU only a process that
+# releases its memory late moves it. Within the noise the start's KV pool and free memory are
+# what SGLang sized and measured; beyond it `pre` understates the device, and a plan scaled
+# by it would promise KV tokens the next start does not get.
+LOAD_NOISE_MIN_GIB = 0.05  # SGLang prints these figures with two decimals
+LOAD_NOISE_FRACTION = {"cuda": 0.005, "cpu": 0.05}
 _COUNT_FIGURES = ("max_total_num_tokens", "max_running_requests", "context_len",
                   "chunked_prefill_size", "cell_size_bytes")  # fmt: skip
 
@@ -424,52 +443,129 @@ def _physical_problem(key: Mapping[str, Any], measured: Mapping[str, Any]) -> st
     free = float(measured["free_after_graph_gib"])
     gpu_mib = finite_number(key.get("gpu_memory_mib"))
     gpu_gib = gpu_mib / 1024 if gpu_mib and gpu_mib > 0 else MAX_GPU_GIB
-    if not 0 < post <= pre <= gpu_gib * 1.01 or not 0 <= free <= gpu_gib:
+    if not (0 < pre <= gpu_gib * 1.01 and 0 < post <= gpu_gib * 1.01 and 0 <= free <= gpu_gib):
         return (
             f"measured pre_gib {pre:g}, post_gib {post:g}, free_after_graph_gib {free:g} are "
-            f"not 0 < post <= pre <= the GPU's {gpu_gib:g} GiB with 0 <= free <= it"
+            f"not 0 < pre, post <= the device's {gpu_gib:g} GiB with 0 <= free <= it"
+        )
+    noise = load_noise_gib(pre, str(key.get("device") or "cuda"))
+    if post - pre > noise:
+        return (
+            f"free memory rose {post - pre:.2f} GiB during the weight load (pre_gib {pre:g}, "
+            f"post_gib {post:g}), more than the {noise:.2f} GiB of measurement noise: something "
+            "else freed memory meanwhile, so pre_gib understates the device"
         )
     if measured["max_total_num_tokens"] < 1:
         return "measured.max_total_num_tokens is below 1"
     return None
 
 
+def load_noise_gib(pre_gib: float, device: str) -> float:
+    """How far free memory may rise across the weight load as noise (LOAD_NOISE_FRACTION)."""
+    return max(
+        LOAD_NOISE_MIN_GIB, LOAD_NOISE_FRACTION.get(device, LOAD_NOISE_FRACTION["cuda"]) * pre_gib
+    )
+
+
 def record_problem(record: Any) -> str | None:
-    """Why an entry of the store is not a record this version can plan with (None: it is)."""
+    """Why an entry is not a record this version can plan with (None: it is). The one rule
+    for both sides of the store: build_record and add_record refuse what read_store would set
+    aside, so nothing is written that the next read refuses."""
     return _shape_problem(record) or _physical_problem(record["key"], record["measured"])
 
 
-def load_store(text: str | bytes | Mapping | list | None) -> list[dict[str, Any]]:
-    """Records from the store file (JSON text, parsed, or empty/missing = none).
+# What a set-aside entry keeps of what it replaced: enough for the operator to see it, bounded.
+SET_ASIDE_TEXT_CHARS = 65536
 
-    Every entry must be a record of this schema with finite, physical figures: anything else
-    raises CalibrationError saying which entry and why (the caller adds the file and the
-    server), never dropped quietly, so a refusal on calibration cannot turn into a warning."""
+
+@dataclass(frozen=True)
+class SetAside:
+    """One entry of the store that no plan may use, and why (`entry`: its index, or None when
+    the file as a whole is no store)."""
+
+    entry: int | None
+    problem: str
+    content: Any
+
+    def describe(self) -> str:
+        where = "the whole file" if self.entry is None else f"record {self.entry}"
+        if isinstance(self.content, Mapping):
+            made = self.content.get("recorded_at")
+            where += f" (recorded {made})" if isinstance(made, str) else ""
+        return f"{where}: {self.problem}"
+
+
+@dataclass(frozen=True)
+class StoreRead:
+    """The store as read: the records a plan may use, and the entries set aside."""
+
+    records: list[dict[str, Any]]
+    set_aside: list[SetAside]
+
+    def problems(self) -> str:
+        """One line naming every entry set aside ("" when none)."""
+        return "; ".join(s.describe() for s in self.set_aside)
+
+
+def _whole_file(problem: str, text: Any) -> StoreRead:
+    content = text.decode(errors="replace") if isinstance(text, bytes) else text
+    if isinstance(content, str):
+        content = content[:SET_ASIDE_TEXT_CHARS]
+    else:
+        content = repr(content)[:SET_ASIDE_TEXT_CHARS]
+    return StoreRead([], [SetAside(None, problem, content)])
+
+
+def read_store(text: str | bytes | Mapping | list | None) -> StoreRead:
+    """The records of the store file (JSON text, parsed, or empty/missing = none).
+
+    Every entry must be a record of this schema with finite, physical figures
+    (record_problem). One that is not is set aside and named, never dropped quietly; the good
+    entries stay usable, so one damaged entry is never why a healthy host cannot be deployed.
+    A file that is no store at all (not JSON, another schema) is set aside whole."""
     if text is None or (isinstance(text, str | bytes) and not text.strip()):
-        return []
+        return StoreRead([], [])
     try:
         data = (
             json.loads(text, parse_constant=_no_constant) if isinstance(text, str | bytes) else text
         )
     except (ValueError, RecursionError) as exc:
-        raise CalibrationError(f"not JSON ({str(exc)[:200]})") from None
+        return _whole_file(f"not JSON ({str(exc)[:200]})", text)
     if isinstance(data, Mapping) and "records" in data:
         if data.get("schema") != STORE_SCHEMA:
-            raise CalibrationError(f"store schema {data.get('schema')!r}, not {STORE_SCHEMA!r}")
+            return _whole_file(f"store schema {data.get('schema')!r}, not {STORE_SCHEMA!r}", text)
         data = data["records"]
     elif isinstance(data, Mapping):
         data = [data]
     if not isinstance(data, list):
-        raise CalibrationError("a calibration store holds {schema, records: [...]}")
-    for index, record in enumerate(data):
-        problem = record_problem(record)
+        return _whole_file("a calibration store holds {schema, records: [...]}", text)
+    records, set_aside = [], []
+    for index, entry in enumerate(data):
+        problem = record_problem(entry)
         if problem:
-            raise CalibrationError(f"record {index}: {problem}")
-    return [dict(r) for r in data]
+            set_aside.append(SetAside(index, problem, entry))
+        else:
+            records.append(dict(entry))
+    return StoreRead(records, set_aside)
 
 
 def dump_store(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     return {"schema": STORE_SCHEMA, "records": [dict(r) for r in records]}
+
+
+SET_ASIDE_SCHEMA = "sglang-fleet/calibrations-set-aside/1"
+
+
+def dump_set_aside(read: StoreRead, store_path: str, when: str | None = None) -> dict[str, Any]:
+    """The side file that keeps what the store set aside, for the operator to look at."""
+    return {
+        "schema": SET_ASIDE_SCHEMA,
+        "store": store_path,
+        "set_aside_at": when or timestamp(),
+        "entries": [
+            {"entry": s.entry, "problem": s.problem, "content": s.content} for s in read.set_aside
+        ],
+    }
 
 
 def _same_setting(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
@@ -479,7 +575,11 @@ def _same_setting(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
 def add_record(
     records: Iterable[Mapping[str, Any]], record: Mapping[str, Any], limit: int = STORE_LIMIT
 ) -> list[dict[str, Any]]:
-    """The newest record first; an older one of the same flag set is replaced."""
+    """The newest record first; an older one of the same flag set is replaced. A record the
+    store's reader would set aside is refused (CalibrationError), never written."""
+    problem = record_problem(record)
+    if problem:
+        raise CalibrationError(f"the record would not be read back: {problem}")
     kept = [dict(r) for r in records if not _same_setting(r, record)]
     return [dict(record), *kept][:limit]
 
@@ -915,7 +1015,7 @@ def apply(
         raise CalibrationError(f"calibration_mode must be one of {', '.join(MODES)}, got {mode!r}")
     if mode == "ignore":
         return Applied(None, None, "calibration_mode is 'ignore'")
-    found = load_store(records) if _is_text(records) else records
+    found = read_store(records).records if _is_text(records) else records
     record, reason = match(found, flags, host, flags_complete=flags_complete)
     if record is None:
         warning = _issue(

@@ -380,12 +380,14 @@ def _assumed_log_flags(a: dict[str, Any], warnings: list[dict[str, str]]) -> dic
     return assumed
 
 
-def _calibration_records(a: dict[str, Any], warnings: list[dict[str, str]]) -> list[dict]:
-    """Records given as data, plus one built from the calibration log."""
-    try:
-        records = calibration.load_store(a["calibration"])
-    except (ValueError, TypeError) as exc:
-        raise PlanInputError(f"calibration: {exc}") from exc
+def _calibration_records(
+    a: dict[str, Any], warnings: list[dict[str, str]], set_aside: list[str]
+) -> list[dict]:
+    """Records given as data, plus one built from the calibration log; the entries of the
+    store no plan may use are named in set_aside (calibration.read_store)."""
+    read = calibration.read_store(a["calibration"])
+    records = read.records
+    set_aside += [entry.describe() for entry in read.set_aside]
     if a["calibration_log"]:
         assumed = {"assumed_flags": _assumed_log_flags(a, warnings)}
         try:
@@ -416,6 +418,9 @@ class _Planner:
         self.weight_bytes = _check_weight_bytes(weight_bytes)
         self.warnings: list[dict[str, str]] = []
         self.errors: list[dict[str, str]] = []
+        # Store entries no plan may use (damaged, or no calibration): named, not a warning,
+        # so a damaged store never blocks a deploy whose warnings are fatal.
+        self.calibration_set_aside: list[str] = []
         self.layout = self._layout()
         self.tp = self.layout.tp_size
         self.dp = self.layout.dp_size
@@ -491,7 +496,7 @@ class _Planner:
     def _apply_calibration(
         self, config: dict[str, Any], weight_bytes: int
     ) -> calibration.Applied | None:
-        records = _calibration_records(self.a, self.warnings)
+        records = _calibration_records(self.a, self.warnings, self.calibration_set_aside)
         if not records:
             return None
         host = {
@@ -812,6 +817,7 @@ class _Planner:
                 "calibrated": self.prediction is not None,
                 "calibration": None if self.calibration is None else self.calibration.reason,
                 "calibration_notes": [] if self.prediction is None else self.prediction.notes,
+                "calibration_set_aside": self.calibration_set_aside,
                 "free_after_graph_margin_gib": None
                 if self.prediction is None
                 else round(self.prediction.margin_gib, 2),

@@ -43,6 +43,12 @@ def bounds_message(name: str, plan: Mapping[str, Any], workload: Mapping[str, An
         )
     else:
         words.append("Not calibrated: estimates only.")
+    set_aside = details.get("calibration_set_aside") or []
+    if set_aside:
+        words.append(
+            "Calibrations set aside (no plan uses them; the next healthy start moves them to a"
+            f" side file beside the store): {'; '.join(set_aside)}."
+        )
     words += [f"WARNING {w['code']}: {w['message']}" for w in plan["warnings"]]
     return " ".join(words)
 

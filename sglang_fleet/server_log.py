@@ -177,7 +177,10 @@ def _memory_line(cal: Calibration, msg: str) -> bool:
         cal.pre_gib = _min(cal.pre_gib, float(m[1]))
     elif m := _LOAD_END.search(msg):
         cal.post_gib = _min(cal.post_gib, float(m[1]))
-        cal.weight_gib = _max(cal.weight_gib, max(0.0, float(m[2])))
+        # A negative usage is free memory that rose during the load (something else freed
+        # memory meanwhile): it measures no weights, so the weights stay unknown.
+        if float(m[2]) >= 0:
+            cal.weight_gib = _max(cal.weight_gib, float(m[2]))
         if kind := _LOAD_TYPE.search(msg):
             cal.architecture = kind[1]
     elif m := _KV_ALLOC.search(msg):

@@ -178,16 +178,173 @@ def test_store_keeps_newest_first_and_one_record_per_flag_set():
     assert len(many) == calibration.STORE_LIMIT
 
 
-def test_store_round_trips_as_json_and_tolerates_nothing():
+def test_store_round_trips_as_json_and_sets_aside_what_is_no_store():
     records = calibration.add_record([], kimi_record())
     text = json.dumps(calibration.dump_store(records))
     assert json.loads(text)["schema"] == calibration.STORE_SCHEMA
-    assert calibration.load_store(text) == records
-    assert calibration.load_store(json.loads(text)) == records
-    assert calibration.load_store(records[0]) == records  # one bare record
-    assert calibration.load_store("") == calibration.load_store(None) == []
-    with pytest.raises(CalibrationError, match="records"):
-        calibration.load_store("42")
+    for given in (text, json.loads(text), records[0]):  # text, parsed, one bare record
+        read = calibration.read_store(given)
+        assert (read.records, read.set_aside) == (records, [])
+    assert calibration.read_store("") == calibration.read_store(None)
+    assert calibration.read_store(None).records == []
+    junk = calibration.read_store("42")
+    assert junk.records == []
+    assert junk.problems() == "the whole file: a calibration store holds {schema, records: [...]}"
+    assert junk.set_aside[0].content == "42"  # kept for the side file as it was
+
+
+# --- the store: one rule for writing and reading (issue: the store refused its own records) --
+REAL_CPU = FIXTURES / "real-sglang-0.5.23-cpu"
+LATE_RELEASE_LOG = (FIXTURES / "logs" / "llama-3.1-8b-tp1-late-release.log").read_text()
+LLAMA_KEY = {
+    "model_path": "/models/llama-3.1-8b",
+    "model_config": LLAMA_CONFIG,
+    "weight_bytes": LLAMA_WEIGHTS,
+    "gpu_name": "NVIDIA H100 80GB HBM3",
+    "gpu_memory_mib": 97887,
+    "sglang_version": "0.5.23",
+    "flags": {"tp_size": 1, "mem_fraction_static": 0.88},
+    "server": "llama",
+}
+
+
+def _cpu_key() -> dict[str, Any]:
+    """What the record step of a CPU server keys a record with: the host's RAM as the device."""
+    return {
+        "model_path": "/opt/models/tiny",
+        "model_fingerprint": "sha256:tiny",
+        "gpu_name": "cpu",
+        "gpu_memory_mib": 24 * 1024,
+        "sglang_version": "0.5.23",
+        "flags": {"device": "cpu", "max_total_tokens": 4096, "context_length": 2048},
+        "server": "tiny",
+    }
+
+
+def _written_then_read(record: dict[str, Any], store: str = "") -> calibration.StoreRead:
+    update = load_filters()["sglang_calibration_store_update"](store, record, STORE_PATH, "tiny")
+    return calibration.read_store(json.dumps(update["store"]))
+
+
+STORE_PATH = "/var/lib/sglang-fleet/tiny/calibration.json"
+
+
+def test_the_real_cpu_engine_start_whose_free_memory_rose_is_kept_and_read_back():
+    """SGLang 0.5.23's CPU engine, captured as it came (fixtures/real-sglang-0.5.23-cpu/
+    startup-free-memory-rose.log): host RAM moved during the weight load, so free memory rose
+    ("mem usage=-0.0x GB"). main wrote such a record and refused it on the next read."""
+    log = (REAL_CPU / "startup-free-memory-rose.log").read_text()
+    record = calibration.build_record(log, None, _cpu_key())
+    measured = record["measured"]
+    assert (measured["pre_gib"], measured["post_gib"]) == (21.38, 21.49)
+    assert measured["max_total_num_tokens"] == 4096
+    assert record["key"]["device"] == "cpu"
+    assert measured["free_rose_during_load_gib"] == round(
+        measured["post_gib"] - measured["pre_gib"], 3
+    )
+    assert measured["weight_gib"] is None  # a rise measures no weights: unknown, not 0 or < 0
+    read = _written_then_read(record)
+    assert read.set_aside == []
+    assert read.records == [record]
+    # ... and the next pre-flight plans with the store instead of refusing the host.
+    server = {"name": "tiny", "paths": {"calibration_file": STORE_PATH}, "flags": {}}
+    store = json.dumps(calibration.dump_store(read.records))
+    args = load_plugin("filter_plugins/sglang_plan.py")._calibration_args(
+        {"store": store, "mode": "enforce"}, server
+    )
+    assert calibration.read_store(args["calibration"]).records == [record]
+
+
+def test_a_gpu_start_whose_free_memory_rose_within_the_noise_is_kept_and_plans():
+    record = calibration.build_record(LATE_RELEASE_LOG, None, LLAMA_KEY)
+    measured = record["measured"]
+    assert (measured["pre_gib"], measured["post_gib"]) == (79.80, 80.04)
+    assert measured["weight_gib"] is None
+    assert measured["max_total_num_tokens"] == 577241
+    assert _written_then_read(record).records == [record]
+    host = {"gpu_memory_mib": 97887, "gpu_name": LLAMA_KEY["gpu_name"], "sglang_version": "0.5.23"}
+    flags_090 = {"tp_size": 1, "mem_fraction_static": 0.90}
+    found, reason = calibration.match([record], flags_090, host, flags_complete=False)
+    assert found == record, reason
+    # SGLang's own formula at 0.90 from the same two readings.
+    rest = kvmath.rest_gib(79.80, 80.04, 0.90)
+    expected = kvmath.max_total_num_tokens(rest, 131072, 1)
+    predicted = calibration.predict(record, flags_090, host, LLAMA).max_total_num_tokens
+    assert abs(predicted - expected) <= 0.001 * expected
+
+
+def test_a_gpu_start_whose_free_memory_rose_past_the_noise_is_no_calibration():
+    """Past the noise, `pre` understates the GPU (a release of at least the weights plus the
+    rise happened during the load): no record is written, and the reason names the figures."""
+    log = LATE_RELEASE_LOG.replace(
+        "avail mem=80.04 GB, mem usage=-0.24 GB", "avail mem=81.80 GB, mem usage=-2.00 GB"
+    )
+    with pytest.raises(
+        CalibrationError, match=r"free memory rose 2\.00 GiB during the weight load"
+    ):
+        calibration.build_record(log, None, LLAMA_KEY)
+    attempt = load_filters()["sglang_calibration_attempt"](log, None, LLAMA_KEY)
+    assert attempt["record"] is None
+    assert "more than the 0.40 GiB of measurement noise" in attempt["error"]
+
+
+def test_nothing_is_written_that_the_reader_would_set_aside():
+    record = kimi_record()
+    damaged = copy.deepcopy(record)
+    damaged["measured"]["post_gib"] = damaged["measured"]["pre_gib"] + 1
+    problem = calibration.record_problem(damaged)
+    assert problem and "free memory rose 1.00 GiB" in problem
+    with pytest.raises(CalibrationError, match="would not be read back: free memory rose"):
+        calibration.add_record([record], damaged)
+    update = load_filters()["sglang_calibration_store_update"]("", damaged, STORE_PATH, "kimi")
+    assert update["store"]["records"] == []
+    assert "this start's record is not kept: the record would not be read back" in update["warning"]
+
+
+def test_a_store_with_one_bad_entry_keeps_the_good_ones_and_sets_the_bad_one_aside():
+    good = kimi_record(recorded_at="2026-11-30T10:00:00Z")
+    bad = copy.deepcopy(good)
+    bad["recorded_at"] = "2026-11-29T10:00:00Z"
+    bad["key"]["mem_fraction_static"] = 0.88
+    bad["measured"]["free_after_graph_gib"] = 1e6
+    text = json.dumps(calibration.dump_store([good, bad]))
+    read = calibration.read_store(text)
+    assert read.records == [good]
+    assert read.problems() == (
+        "record 1 (recorded 2026-11-29T10:00:00Z): measured.free_after_graph_gib 1e+06 is "
+        "outside -1..4096"
+    )
+    # The pre-flight plans with the good record and names the bad one; nothing blocks.
+    plan_filter = load_plugin("filter_plugins/sglang_plan.py").sglang_server_plan
+    server = {
+        "name": "kimi",
+        "paths": {"calibration_file": STORE_PATH},
+        "plan_args": {"tp_size": 8, "mem_fraction_static": 0.85, "kv_cache_dtype": "auto"},
+        "flags": dict(KIMI_RUN_FLAGS),
+        "gpus": list(range(8)),
+    }
+    gpus = [{"index": i, "name": GPU, "memory_total_mib": 97887} for i in range(8)]
+    result = plan_filter(
+        server, KIMI_CONFIG, KIMI_WEIGHTS, gpus, 400 * 1024, None,
+        {"store": text, "mode": "enforce", "sglang_version": "0.5.23"},
+    )  # fmt: skip
+    assert result["details"]["calibrated"] is True
+    assert result["details"]["calibration_set_aside"] == [read.problems()]
+    assert result["errors"] == []
+    # The record step of the next healthy start moves it to a side file beside the store.
+    newer = kimi_record(recorded_at="2026-12-01T10:00:00Z", flags=flags(chunked_prefill_size=4096))
+    update = load_filters()["sglang_calibration_store_update"](text, newer, STORE_PATH, "kimi")
+    assert [r["recorded_at"] for r in update["store"]["records"]] == [
+        "2026-12-01T10:00:00Z",
+        "2026-11-30T10:00:00Z",
+    ]
+    assert update["set_aside_path"].startswith("/var/lib/sglang-fleet/tiny/calibration.set-aside-")
+    assert update["set_aside_path"].endswith("Z.json")
+    assert update["set_aside"]["entries"] == [
+        {"entry": 1, "problem": read.set_aside[0].problem, "content": bad}
+    ]
+    assert "record 1 (recorded 2026-11-29T10:00:00Z)" in update["warning"]
+    assert update["set_aside_path"] in update["warning"]
 
 
 # --- matching -------------------------------------------------------------------------------
@@ -469,14 +626,17 @@ def test_filters_record_store_and_fingerprint():
     filters = load_filters()
     record = filters["sglang_calibration_record"](KIMI_LOG, "", KEY)  # an empty slurp
     assert record == kimi_record()
-    store = filters["sglang_calibration_store"]("", record)
-    again = filters["sglang_calibration_store"](json.dumps(store), record)
-    assert again == store  # the same flag set replaces its older record
+    update = filters["sglang_calibration_store_update"]("", record)
+    store = update["store"]
+    again = filters["sglang_calibration_store_update"](json.dumps(store), record)
+    assert again["store"] == store  # the same flag set replaces its older record
+    assert update["warning"] is again["warning"] is None
     index = json.dumps({"metadata": {"total_size": KIMI_WEIGHTS}})
     fingerprint = filters["sglang_model_fingerprint"]
     assert fingerprint(json.dumps(KIMI_CONFIG), index) == HOST["model_fingerprint"]
     assert fingerprint(KIMI_CONFIG, KIMI_WEIGHTS) == HOST["model_fingerprint"]
     with pytest.raises(AnsibleFilterError, match=r"sglang_calibration_record: .*pre_gib"):
         filters["sglang_calibration_record"]("no memory lines", None, {})
-    with pytest.raises(AnsibleFilterError, match="not valid JSON"):
-        filters["sglang_calibration_store"]("{", record)
+    broken = filters["sglang_calibration_store_update"]("{", record)
+    assert broken["store"]["records"] == [record]  # the start's record is kept ...
+    assert broken["set_aside"]["entries"][0]["content"] == "{"  # ... and the file set aside

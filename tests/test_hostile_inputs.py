@@ -2021,10 +2021,14 @@ def run_calibration(data: dict[str, Any], _tmp: Path) -> Outcome:
         return "handled", json.dumps(update, allow_nan=False)
     server = {"name": "kimi", "paths": {"calibration_file": STORE_FILE}, "flags": {}}
     try:
-        args = PLAN_FILTERS._calibration_args({"store": store, "mode": "enforce"}, server)
+        given = {"store": store, "mode": "enforce"} | data.get("keys", {})
+        args = PLAN_FILTERS._calibration_args(given, server)
     except AnsibleFilterError as exc:
         return "refused", str(exc)
-    return "handled", json.dumps(calibration.load_store(args["calibration"]), allow_nan=False)
+    read = calibration.read_store(args["calibration"])
+    return "handled", f"set aside: {read.problems()}; kept: " + json.dumps(
+        read.records, allow_nan=False
+    )
 
 
 def _node_facts(address: str, interface: str = "eth0") -> dict[str, Any]:
@@ -2434,85 +2438,92 @@ SECOND_WAVE_ROWS = [
         "calibration-store-not-json",
         "calibration",
         {"store": '{"records": ['},
-        "refused",
-        f"{STORE_FILE} (calibrations of server kimi on this host) cannot be used: not JSON",
+        "handled",
+        "set aside: the whole file: not JSON",
     ),
     Row(
         "calibration-store-junk",
         "calibration",
         {"store": "[1, 2]"},
-        "refused",
-        "record 0: not a record (JSON int)",
+        "handled",
+        "set aside: record 0: not a record (JSON int)",
     ),
     Row(
         "calibration-store-string",
         "calibration",
         {"store": '"calibration"'},
-        "refused",
-        "a calibration store holds {schema, records: [...]}",
+        "handled",
+        "set aside: the whole file: a calibration store holds {schema, records: [...]}",
     ),
     Row(
         "calibration-store-list-of-strings",
         "calibration",
         {"store": '["a", "b"]'},
-        "refused",
-        "record 0: not a record (JSON str)",
+        "handled",
+        "set aside: record 0: not a record (JSON str)",
     ),
     Row(
         "calibration-store-deep-nesting",
         "calibration",
         {"store": "[" * 100_000 + "]" * 100_000},
-        "refused",
-        "cannot be used: not JSON",
+        "handled",
+        "set aside: the whole file: not JSON",
     ),
     Row(
         "calibration-record-other-schema",
         "calibration",
         {"store": lambda: _kimi_store().replace('"schema": 1', '"schema": 2')},
-        "refused",
-        "record 0: record schema 2, not 1",
+        "handled",
+        "): record schema 2, not 1",
     ),
     Row(
         "calibration-store-other-schema",
         "calibration",
         {"store": lambda: _kimi_store().replace("calibrations/1", "calibrations/9")},
-        "refused",
-        "store schema 'sglang-fleet/calibrations/9'",
+        "handled",
+        "set aside: the whole file: store schema 'sglang-fleet/calibrations/9'",
     ),
     Row(
         "calibration-free-after-graph-1e6-gib",
         "calibration",
         {"store": lambda: _kimi_store(free_after_graph_gib=1e6)},
-        "refused",
-        "measured.free_after_graph_gib 1e+06 is outside",
+        "handled",
+        "): measured.free_after_graph_gib 1e+06 is outside",
     ),
     Row(
         "calibration-negative-pre-load",
         "calibration",
         {"store": lambda: _kimi_store(pre_gib=-3.0)},
-        "refused",
-        "measured.pre_gib -3 is outside",
+        "handled",
+        "): measured.pre_gib -3 is outside",
     ),
     Row(
         "calibration-1e30-tokens",
         "calibration",
         {"store": lambda: _kimi_store(max_total_num_tokens=1e30)},
-        "refused",
-        "measured.max_total_num_tokens 1e+30 is outside",
+        "handled",
+        "): measured.max_total_num_tokens 1e+30 is outside",
     ),
     Row(
         "calibration-nan-figure",
         "calibration",
         {"store": lambda: _kimi_store().replace('"post_gib": ', '"post_gib": NaN, "x": ')},
-        "refused",
-        "NaN is not a number JSON allows",
+        "handled",
+        "set aside: the whole file: not JSON (NaN is not a number JSON allows)",
     ),
     Row(
         "calibration-infinity-figure",
         "calibration",
         {"store": lambda: _kimi_store().replace('"pre_gib": ', '"pre_gib": Infinity, "x": ')},
+        "handled",
+        "set aside: the whole file: not JSON (Infinity is not a number JSON allows)",
+    ),
+    Row(
+        "calibration-misspelt-store-key",
+        "calibration",
+        {"store": "", "keys": {"stroe": "{}"}},
         "refused",
-        "Infinity is not a number JSON allows",
+        "unknown calibration key(s) stroe; allowed: mode, sglang_version, store",
     ),
     Row(
         "calibration-store-right",
@@ -2526,7 +2537,7 @@ SECOND_WAVE_ROWS = [
         "calibration",
         {"store": '{"records": [', "record": True},
         "handled",
-        f"{STORE_FILE} (calibrations of server kimi) is not a calibration store",
+        f"{STORE_FILE} (calibrations of server kimi): the whole file: not JSON",
     ),
     # ---- multi-node layouts --------------------------------------------------------------
     Row(

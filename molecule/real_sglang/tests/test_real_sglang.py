@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import time
 from typing import Any
 
@@ -168,7 +169,17 @@ def test_rerun_changes_and_restarts_nothing(host):
 
 
 def test_a_new_flag_set_rolls_out_and_calibrates_from_the_real_journal(host):
+    """Also the store's rule (docs/CALIBRATION.md, "The store"): an entry no plan may use,
+    put into the host's store beside the converge's good record, is moved to a side file by
+    this start's record step, and the good record stays."""
     before = unit_identity(host)
+    store = json.loads(host.file(f"{STATE}/calibration.json").content_string)
+    damaged = json.loads(json.dumps(store["records"][0]))
+    damaged["recorded_at"] = "2026-01-01T00:00:00Z"
+    damaged["measured"]["free_after_graph_gib"] = 1e6
+    store["records"].append(damaged)
+    seeded = host.run(f"printf %s {shlex.quote(json.dumps(store))} > {STATE}/calibration.json")
+    assert seeded.rc == 0, seeded.stderr
     change = {"sglang_server_overrides": {"tiny": {"flags": {"max_running_requests": 4}}}}
     run = run_playbook("deploy.yml", extravars=change, timeout=900)
     assert run.rc == 0, run.failures
@@ -192,12 +203,19 @@ def test_a_new_flag_set_rolls_out_and_calibrates_from_the_real_journal(host):
             for r in run.task_results(name)
         ]
         for name in (
-            "Say why no calibration was kept - tiny",
+            "Say which calibrations were set aside - tiny",
             "Say what the start measured - tiny",
             "Write the calibrations of tiny",
         )
     }
     assert store["records"][0]["config_hash"] == record["config_hash"], (kept, steps)
+    assert "2026-01-01T00:00:00Z" not in [r["recorded_at"] for r in store["records"]], kept
+    [side] = host.run(f"ls {STATE}").stdout.split("calibration.set-aside-")[1:]
+    side_file = host.file(f"{STATE}/calibration.set-aside-{side.split()[0]}")
+    assert side_file.mode == 0o600
+    [entry] = json.loads(side_file.content_string)["entries"]
+    assert entry["content"] == damaged, entry
+    assert "measured.free_after_graph_gib 1e+06 is outside" in entry["problem"]
     assert latest_smoke(host)["total_output_tokens"] == PROMPTS * OUTPUT_LEN
 
 
