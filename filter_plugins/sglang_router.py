@@ -1,5 +1,8 @@
-"""Ansible filter of the sglang_router role: its command line, built once in Python.
+"""Ansible filters of the sglang_router role: its settings checked and its command line,
+each decided once in Python.
 
+    {{ settings | sglang_router_problems }}
+        -> [problem, ...]   (sglang_fleet.router.settings_problems; [] when all is well)
     {{ flags | sglang_router_command(python, launcher, key_credential) }}
         -> {flag_argv, argv, exec_start}   (sglang_fleet.router.router_command)
 
@@ -32,8 +35,15 @@ def sglang_router_command(
         raise AnsibleFilterError(f"sglang_router: {exc}") from exc
 
 
+def sglang_router_problems(settings: dict) -> list[str]:
+    return _router.settings_problems(plain(settings))
+
+
 class FilterModule:
     """Filters of the sglang_router role."""
 
     def filters(self) -> dict[str, Callable[..., Any]]:
-        return {"sglang_router_command": sglang_router_command}
+        return {
+            "sglang_router_command": sglang_router_command,
+            "sglang_router_problems": sglang_router_problems,
+        }

@@ -82,6 +82,7 @@ from sglang_fleet import nodes as _nodes
 from sglang_fleet.flags import env_file_line, exec_start, normalize_key, to_argv
 from sglang_fleet.module_utils.fleet_http import HttpError, check_url, redact_url
 from sglang_fleet.plan import PLANNER_FLAGS
+from sglang_fleet.router import ROUTER_URL_RE, ROUTER_URL_RULE, url_port
 from sglang_fleet.staging import StageConfigError, check_model_source
 
 SERVERS_VAR = "sglang_server_instances"
@@ -124,10 +125,6 @@ SERVER_KEYS = (
     "interface",
 )
 ROUTER_KEYS = ("url", "worker_url")
-# What sglang-router 0.3.2 accepts as a worker URL (docs/ROUTER.md, "Worker API"): scheme, host
-# and port, nothing after them; the same shape for the router's own URL.
-ROUTER_URL_RE = re.compile(r"(?i)(https?)://(\[[0-9a-f:.]+\]|[a-z0-9.-]+)(?::([0-9]{1,5}))?")
-ROUTER_URL_RULE = "http(s)://host[:port] with no path and no trailing slash"
 # Addresses that mean "every interface": the host itself reaches such a server on loopback.
 WILDCARD_HOSTS = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "[::1]", "[::]": "[::1]"}
 # Flags the description sets from its own fields (or keeps secret): setting them in a flag layer
@@ -505,14 +502,6 @@ def _check_text(value: Any, variable: str, required: bool) -> str | None:
     return value
 
 
-def _url_port(match: re.Match[str]) -> int:
-    return (
-        int(match.group(3))
-        if match.group(3)
-        else (443 if match.group(1).lower() == "https" else 80)
-    )
-
-
 def local_address(host: str) -> str:
     """Where the server's own host reaches it: loopback for a wildcard address, else the address
     (bracketed when it is IPv6)."""
@@ -568,10 +557,10 @@ def _check_router(
             f"{variable}.url",
             f"{url} is the server's own worker URL: a server cannot be routed through itself",
         )
-    if _url_port(match) != port:
+    if url_port(match) != port:
         raise ServerConfigError(
             f"{variable}.worker_url",
-            f"{worker_url!r} names port {_url_port(match)}, but the server listens on port {port}",
+            f"{worker_url!r} names port {url_port(match)}, but the server listens on port {port}",
         )
     return {
         "url": url,
