@@ -31,6 +31,7 @@ import datetime
 import hashlib
 import json
 import math
+import posixpath
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -582,6 +583,46 @@ def add_record(
         raise CalibrationError(f"the record would not be read back: {problem}")
     kept = [dict(r) for r in records if not _same_setting(r, record)]
     return [dict(record), *kept][:limit]
+
+
+def store_update(
+    store: Any, record: Mapping[str, Any], path: str = "calibration.json", server: str = "?"
+) -> dict[str, Any]:
+    """What the record step of a healthy start writes (docs/CALIBRATION.md, "The store"):
+
+    {store: the store with `record` first, to write to `path`;
+     set_aside: the side file's content (dump_set_aside), or None;
+     set_aside_path: where it goes, beside the store;
+     warning: which entries were set aside and why (naming the file and the server), or None}.
+
+    Entries of the file on the host that no plan may use are moved to the side file, the good
+    ones kept: the step never fails the start, and never drops what it cannot read unseen."""
+    read = read_store(store if store not in (None, "") else None)
+    problems = [] if not read.set_aside else [read.problems()]
+    try:
+        records = add_record(read.records, record)
+    except CalibrationError as exc:
+        records = read.records
+        problems.append(f"this start's record is not kept: {exc}")
+    set_aside, side_path = None, None
+    if read.set_aside:
+        stamp = timestamp().replace("-", "").replace(":", "")
+        folder, name = posixpath.split(path)
+        side_path = posixpath.join(folder, f"{posixpath.splitext(name)[0]}.set-aside-{stamp}.json")
+        set_aside = dump_set_aside(read, path)
+    warning = None
+    if problems:
+        moved = f"; set aside in {side_path}" if side_path else ""
+        warning = (
+            f"{path} (calibrations of server {server}): {' | '.join(problems)}{moved}; "
+            f"{len(records)} record(s) kept"
+        )
+    return {
+        "store": dump_store(records),
+        "set_aside": set_aside,
+        "set_aside_path": side_path,
+        "warning": warning,
+    }
 
 
 # --- matching -----------------------------------------------------------------------------

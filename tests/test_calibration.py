@@ -16,13 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ansible.errors import AnsibleFilterError
 from conftest import load_plugin
 from kimi_job import GPU, KIMI_LOG, KIMI_RUN_FLAGS
 
 from sglang_fleet import calibration, kvmath
 from sglang_fleet.calibration import CalibrationError
-from sglang_fleet.modelcfg import model_shape, read_model_dir
+from sglang_fleet.modelcfg import model_shape, read_model_dir, weight_bytes_from_index
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -222,7 +221,7 @@ def _cpu_key() -> dict[str, Any]:
 
 
 def _written_then_read(record: dict[str, Any], store: str = "") -> calibration.StoreRead:
-    update = load_filters()["sglang_calibration_store_update"](store, record, STORE_PATH, "tiny")
+    update = calibration.store_update(store, record, STORE_PATH, "tiny")
     return calibration.read_store(json.dumps(update["store"]))
 
 
@@ -283,9 +282,8 @@ def test_a_gpu_start_whose_free_memory_rose_past_the_noise_is_no_calibration():
         CalibrationError, match=r"free memory rose 2\.00 GiB during the weight load"
     ):
         calibration.build_record(log, None, LLAMA_KEY)
-    attempt = load_filters()["sglang_calibration_attempt"](log, None, LLAMA_KEY)
-    assert attempt["record"] is None
-    assert "more than the 0.40 GiB of measurement noise" in attempt["error"]
+    with pytest.raises(CalibrationError, match=r"more than the 0\.40 GiB of measurement noise"):
+        calibration.build_record(log, None, LLAMA_KEY)
 
 
 def test_nothing_is_written_that_the_reader_would_set_aside():
@@ -296,7 +294,7 @@ def test_nothing_is_written_that_the_reader_would_set_aside():
     assert problem and "free memory rose 1.00 GiB" in problem
     with pytest.raises(CalibrationError, match="would not be read back: free memory rose"):
         calibration.add_record([record], damaged)
-    update = load_filters()["sglang_calibration_store_update"]("", damaged, STORE_PATH, "kimi")
+    update = calibration.store_update("", damaged, STORE_PATH, "kimi")
     assert update["store"]["records"] == []
     assert "this start's record is not kept: the record would not be read back" in update["warning"]
 
@@ -333,7 +331,7 @@ def test_a_store_with_one_bad_entry_keeps_the_good_ones_and_sets_the_bad_one_asi
     assert result["errors"] == []
     # The record step of the next healthy start moves it to a side file beside the store.
     newer = kimi_record(recorded_at="2026-12-01T10:00:00Z", flags=flags(chunked_prefill_size=4096))
-    update = load_filters()["sglang_calibration_store_update"](text, newer, STORE_PATH, "kimi")
+    update = calibration.store_update(text, newer, STORE_PATH, "kimi")
     assert [r["recorded_at"] for r in update["store"]["records"]] == [
         "2026-12-01T10:00:00Z",
         "2026-11-30T10:00:00Z",
@@ -617,26 +615,21 @@ def test_prediction_matches_the_next_start_of_the_double(tmp_path: Path):
         )
 
 
-# --- Ansible filters ------------------------------------------------------------------------
-def load_filters() -> Any:
-    return load_plugin("filter_plugins/sglang_calibration.py").FilterModule().filters()
-
-
-def test_filters_record_store_and_fingerprint():
-    filters = load_filters()
-    record = filters["sglang_calibration_record"](KIMI_LOG, "", KEY)  # an empty slurp
-    assert record == kimi_record()
-    update = filters["sglang_calibration_store_update"]("", record)
+# --- the store update and the fingerprint, as the calibrate action uses them ----------------
+def test_store_update_and_fingerprint():
+    record = kimi_record()
+    update = calibration.store_update("", record)
     store = update["store"]
-    again = filters["sglang_calibration_store_update"](json.dumps(store), record)
+    again = calibration.store_update(json.dumps(store), record)
     assert again["store"] == store  # the same flag set replaces its older record
     assert update["warning"] is again["warning"] is None
-    index = json.dumps({"metadata": {"total_size": KIMI_WEIGHTS}})
-    fingerprint = filters["sglang_model_fingerprint"]
-    assert fingerprint(json.dumps(KIMI_CONFIG), index) == HOST["model_fingerprint"]
-    assert fingerprint(KIMI_CONFIG, KIMI_WEIGHTS) == HOST["model_fingerprint"]
-    with pytest.raises(AnsibleFilterError, match=r"sglang_calibration_record: .*pre_gib"):
-        filters["sglang_calibration_record"]("no memory lines", None, {})
-    broken = filters["sglang_calibration_store_update"]("{", record)
+    index = {"metadata": {"total_size": KIMI_WEIGHTS}}
+    assert (
+        calibration.model_fingerprint(KIMI_CONFIG, weight_bytes_from_index(index))
+        == HOST["model_fingerprint"]
+    )
+    with pytest.raises(CalibrationError, match="pre_gib"):
+        calibration.build_record("no memory lines", None, {})
+    broken = calibration.store_update("{", record)
     assert broken["store"]["records"] == [record]  # the start's record is kept ...
     assert broken["set_aside"]["entries"][0]["content"] == "{"  # ... and the file set aside

@@ -1999,7 +1999,6 @@ def run_autotune(steps: list[tuple[str, Any]], tmp: Path, capsys: Any) -> Outcom
 
 
 PLAN_FILTERS = load_plugin("filter_plugins/sglang_plan.py")
-CALIBRATION_FILTERS = load_plugin("filter_plugins/sglang_calibration.py")
 STORE_FILE = "/var/lib/sglang-fleet/kimi/calibration.json"
 
 
@@ -2015,9 +2014,7 @@ def run_calibration(data: dict[str, Any], _tmp: Path) -> Outcome:
     store = data["store"]() if callable(data["store"]) else data["store"]
     if data.get("record"):
         record = _tune_context()["calibration"][0]
-        update = CALIBRATION_FILTERS.sglang_calibration_store_update(
-            store, record, STORE_FILE, "kimi"
-        )
+        update = calibration.store_update(store, record, STORE_FILE, "kimi")
         return "handled", json.dumps(update, allow_nan=False)
     server = {"name": "kimi", "paths": {"calibration_file": STORE_FILE}, "flags": {}}
     try:

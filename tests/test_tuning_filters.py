@@ -2,8 +2,6 @@
 
 - sglang_server_plan with the host's calibration: the pre-flight's refusal before anything
   stops, its overrule (warn), a calibration of another GPU (mismatch: estimates, a warning).
-- sglang_calibration_attempt / sglang_server_info_public: a start without memory figures is
-  no calibration (not a failure); /server_info's API key never reaches a record.
 - the autotune filters: inputs checked before a host is touched, the trial's benchmark and the
   result `autotune record` reads.
 """
@@ -38,10 +36,6 @@ def plan_filter() -> Any:
     return (
         load_plugin("filter_plugins/sglang_plan.py").FilterModule().filters()["sglang_server_plan"]
     )
-
-
-def calibration_filters() -> dict[str, Any]:
-    return load_plugin("filter_plugins/sglang_calibration.py").FilterModule().filters()
 
 
 def autotune_filters() -> dict[str, Any]:
@@ -138,34 +132,6 @@ def test_the_servers_own_gpus_give_the_memory_and_the_name():
     assert result["details"]["pre_gib"] == pytest.approx(94.19)
     with pytest.raises(AnsibleFilterError, match="unknown calibration key"):
         plan_filter()(server(), KIMI_CONFIG, KIMI_WEIGHTS, gpus(), 409600, None, {"mod": "warn"})
-
-
-# --- recording a start --------------------------------------------------------------------
-def test_a_start_without_memory_figures_is_no_calibration_not_a_failure():
-    attempt = calibration_filters()["sglang_calibration_attempt"]
-    missing = attempt("The server is fired up and ready to roll!", None, {"flags": FLAGS})
-    assert missing["record"] is None and "pre_gib" in missing["error"]
-    found = attempt(KIMI_LOG, "", {"flags": FLAGS})
-    assert found["error"] is None and found["record"]["measured"]["max_total_num_tokens"] == 149800
-
-
-def test_server_info_keeps_only_what_a_record_reads_never_the_api_key():
-    public = calibration_filters()["sglang_server_info_public"]
-    info = {
-        "version": "0.5.23",
-        "mem_fraction_static": 0.88,
-        "api_key": "sk-very-secret",
-        "admin_api_key": "sk-admin",
-        "internal_states": [{"memory_usage": {"weight": 15.0, "kvcache": 60.0}, "other": 1}],
-    }
-    kept = public(json.dumps(info))
-    assert "sk-" not in json.dumps(kept)
-    assert kept == {
-        "version": "0.5.23",
-        "mem_fraction_static": 0.88,
-        "internal_states": [{"memory_usage": {"weight": 15.0, "kvcache": 60.0}}],
-    }
-    assert public(None) is None
 
 
 # --- autotune -------------------------------------------------------------------------------

@@ -1,0 +1,274 @@
+"""Action sglang_calibrate: keep what one healthy start of a server measured (docs/CALIBRATION.md).
+
+One operator verb, sequenced on the controller through modules on the host, as
+`ansible.builtin.reboot` sequences its own:
+
+1. the start-up memory lines of this start (the unit's current invocation in the journal), and
+   never `server_args=`, which lists every argument, an API key among them;
+2. `/server_info`, with the server's API key in a header; only the fields a record reads are
+   kept (calibration.public_server_info), so the key never reaches a result;
+3. the key's other parts from the host: the installed SGLang's version (importlib.metadata in
+   the server's python), the server's own GPUs (nvidia_gpu_info; a CPU server's device is the
+   host's RAM) and the model's fingerprint (config.json and the index's total_size, or the
+   single checkpoint's size);
+4. the record (calibration.build_record: a start whose figures are missing, or moved past the
+   noise, records nothing and says why);
+5. the host's store: this record first, entries no plan may use moved to a side file beside it
+   (calibration.store_update), both written with the copy action.
+
+Calibration never fails a healthy start: what cannot be read ends the step with
+`record: null` and the reason. The result: record, reason, store, set_aside_path, steps (what
+each step did), changed (the store or a side file was written) and the fact
+sglang_server_calibration_record. Check mode: nothing is started in check mode, so nothing is
+measured; the action is skipped.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import shlex
+from collections.abc import Mapping
+from typing import Any
+
+from ansible.errors import AnsibleActionFail
+from ansible.plugins.action import ActionBase
+from ansible.utils.display import Display
+
+from sglang_fleet import calibration
+from sglang_fleet.modelcfg import ModelConfigError, weight_bytes_from_index
+
+display = Display()
+
+# The journal lines a record reads (calibration.build_record's start-up lines).
+MEMORY_LINES = (
+    r"load weight (begin|end)\.|kv cache is allocated|memory pool end|graph end\.|"
+    r"max_total_num_tokens=|kv cache va upper bound|post-capture kv sizing"
+)
+SERVER_KEYS = ("name", "unit", "port", "device", "model_path", "paths", "flags", "config_hash")
+REQUIRED = ("server", "python", "nvidia_smi")
+# Only the text a record reads comes back from the host: a start-up has a few dozen such lines.
+MAX_JOURNAL_LINES = 2000
+
+
+class NoCalibration(Exception):
+    """This start gives no calibration record (the message says why)."""
+
+
+class ActionModule(ActionBase):
+    """Reads one start's figures from the host, builds its record, keeps it in the store."""
+
+    # The copy action it calls for the writes makes and removes its own remote temp dir.
+    TRANSFERS_FILES = False
+    _VALID_ARGS = frozenset((*REQUIRED, "flags", "config_hash", "host_ram_mib", "api_key"))
+
+    def run(self, tmp: Any = None, task_vars: dict | None = None) -> dict:
+        result = super().run(tmp, task_vars)
+        args = dict(self._task.args)
+        missing = [name for name in REQUIRED if not args.get(name)]
+        if missing:
+            raise AnsibleActionFail(f"sglang_calibrate: {', '.join(missing)} required")
+        server = args["server"]
+        if not isinstance(server, Mapping) or any(k not in server for k in SERVER_KEYS):
+            raise AnsibleActionFail(
+                "sglang_calibrate: server must be a described server (sglang_server_servers) "
+                f"with {', '.join(SERVER_KEYS)}"
+            )
+        if self._play_context.check_mode:
+            result.update(skipped=True, msg="check mode: no server was started, nothing measured")
+            return result
+        self._vars = task_vars or {}
+        self._steps: list[str] = []
+        name = server["name"]
+        try:
+            record = self._record(server, args)
+        except NoCalibration as exc:
+            reason = f"{name}: no calibration recorded: {exc}"
+            self._step(reason)
+            result.update(
+                changed=False,
+                record=None,
+                reason=reason,
+                msg=reason,
+                steps=self._steps,
+                ansible_facts={"sglang_server_calibration_record": None},
+            )
+            return result
+        changed, warning, side_path = self._keep(server, record)
+        measured = record["measured"]
+        msg = (
+            f"{name} calibrated: {measured['max_total_num_tokens']} KV tokens, "
+            f"{measured['free_after_graph_gib']} GiB free after CUDA graph capture at "
+            f"mem_fraction_static {record['key']['mem_fraction_static']} "
+            f"({record['key']['kv_cache_dtype']} KV, from {' and '.join(record['sources'])})"
+        )
+        if warning:
+            result["warnings"] = [f"{self._vars.get('inventory_hostname', '?')}: {warning}"]
+        result.update(
+            changed=changed,
+            record=record,
+            reason=msg,
+            msg=msg,
+            store=server["paths"]["calibration_file"],
+            set_aside_path=side_path,
+            steps=self._steps,
+            ansible_facts={"sglang_server_calibration_record": record},
+        )
+        return result
+
+    # --- steps ---------------------------------------------------------------------------
+    def _step(self, text: str) -> None:
+        self._steps.append(text)
+        display.vv(f"  sglang_calibrate: {text}")
+
+    def _module(self, name: str, module_args: dict[str, Any]) -> dict[str, Any]:
+        return self._execute_module(module_name=name, module_args=module_args, task_vars=self._vars)
+
+    def _record(self, server: Mapping[str, Any], args: Mapping[str, Any]) -> dict[str, Any]:
+        lines = self._start_lines(server["unit"])
+        info = self._server_info(server["port"], str(args.get("api_key") or ""))
+        key = {
+            "server": server["name"],
+            "config_hash": args.get("config_hash") or server["config_hash"],
+            "model_path": server["model_path"],
+            "model_fingerprint": self._fingerprint(server["model_path"]),
+            **self._device(server, args),
+            "sglang_version": self._version(args["python"]) or (info or {}).get("version"),
+            "flags": dict(args.get("flags") or server["flags"]),
+        }
+        try:
+            record = calibration.build_record(lines, info, key)
+        except calibration.CalibrationError as exc:
+            raise NoCalibration(str(exc)) from None
+        self._step(f"built the record from {' and '.join(record['sources'])}")
+        return record
+
+    def _start_lines(self, unit: str) -> str:
+        script = (
+            "set -o pipefail; id=$(systemctl show --property=InvocationID --value "
+            f'{shlex.quote(unit)}); journalctl --no-pager -o cat _SYSTEMD_INVOCATION_ID="$id" '
+            f"| {{ grep -i -E {shlex.quote(MEMORY_LINES)} || true; }} "
+            f"| head -n {MAX_JOURNAL_LINES}"
+        )
+        done = self._module("ansible.legacy.command", {"argv": ["bash", "-c", script]})
+        if done.get("failed") or done.get("rc"):
+            raise NoCalibration(f"the journal of {unit} could not be read: {done.get('msg')}")
+        lines = str(done.get("stdout") or "")
+        self._step(f"read {len(lines.splitlines())} start-up memory line(s) of {unit}")
+        return lines
+
+    def _server_info(self, port: Any, api_key: str) -> dict[str, Any] | None:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        answer = self._module(
+            "ansible.legacy.uri",
+            {
+                "url": f"http://127.0.0.1:{int(port)}/server_info",
+                "headers": headers,
+                "return_content": False,
+                "timeout": 30,
+            },
+        )
+        if answer.get("status") != 200 or not isinstance(answer.get("json"), Mapping):
+            self._step(f"/server_info did not answer (status {answer.get('status')})")
+            return None
+        self._step("read /server_info (only the fields a record uses are kept)")
+        return calibration.public_server_info(answer["json"])
+
+    def _version(self, python: str) -> str | None:
+        code = "import importlib.metadata as m; print(m.version('sglang'))"
+        done = self._module("ansible.legacy.command", {"argv": [python, "-c", code]})
+        version = str(done.get("stdout") or "").strip() if done.get("rc") == 0 else None
+        self._step(f"installed SGLang: {version or 'unknown'}")
+        return version or None
+
+    def _device(self, server: Mapping[str, Any], args: Mapping[str, Any]) -> dict[str, Any]:
+        """gpu_name and gpu_memory_mib of the key: the server's own GPUs (the smallest
+        memory), or for a CPU server the host's RAM (docs/CPU-SERVERS.md)."""
+        if server.get("device") == "cpu":
+            ram = int(float(args.get("host_ram_mib") or 0))
+            if ram <= 0:
+                raise NoCalibration("a CPU server's record needs host_ram_mib")
+            return {"gpu_name": "cpu", "gpu_memory_mib": ram}
+        info = self._module("nvidia_gpu_info", {"nvidia_smi": args["nvidia_smi"]})
+        gpus = info.get("gpus") or []
+        if info.get("failed") or not gpus:
+            raise NoCalibration(f"the host's GPUs could not be read: {info.get('msg')}")
+        wanted = {int(i) for i in server.get("gpus") or []}
+        own = [g for g in gpus if int(g.get("index", -1)) in wanted] or gpus
+        self._step(f"GPUs {', '.join(str(g.get('index')) for g in own)}: {own[0].get('name')}")
+        return {
+            "gpu_name": own[0].get("name"),
+            "gpu_memory_mib": min(g.get("memory_total_mib") for g in own),
+        }
+
+    def _slurp(self, path: str) -> str | None:
+        done = self._module("ansible.legacy.slurp", {"src": path})
+        if done.get("failed") or "content" not in done:
+            return None
+        return base64.b64decode(done["content"]).decode("utf-8", errors="replace")
+
+    def _fingerprint(self, model_path: str) -> str:
+        config_text = self._slurp(f"{model_path}/config.json")
+        if config_text is None:
+            raise NoCalibration(f"{model_path}/config.json could not be read")
+        index_text = self._slurp(f"{model_path}/model.safetensors.index.json")
+        try:
+            config = json.loads(config_text)
+            if index_text is not None:
+                weights = weight_bytes_from_index(json.loads(index_text))
+            else:  # a single-file checkpoint (small models): its size stands in
+                found = self._module(
+                    "ansible.legacy.find", {"paths": model_path, "patterns": "*.safetensors"}
+                )
+                weights = sum(int(f.get("size") or 0) for f in found.get("files") or [])
+        except (ValueError, ModelConfigError) as exc:
+            raise NoCalibration(f"the model description of {model_path}: {exc}") from None
+        if not isinstance(config, dict):
+            raise NoCalibration(f"{model_path}/config.json is not a mapping")
+        self._step(f"model fingerprint of {model_path}")
+        return calibration.model_fingerprint(config, weights)
+
+    # --- the store -------------------------------------------------------------------------
+    def _keep(self, server: Mapping[str, Any], record: dict) -> tuple[bool, str | None, Any]:
+        paths = server["paths"]
+        made = self._module(
+            "ansible.legacy.file",
+            {"path": paths["state_dir"], "state": "directory", "owner": "root",
+             "group": "root", "mode": "0755"},
+        )  # fmt: skip
+        if made.get("failed"):
+            raise AnsibleActionFail(f"sglang_calibrate: {paths['state_dir']}: {made.get('msg')}")
+        store = self._slurp(paths["calibration_file"])
+        update = calibration.store_update(store, record, paths["calibration_file"], server["name"])
+        changed = bool(made.get("changed"))
+        if update["set_aside"] is not None:
+            changed |= self._write(update["set_aside_path"], update["set_aside"], "0600")
+            self._step(f"set aside what no plan may use in {update['set_aside_path']}")
+        changed |= self._write(paths["calibration_file"], update["store"], "0644")
+        records = len(update["store"]["records"])
+        self._step(f"kept the record first of {records} in {paths['calibration_file']}")
+        return changed, update["warning"], update["set_aside_path"]
+
+    def _write(self, path: str, data: Any, mode: str) -> bool:
+        """Write JSON text through the copy action (a temp file, then the copy module)."""
+        task = self._task.copy()
+        task.args = {
+            "content": json.dumps(data, indent=4, sort_keys=True) + "\n",
+            "dest": path,
+            "owner": "root",
+            "group": "root",
+            "mode": mode,
+        }
+        copy = self._shared_loader_obj.action_loader.get(
+            "ansible.legacy.copy",
+            task=task,
+            connection=self._connection,
+            play_context=self._play_context,
+            loader=self._loader,
+            templar=self._templar,
+            shared_loader_obj=self._shared_loader_obj,
+        )
+        done = copy.run(task_vars=self._vars)
+        if done.get("failed"):
+            raise AnsibleActionFail(f"sglang_calibrate: writing {path}: {done.get('msg')}")
+        return bool(done.get("changed"))

@@ -1,0 +1,212 @@
+"""action_plugins/sglang_calibrate.py: one start's calibration, sequenced on the controller.
+
+The host is replaced by a fake `_execute_module` that answers each module from a dict (the
+journal's lines, /server_info, the installed version, nvidia-smi, the model files, the store),
+and `_write` keeps what the copy action would write. What is checked: the record the deploy
+keeps (the Kimi job's figures), the store and side file it writes, the reasons when a start
+gives no calibration, that the API key goes to the server and nowhere else, and check mode.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from conftest import load_plugin
+from kimi_job import GPU, KIMI_LOG, KIMI_RUN_FLAGS
+
+from sglang_fleet import calibration
+from sglang_fleet.modelcfg import read_model_dir
+
+ACTION = load_plugin("action_plugins/sglang_calibrate.py")
+MODEL = Path(__file__).resolve().parent / "fixtures" / "models" / "kimi-k2.5-int4"
+KIMI_CONFIG, KIMI_WEIGHTS = read_model_dir(MODEL)
+STATE = "/var/lib/sglang-fleet/kimi"
+STORE = f"{STATE}/calibration.json"
+KEY = "sk-very-secret"
+SERVER = {
+    "name": "kimi",
+    "unit": "sglang@kimi.service",
+    "port": 8000,
+    "device": "cuda",
+    "gpus": [0, 1, 2, 3, 4, 5, 6, 7],
+    "model_path": "/srv/models/kimi",
+    "paths": {"state_dir": STATE, "calibration_file": STORE},
+    "flags": dict(KIMI_RUN_FLAGS),
+    "config_hash": "abc123",
+}
+# What the journal read's grep keeps (the action's MEMORY_LINES, in plain words).
+MEMORY_WORDS = ("Load weight", "KV Cache", "Memory pool end", "graph end", "max_total_num_tokens=")
+ARGS = {"server": SERVER, "python": "/opt/ml-env/bin/python", "nvidia_smi": "nvidia-smi"}
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+class FakeCalibrate(ACTION.ActionModule):
+    """The action with the host replaced: each module answers from `host`."""
+
+    def __init__(self, args: dict[str, Any], host: dict[str, Any], check_mode: bool = False):
+        self._task = SimpleNamespace(
+            args=args, async_val=0, check_mode=check_mode, action="sglang_calibrate"
+        )
+        self._play_context = SimpleNamespace(check_mode=check_mode)
+        self._connection = SimpleNamespace(_shell=SimpleNamespace(tmpdir="/tmp/ansible-tmp"))
+        self.host, self.calls, self.written = host, [], {}
+
+    def _execute_module(self, module_name: str, module_args: dict, task_vars: Any = None) -> dict:
+        self.calls.append((module_name, module_args))
+        answer = getattr(self, "host_" + module_name.rsplit(".", 1)[-1], None)
+        if answer is None:
+            raise AssertionError(f"unexpected module {module_name}")
+        return answer(module_args)
+
+    def host_command(self, args: dict) -> dict:
+        journal = args["argv"][0] == "bash"
+        return {"rc": 0, "stdout": self.host["journal" if journal else "version"]}
+
+    def host_uri(self, _args: dict) -> dict:
+        info = self.host.get("server_info")
+        return {"status": 200, "json": info} if info else {"status": -1, "msg": "refused"}
+
+    def host_nvidia_gpu_info(self, _args: dict) -> dict:
+        return {"gpus": self.host["gpus"]}
+
+    def host_slurp(self, args: dict) -> dict:
+        text = self.host["files"].get(args["src"])
+        return {"content": _b64(text)} if text is not None else {"failed": True}
+
+    def host_find(self, _args: dict) -> dict:
+        return {"files": self.host.get("single_files", [])}
+
+    def host_file(self, _args: dict) -> dict:
+        return {"changed": False}
+
+    def _write(self, path: str, data: Any, mode: str) -> bool:
+        self.written[path] = (data, mode)
+        self.host["files"][path] = json.dumps(data)
+        return True
+
+    def run_it(self) -> dict[str, Any]:
+        return self.run(task_vars={"inventory_hostname": "gpu-a"})
+
+
+def kimi_host(**change: Any) -> dict[str, Any]:
+    host = {
+        "journal": "\n".join(
+            line for line in KIMI_LOG.splitlines() if any(w in line for w in MEMORY_WORDS)
+        ),
+        "server_info": {"version": "0.5.23", "api_key": KEY, "mem_fraction_static": 0.85},
+        "version": "0.5.23\n",
+        "gpus": [{"index": i, "name": GPU, "memory_total_mib": 97887} for i in range(8)],
+        "files": {
+            "/srv/models/kimi/config.json": json.dumps(KIMI_CONFIG),
+            "/srv/models/kimi/model.safetensors.index.json": json.dumps(
+                {"metadata": {"total_size": KIMI_WEIGHTS}}
+            ),
+        },
+    }
+    return host | change
+
+
+def test_a_healthy_start_is_recorded_first_in_the_store() -> None:
+    action = FakeCalibrate(ARGS | {"api_key": KEY}, kimi_host())
+    result = action.run_it()
+    record = result["record"]
+    assert record["measured"]["max_total_num_tokens"] == 149800
+    assert record["key"]["model_fingerprint"] == calibration.model_fingerprint(
+        KIMI_CONFIG, KIMI_WEIGHTS
+    )
+    assert (record["key"]["gpu_name"], record["key"]["gpu_memory_mib"]) == (GPU, 97887)
+    assert record["key"]["sglang_version"] == "0.5.23"
+    assert record["config_hash"] == "abc123"
+    assert result["ansible_facts"] == {"sglang_server_calibration_record": record}
+    assert result["changed"] is True
+    store, mode = action.written[STORE]
+    assert (store["records"], mode) == ([record], "0644")
+    assert "149800 KV tokens" in result["msg"]
+    assert len(result["steps"]) >= 5, result["steps"]
+
+
+def test_the_api_key_goes_to_the_server_and_nowhere_else() -> None:
+    action = FakeCalibrate(ARGS | {"api_key": KEY}, kimi_host())
+    result = action.run_it()
+    [uri] = [args for name, args in action.calls if name == "ansible.legacy.uri"]
+    assert uri["headers"] == {"Authorization": f"Bearer {KEY}"}
+    assert KEY not in json.dumps(result)
+    assert KEY not in json.dumps(action.written)
+
+
+def test_the_journal_read_keeps_only_the_memory_lines_of_this_invocation() -> None:
+    action = FakeCalibrate(ARGS, kimi_host())
+    action.run_it()
+    script = action.calls[0][1]["argv"][2]
+    assert "_SYSTEMD_INVOCATION_ID" in script and "sglang@kimi.service" in script
+    assert "server_args" not in script  # never read: it lists every argument
+
+
+def test_a_start_without_figures_records_nothing_and_says_why() -> None:
+    action = FakeCalibrate(ARGS, kimi_host(journal="", server_info=None))
+    result = action.run_it()
+    assert result["record"] is None and result["changed"] is False
+    assert "kimi: no calibration recorded: the start-up log and /server_info lack" in result["msg"]
+    assert result["ansible_facts"] == {"sglang_server_calibration_record": None}
+    assert action.written == {}
+
+
+def test_a_damaged_entry_moves_to_a_side_file_and_the_good_ones_stay() -> None:
+    host = kimi_host()
+    first = FakeCalibrate(ARGS, host).run_it()["record"]
+    bad = json.loads(json.dumps(first))
+    bad["measured"]["free_after_graph_gib"] = 1e6
+    bad["key"]["mem_fraction_static"] = 0.9
+    host["files"][STORE] = json.dumps(calibration.dump_store([first, bad]))
+    again = FakeCalibrate(ARGS, host)
+    result = again.run_it()
+    [(side_path, (side, mode))] = [(p, w) for p, w in again.written.items() if p != STORE]
+    assert side_path.startswith(f"{STATE}/calibration.set-aside-") and mode == "0600"
+    assert side["entries"][0]["content"] == bad
+    assert [r["key"]["mem_fraction_static"] for r in again.written[STORE][0]["records"]] == [0.85]
+    assert result["set_aside_path"] == side_path
+    assert "measured.free_after_graph_gib 1e+06" in result["warnings"][0]
+
+
+def test_a_cpu_server_is_keyed_by_the_hosts_ram() -> None:
+    server = SERVER | {"device": "cpu"}
+    action = FakeCalibrate(ARGS | {"server": server, "host_ram_mib": "409600"}, kimi_host())
+    record = action.run_it()["record"]
+    assert (record["key"]["gpu_name"], record["key"]["gpu_memory_mib"]) == ("cpu", 409600)
+    assert "nvidia_gpu_info" not in [name for name, _ in action.calls]
+
+
+def test_a_single_file_checkpoint_is_sized_from_its_file() -> None:
+    host = kimi_host()
+    del host["files"]["/srv/models/kimi/model.safetensors.index.json"]
+    host["single_files"] = [{"path": "/srv/models/kimi/model.safetensors", "size": KIMI_WEIGHTS}]
+    record = FakeCalibrate(ARGS, host).run_it()["record"]
+    assert record["key"]["model_fingerprint"] == calibration.model_fingerprint(
+        KIMI_CONFIG, KIMI_WEIGHTS
+    )
+
+
+def test_check_mode_measures_nothing() -> None:
+    action = FakeCalibrate(ARGS, kimi_host(), check_mode=True)
+    result = action.run_it()
+    assert result["skipped"] is True and action.calls == []
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ({"server": SERVER, "python": "p"}, "nvidia_smi required"),
+        (ARGS | {"server": {"name": "kimi"}}, "server must be a described server"),
+    ],
+)
+def test_bad_arguments_are_named(args: dict[str, Any], message: str) -> None:
+    with pytest.raises(ACTION.AnsibleActionFail, match=message):
+        FakeCalibrate(args, kimi_host()).run_it()
