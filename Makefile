@@ -100,7 +100,7 @@ demo: $(BIN)/.stamp image wheelhouse
 	@scripts/demo.sh
 
 # Every benchmark in bench/ (bench/README.md); BENCHES=fleet_noop runs one.
-BENCHES ?= smoke_vs_bench_serving autotune_vs_grid fleet_noop attention_dp_job
+BENCHES ?= smoke_vs_bench_serving autotune_vs_grid fleet_noop attention_dp_job rollout_overhead
 bench: $(BIN)/.stamp image wheelhouse
 	@for b in $(BENCHES); do echo "==> bench/$$b.py"; $(BIN)/python bench/$$b.py; done
 

@@ -119,7 +119,7 @@ class ActionModule(ActionBase):
     # --- steps ---------------------------------------------------------------------------
     def _step(self, text: str) -> None:
         self._steps.append(text)
-        display.vv(f"  sglang_calibrate: {text}")
+        display.v(f"  sglang_calibrate: {text}")
 
     def _module(self, name: str, module_args: dict[str, Any]) -> dict[str, Any]:
         return self._execute_module(module_name=name, module_args=module_args, task_vars=self._vars)
