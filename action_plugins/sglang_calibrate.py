@@ -17,10 +17,10 @@ One operator verb, sequenced on the controller through modules on the host, as
    (calibration.store_update), both written with the copy action.
 
 Calibration never fails a healthy start: what cannot be read ends the step with
-`record: null` and the reason. The result: record, reason, store, set_aside_path, steps (what
-each step did), changed (the store or a side file was written) and the fact
-sglang_server_calibration_record. Check mode: nothing is started in check mode, so nothing is
-measured; the action is skipped.
+`record: null` and the reason. The result: record, msg (what was measured, or why nothing
+was), store, set_aside_path, steps (what each step did), changed (the store or a side file
+was written) and the fact sglang_server_calibration_record. Check mode: nothing is started
+in check mode, so nothing is measured; the action is skipped.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from ansible.utils.display import Display
 
 from sglang_fleet import calibration
 from sglang_fleet.modelcfg import ModelConfigError, weight_bytes_from_index
+from sglang_fleet.servers import server_gpus
 
 display = Display()
 
@@ -88,7 +89,6 @@ class ActionModule(ActionBase):
             result.update(
                 changed=False,
                 record=None,
-                reason=reason,
                 msg=reason,
                 steps=self._steps,
                 ansible_facts={"sglang_server_calibration_record": None},
@@ -107,7 +107,6 @@ class ActionModule(ActionBase):
         result.update(
             changed=changed,
             record=record,
-            reason=msg,
             msg=msg,
             store=server["paths"]["calibration_file"],
             set_aside_path=side_path,
@@ -193,8 +192,7 @@ class ActionModule(ActionBase):
         gpus = info.get("gpus") or []
         if info.get("failed") or not gpus:
             raise NoCalibration(f"the host's GPUs could not be read: {info.get('msg')}")
-        wanted = {int(i) for i in server.get("gpus") or []}
-        own = [g for g in gpus if int(g.get("index", -1)) in wanted] or gpus
+        own = server_gpus(server, gpus)
         self._step(f"GPUs {', '.join(str(g.get('index')) for g in own)}: {own[0].get('name')}")
         return {
             "gpu_name": own[0].get("name"),

@@ -26,6 +26,7 @@ from sglang_fleet.modelcfg import ModelConfigError, weight_bytes_from_index
 from sglang_fleet.plain import plain_mapping
 from sglang_fleet.plan import PlanInputError, plan
 from sglang_fleet.plan_verdict import verdict
+from sglang_fleet.servers import server_gpus
 
 
 def _weight_bytes(value: Any) -> int:
@@ -51,13 +52,6 @@ def sglang_plan(
         raise AnsibleFilterError(f"sglang_plan: {exc}") from exc
     except ValueError as exc:  # the inputs themselves: no mapping, or not JSON
         raise AnsibleFilterError(str(exc)) from exc
-
-
-def _server_gpus(server: dict[str, Any], gpu_list: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The server's own GPUs as nvidia-smi lists them; every GPU when none of them is listed."""
-    wanted = {str(index) for index in server.get("gpus") or []}
-    own = [gpu for gpu in gpu_list if str(gpu.get("index")) in wanted]
-    return own or gpu_list
 
 
 _CALIBRATION_KEYS = frozenset({"store", "mode", "sglang_version"})
@@ -114,7 +108,7 @@ def sglang_server_plan(  # noqa: PLR0917 (Jinja passes filter arguments by posit
             raise AnsibleFilterError(
                 f"sglang_server_plan: no GPU reported for {server.get('name')}"
             )
-        own = _server_gpus(server, gpu_list)
+        own = server_gpus(server, gpu_list)
         host = {
             "gpu_memory_mib": min(float(gpu["memory_total_mib"]) for gpu in own),
             "host_ram_gib": float(host_ram_mib) / 1024,

@@ -502,6 +502,13 @@ def _check_text(value: Any, variable: str, required: bool) -> str | None:
     return value
 
 
+def server_gpus(server: Mapping[str, Any], gpus: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The server's own GPUs as nvidia-smi lists them; every GPU when none of them is listed
+    (what the pre-flight plans on and a calibration record is keyed by)."""
+    wanted = {str(index) for index in server.get("gpus") or []}
+    return [gpu for gpu in gpus if str(gpu.get("index")) in wanted] or gpus
+
+
 def local_address(host: str) -> str:
     """Where the server's own host reaches it: loopback for a wildcard address, else the address
     (bracketed when it is IPv6)."""
