@@ -10,7 +10,8 @@ One operator verb, sequenced on the controller through modules on the host, as
 3. the key's other parts from the host: the installed SGLang's version (importlib.metadata in
    the server's python), the server's own GPUs (nvidia_gpu_info; a CPU server's device is the
    host's RAM) and the model's fingerprint (config.json and the index's total_size, or the
-   single checkpoint's size);
+   single checkpoint's size); `known` ({sglang_version, gpus, fingerprints: {server: ...}}:
+   what this play's pre-flight read) spares those reads;
 4. the record (calibration.build_record: a start whose figures are missing, or moved past the
    noise, records nothing and says why);
 5. the host's store: this record first, entries no plan may use moved to a side file beside it
@@ -19,7 +20,8 @@ One operator verb, sequenced on the controller through modules on the host, as
 Calibration never fails a healthy start: what cannot be read ends the step with
 `record: null` and the reason. The result: record, msg (what was measured, or why nothing
 was), store, set_aside_path, steps (what each step did), changed (the store or a side file
-was written) and the fact sglang_server_calibration_record. Check mode: nothing is started
+was written); the role registers it as sglang_server_calibration (a registered result, not a fact:
+a fact would sit under set_fact's values of the same name). Check mode: nothing is started
 in check mode, so nothing is measured; the action is skipped.
 """
 
@@ -32,14 +34,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from ansible.errors import AnsibleActionFail
-from ansible.plugins.action import ActionBase
-from ansible.utils.display import Display
 
 from sglang_fleet import calibration
 from sglang_fleet.modelcfg import ModelConfigError, weight_bytes_from_index
 from sglang_fleet.servers import server_gpus
-
-display = Display()
+from sglang_fleet.verb_action import VerbAction
 
 # The journal lines a record reads (calibration.build_record's start-up lines).
 MEMORY_LINES = (
@@ -56,12 +55,12 @@ class NoCalibration(Exception):
     """This start gives no calibration record (the message says why)."""
 
 
-class ActionModule(ActionBase):
+class ActionModule(VerbAction):
     """Reads one start's figures from the host, builds its record, keeps it in the store."""
 
     # The copy action it calls for the writes makes and removes its own remote temp dir.
-    TRANSFERS_FILES = False
-    _VALID_ARGS = frozenset((*REQUIRED, "flags", "config_hash", "host_ram_mib", "api_key"))
+    VERB = "sglang_calibrate"
+    _VALID_ARGS = frozenset((*REQUIRED, "flags", "config_hash", "host_ram_mib", "api_key", "known"))
 
     def run(self, tmp: Any = None, task_vars: dict | None = None) -> dict:
         result = super().run(tmp, task_vars)
@@ -78,8 +77,7 @@ class ActionModule(ActionBase):
         if self._play_context.check_mode:
             result.update(skipped=True, msg="check mode: no server was started, nothing measured")
             return result
-        self._vars = task_vars or {}
-        self._steps: list[str] = []
+        self.begin(task_vars)
         name = server["name"]
         try:
             record = self._record(server, args)
@@ -91,7 +89,6 @@ class ActionModule(ActionBase):
                 record=None,
                 msg=reason,
                 steps=self._steps,
-                ansible_facts={"sglang_server_calibration_record": None},
             )
             return result
         changed, warning, side_path = self._keep(server, record)
@@ -111,28 +108,26 @@ class ActionModule(ActionBase):
             store=server["paths"]["calibration_file"],
             set_aside_path=side_path,
             steps=self._steps,
-            ansible_facts={"sglang_server_calibration_record": record},
         )
         return result
 
     # --- steps ---------------------------------------------------------------------------
-    def _step(self, text: str) -> None:
-        self._steps.append(text)
-        display.v(f"  sglang_calibrate: {text}")
-
-    def _module(self, name: str, module_args: dict[str, Any]) -> dict[str, Any]:
-        return self._execute_module(module_name=name, module_args=module_args, task_vars=self._vars)
-
     def _record(self, server: Mapping[str, Any], args: Mapping[str, Any]) -> dict[str, Any]:
         lines = self._start_lines(server["unit"])
         info = self._server_info(server["port"], str(args.get("api_key") or ""))
+        # What this play's pre-flight read already (its version, GPUs and the model's
+        # fingerprint) is not read again.
+        known = args.get("known") or {}
+        fingerprints = known.get("fingerprints") or {}
+        version = known.get("sglang_version") or self._version(args["python"])
         key = {
             "server": server["name"],
             "config_hash": args.get("config_hash") or server["config_hash"],
             "model_path": server["model_path"],
-            "model_fingerprint": self._fingerprint(server["model_path"]),
-            **self._device(server, args),
-            "sglang_version": self._version(args["python"]) or (info or {}).get("version"),
+            "model_fingerprint": fingerprints.get(server["name"])
+            or self._fingerprint(server["model_path"]),
+            **self._device(server, args, known.get("gpus")),
+            "sglang_version": version or (info or {}).get("version"),
             "flags": dict(args.get("flags") or server["flags"]),
         }
         try:
@@ -180,18 +175,22 @@ class ActionModule(ActionBase):
         self._step(f"installed SGLang: {version or 'unknown'}")
         return version or None
 
-    def _device(self, server: Mapping[str, Any], args: Mapping[str, Any]) -> dict[str, Any]:
+    def _device(
+        self, server: Mapping[str, Any], args: Mapping[str, Any], gpus: Any = None
+    ) -> dict[str, Any]:
         """gpu_name and gpu_memory_mib of the key: the server's own GPUs (the smallest
-        memory), or for a CPU server the host's RAM (docs/CPU-SERVERS.md)."""
+        memory; nvidia_gpu_info unless the pre-flight's read is given), or for a CPU server the
+        host's RAM (docs/CPU-SERVERS.md)."""
         if server.get("device") == "cpu":
             ram = int(float(args.get("host_ram_mib") or 0))
             if ram <= 0:
                 raise NoCalibration("a CPU server's record needs host_ram_mib")
             return {"gpu_name": "cpu", "gpu_memory_mib": ram}
-        info = self._module("nvidia_gpu_info", {"nvidia_smi": args["nvidia_smi"]})
-        gpus = info.get("gpus") or []
-        if info.get("failed") or not gpus:
-            raise NoCalibration(f"the host's GPUs could not be read: {info.get('msg')}")
+        if not gpus:
+            info = self._module("nvidia_gpu_info", {"nvidia_smi": args["nvidia_smi"]})
+            gpus = info.get("gpus") or []
+            if info.get("failed") or not gpus:
+                raise NoCalibration(f"the host's GPUs could not be read: {info.get('msg')}")
         own = server_gpus(server, gpus)
         self._step(f"GPUs {', '.join(str(g.get('index')) for g in own)}: {own[0].get('name')}")
         return {

@@ -34,6 +34,7 @@ import argparse
 import datetime
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -48,9 +49,10 @@ IMAGE = "sglang-fleet-testhost:latest"
 HOST = "sglang-fleet-bench-rollout"
 SERVER = "kimi"
 CHUNKS = (4096, 8192)
-# Task names as the json callback reports them ("role : name - server").
-HEALTH_TASK = "sglang_server : Wait for a real generation"
-SMOKE_TASK = "smoke_gate : Benchmark "
+# Task names as the json callback reports them ("role : name - server"), and the field of each
+# task's result that holds the work's own duration (the action times it on the controller).
+HEALTH_TASK = ("sglang_server : Stop, clean, start and wait for a real generation", "health_s")
+SMOKE_TASK = ("smoke_gate : Benchmark and gate ", "benchmark_s")
 
 
 def say(message: str) -> None:
@@ -67,6 +69,7 @@ class Run:
     changed: int
     health_s: float
     smoke_s: float
+    names: tuple[str, ...] = ()
 
     @property
     def work_s(self) -> float:
@@ -128,18 +131,30 @@ def _seconds(duration: dict) -> float:
     return (end - start).total_seconds()
 
 
-def _task_seconds(report: dict, prefix: str) -> float:
-    return sum(
-        _seconds(task["task"]["duration"])
-        for play in report["plays"]
-        for task in play["tasks"]
-        if task["task"]["name"].startswith(prefix)
-    )
+def _task_seconds(report: dict, which: tuple[str, str | None]) -> float:
+    """The work's seconds: the result field that times it, else the whole task's duration."""
+    prefix, field = which
+    total = 0.0
+    for play in report["plays"]:
+        for task in play["tasks"]:
+            if not task["task"]["name"].startswith(prefix):
+                continue
+            timed = [res.get(field) for res in task["hosts"].values()] if field else []
+            if timed and all(isinstance(value, int | float) for value in timed):
+                total += sum(timed)
+            else:
+                total += _seconds(task["task"]["duration"])
+    return total
 
 
 def timed(inventory: Path, extra: Path) -> Run:
     rc, text, wall, cpu = _playbook(inventory, "playbooks/deploy.yml", extra, "ansible.posix.json")
-    report = json.loads(text[text.index("{") :])
+    start = re.search(r"^\{", text, re.MULTILINE)
+    if start is None:
+        sys.exit(f"deploy.yml printed no JSON report (exit {rc}):\n{text[-4000:]}")
+    if start.start():
+        say(f"deploy.yml printed before its report: {text[: start.start()].strip()[:2000]}")
+    report = json.loads(text[start.start() :])
     if rc != 0:
         sys.exit(f"deploy.yml exited {rc}: {json.dumps(report.get('stats'))}")
     return Run(
@@ -149,6 +164,11 @@ def timed(inventory: Path, extra: Path) -> Run:
         changed=sum(host.get("changed", 0) for host in report["stats"].values()),
         health_s=_task_seconds(report, HEALTH_TASK),
         smoke_s=_task_seconds(report, SMOKE_TASK),
+        names=tuple(
+            f"{_seconds(task['task']['duration']):6.2f} s  {task['task']['name']}"
+            for play in report["plays"]
+            for task in play["tasks"]
+        ),
     )
 
 
@@ -161,6 +181,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=2, help="timed deploy + rerun pairs")
     parser.add_argument("--keep", action="store_true", help="leave the host running")
     parser.add_argument("--reuse", action="store_true", help="time on a host left by --keep")
+    parser.add_argument(
+        "--offset", type=int, default=0, help="start at the other chunk size (after an odd --reps)"
+    )
+    parser.add_argument(
+        "--list-tasks", action="store_true", help="print the last deploy's task headers"
+    )
     args = parser.parse_args(argv)
     folder = Path(tempfile.mkdtemp(prefix="rollout-overhead-"))
     inventory = _inventory(folder)
@@ -175,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
                 say(f"{playbook}: {wall:.0f} s")
         deploys, reruns = [], []
         for rep in range(args.reps):
-            chunk = CHUNKS[rep % 2]
+            chunk = CHUNKS[(rep + args.offset) % 2]
             extra = folder / f"chunk-{chunk}.json"
             overrides = {SERVER: {"flags": {"chunked_prefill_size": chunk}}}
             extra.write_text(json.dumps({"sglang_server_overrides": overrides}))
@@ -195,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.keep:
             subprocess.run(["docker", "rm", "-f", HOST], capture_output=True, check=False)
         shutil.rmtree(folder, ignore_errors=True)
+    if args.list_tasks:
+        print("\n".join(deploys[-1].names))
     work, around = _median(deploys, "work_s"), _median(deploys, "around_s")
     print(
         f"\none-flag deploy, median of {args.reps}: {_median(deploys, 'wall_s'):.1f} s wall, "

@@ -71,13 +71,15 @@ def sglang_smoke_compact(result: Any, diagnosis: Any = None, report: str | None 
 
 def _host_entry(host: str, hostvars: Mapping[str, Any], check_mode: bool) -> dict[str, Any]:
     """What the rollout recorded on one host: the sglang_server role's documented output facts
-    (sglang_server_servers, sglang_server_rollout_results, sglang_server_calibration_refused);
+    (sglang_server_servers, sglang_server_rollout_results, and the pre-flight's
+    sglang_server_preflight.calibration_refused);
     absent when it never got there. A host the `check` entry point found in need of a rollout
     (sglang_server_rollout_needed) that the rollout did not reach (sglang_server_rollout_reached)
     counts as never got there. Under --check (check_mode) the servers a rollout would restart
     (sglang_server_restart_names) read "would restart"."""
     facts = hostvars.get(host) or {}
-    refused = facts.get("sglang_server_calibration_refused") or {}
+    checked = facts.get("sglang_server_preflight")
+    refused = (checked.get("calibration_refused") if isinstance(checked, Mapping) else None) or {}
     pending = bool(facts.get("sglang_server_rollout_needed")) and not facts.get(
         "sglang_server_rollout_reached"
     )

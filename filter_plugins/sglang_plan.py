@@ -12,8 +12,9 @@ is {store: the host's calibration.json as slurped (text, may be empty), mode: en
 | ignore, sglang_version: the installed version} (docs/CALIBRATION.md). model_config and
 weights may be what `slurp` + `b64decode` give (JSON text) or already parsed; weights may be
 a byte count or the parsed model.safetensors.index.json. The logic lives in sglang_fleet.plan
-(docs/ARCHITECTURE.md); what a plan means for the rollout (the line that says what bounds the
-server, a calibrated refusal, the message that fails the host) in sglang_fleet.plan_verdict.
+and sglang_fleet.preflight (docs/ARCHITECTURE.md); what a plan means for the rollout (the line
+that says what bounds the server, a calibrated refusal, the message that fails the host) in
+sglang_fleet.plan_verdict.
 """
 
 from __future__ import annotations
@@ -22,19 +23,11 @@ from typing import Any
 
 from ansible.errors import AnsibleFilterError
 
-from sglang_fleet.modelcfg import ModelConfigError, weight_bytes_from_index
+from sglang_fleet.modelcfg import ModelConfigError
 from sglang_fleet.plain import plain_mapping
 from sglang_fleet.plan import PlanInputError, plan
 from sglang_fleet.plan_verdict import verdict
-from sglang_fleet.servers import server_gpus
-
-
-def _weight_bytes(value: Any) -> int:
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().isdigit():
-        return int(value)
-    return weight_bytes_from_index(plain_mapping(value, "weights (model.safetensors.index.json)"))
+from sglang_fleet.preflight import server_plan, weight_bytes
 
 
 def sglang_plan(
@@ -44,7 +37,7 @@ def sglang_plan(
     try:
         return plan(
             plain_mapping(model_config, "model_config"),
-            _weight_bytes(weights),
+            weight_bytes(weights),
             plain_mapping(args or {}, "plan arguments"),
             plain_mapping(host or {}, "host facts"),
         )
@@ -52,32 +45,6 @@ def sglang_plan(
         raise AnsibleFilterError(f"sglang_plan: {exc}") from exc
     except ValueError as exc:  # the inputs themselves: no mapping, or not JSON
         raise AnsibleFilterError(str(exc)) from exc
-
-
-_CALIBRATION_KEYS = frozenset({"store", "mode", "sglang_version"})
-
-
-def _calibration_args(calibration: Any, server: dict[str, Any]) -> dict[str, Any]:
-    if not calibration:
-        return {}
-    given = plain_mapping(calibration, "calibration")
-    unknown = sorted(set(given) - _CALIBRATION_KEYS)
-    if unknown:
-        raise AnsibleFilterError(
-            f"sglang_server_plan: unknown calibration key(s) {', '.join(unknown)}; "
-            f"allowed: {', '.join(sorted(_CALIBRATION_KEYS))}"
-        )
-    # A damaged entry of the store is set aside by the planner (calibration.read_store) and
-    # named in the plan's bounds line, never a reason to refuse the host.
-    store = given.get("store")
-    args: dict[str, Any] = {
-        "calibration": store if store not in (None, "") else None,
-        "calibration_mode": given.get("mode") or "enforce",
-        "sglang_version": given.get("sglang_version") or None,
-    }
-    if "flags" in server:
-        args["server_flags"] = dict(server["flags"])
-    return args
 
 
 def sglang_server_plan(  # noqa: PLR0917 (Jinja passes filter arguments by position)
@@ -89,40 +56,12 @@ def sglang_server_plan(  # noqa: PLR0917 (Jinja passes filter arguments by posit
     workload: dict | None = None,
     calibration: dict | None = None,
 ) -> dict:
-    """The plan of one described server on its GPUs (min memory.total, name) and the host's
-    RAM, with the host's calibration records when `calibration` is given; a CPU server's on
-    the host's RAM alone."""
+    """sglang_fleet.preflight.server_plan(): one described server's plan on its own GPUs and
+    the host's RAM, with the host's calibration records when `calibration` is given."""
     try:
-        server = plain_mapping(server, "server")
-        if server.get("device") == "cpu":
-            # A CPU server (docs/CPU-SERVERS.md) is planned on host RAM only; it has no GPUs.
-            args = {
-                **server.get("plan_args", {}),
-                **plain_mapping(workload or {}, "workload"),
-            }
-            return sglang_plan(
-                model_config, weights, args, {"host_ram_gib": float(host_ram_mib) / 1024}
-            )
-        gpu_list = [plain_mapping(gpu, "gpu") for gpu in (gpus or [])]
-        if not gpu_list:
-            raise AnsibleFilterError(
-                f"sglang_server_plan: no GPU reported for {server.get('name')}"
-            )
-        own = server_gpus(server, gpu_list)
-        host = {
-            "gpu_memory_mib": min(float(gpu["memory_total_mib"]) for gpu in own),
-            "host_ram_gib": float(host_ram_mib) / 1024,
-            "gpu_count": len(gpu_list),
-        }
-        names = sorted({str(gpu["name"]) for gpu in own if gpu.get("name")})
-        if len(names) == 1:
-            host["gpu_name"] = names[0]
-        args = {
-            **server.get("plan_args", {}),
-            **plain_mapping(workload or {}, "workload"),
-            **_calibration_args(calibration, server),
-        }
-        return sglang_plan(model_config, weights, args, host)
+        return server_plan(server, model_config, weights, gpus, host_ram_mib, workload, calibration)
+    except (PlanInputError, ModelConfigError) as exc:
+        raise AnsibleFilterError(f"sglang_plan: {exc}") from exc
     except ValueError as exc:  # the inputs themselves: no mapping, or not JSON
         raise AnsibleFilterError(str(exc)) from exc
 

@@ -81,23 +81,36 @@ def sglang_host_errors(servers: list, host: dict) -> list[dict]:
     return _wrap(_validate.host_errors, servers, host)
 
 
-def _lkg_record(slurp: Mapping[str, Any]) -> dict[str, Any] | None:
-    """A slurped lkg/meta.json as a dict; None where there is none or it does not parse."""
+def _lkg_record(read: Any) -> dict[str, Any] | None:
+    """An lkg/meta.json as a dict, from its text (what the pre-flight read) or a slurp result;
+    None where there is none or it does not parse."""
+    if read is None:
+        return None
     try:
-        record = json.loads(base64.b64decode(slurp["content"]))
+        text = read if isinstance(read, str) else base64.b64decode(read["content"])
+        record = json.loads(text)
     except (KeyError, TypeError, ValueError):
         return None
     return record if isinstance(record, dict) else None
 
 
-def sglang_restart_decision(
-    servers: list, changed_paths: list, running_units: list, lkg_slurps: list
-) -> list[str]:
-    """sglang_fleet.restart_plan.restart_decision(): the servers a rollout restarts.
+def _records(servers: list, lkg: Any) -> list[dict[str, Any] | None]:
+    """Each server's last-known-good record, in the servers' order. lkg: {server name: its
+    lkg/meta.json text or null} (the pre-flight's `lkg_records`, which may name more servers
+    than a rollout play's scope), or a list in the servers' order of texts, slurp results or
+    nulls."""
+    given = plain(lkg)
+    if isinstance(given, dict):
+        return [_lkg_record(given.get(str(s.get("name")))) for s in plain(servers) or []]
+    return [_lkg_record(item) for item in given or []]
 
-    lkg_slurps: the results of slurping each server's lkg/meta.json, in the servers' order.
-    """
-    records = [_lkg_record(slurp) for slurp in plain(lkg_slurps)]
+
+def sglang_restart_decision(
+    servers: list, changed_paths: list, running_units: list, lkg_slurps: Any
+) -> list[str]:
+    """sglang_fleet.restart_plan.restart_decision(): the servers a rollout restarts
+    (lkg_slurps: see _records)."""
+    records = _records(servers, lkg_slurps)
     return _wrap(_restart_plan.restart_decision, servers, changed_paths, running_units, records)
 
 
@@ -112,10 +125,10 @@ def sglang_server_secret_files(servers: list, keys: dict) -> list[dict]:
 
 
 def sglang_restart_lines(
-    servers: list, restart_names: list, lkg_slurps: list, running_units: list
+    servers: list, restart_names: list, lkg_slurps: Any, running_units: list
 ) -> list[str]:
     """sglang_fleet.restart_plan.restart_lines(): what a rollout would do, flag by flag."""
-    records = [_lkg_record(slurp) for slurp in plain(lkg_slurps)]
+    records = _records(servers, lkg_slurps)
     return _wrap(_restart_plan.restart_lines, servers, restart_names, records, running_units)
 
 

@@ -58,37 +58,8 @@ min_memory_total_mib:
   type: int
 """
 
-import subprocess
-from typing import Any
-
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.nvidia_smi import (
-    NvidiaSmiError,
-    check_result,
-    gpu_query_argv,
-    parse_gpus,
-)
-
-
-def read_gpus(nvidia_smi: str, timeout: int) -> dict[str, Any]:
-    """The module's result; raises NvidiaSmiError with the reason."""
-    argv = gpu_query_argv(nvidia_smi)
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
-    except FileNotFoundError:
-        raise NvidiaSmiError(f"nvidia-smi not found: {nvidia_smi!r}") from None
-    except subprocess.TimeoutExpired:
-        raise NvidiaSmiError(f"`{' '.join(argv)}` gave no answer within {timeout} s") from None
-    gpus = parse_gpus(check_result(argv, done.returncode, done.stdout, done.stderr))
-    if not gpus:
-        raise NvidiaSmiError("nvidia-smi answers but lists no GPU")
-    totals = [g["memory_total_mib"] for g in gpus]
-    known = [t for t in totals if isinstance(t, int | float)]
-    return {
-        "gpus": gpus,
-        "gpu_count": len(gpus),
-        "min_memory_total_mib": min(known) if len(known) == len(totals) else None,
-    }
+from ansible.module_utils.nvidia_smi import NvidiaSmiError, read_gpus
 
 
 def main() -> None:

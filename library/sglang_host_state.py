@@ -77,6 +77,22 @@ options:
     description: API keys by router label (Authorization Bearer), for routers with a key.
     type: dict
     default: {}
+  lock_path:
+    description:
+      - The host's rollout lock file, which must not exist (a lock another run holds or left
+        behind is a difference); not one of the rollout's own writes.
+    type: str
+    default: ""
+  read:
+    description:
+      - What a pre-flight reads besides (module_utils/host_read.py), returned as C(read);
+        C(units) are read alike (C(running)). Keys, each optional; C(nvidia_smi) the GPUs,
+        C(python) the installed SGLang's interpreter (its version), C(user) the service user
+        (whether it exists), C(ports) a list of {label, ours} (who listens on each port, by the
+        cleanup's ownership rules), C(models) model folders (config.json and the weights'
+        bytes), C(files) small files to read as text (calibration stores, records).
+      - Every file is read with a size bound, no symlink followed, nothing but regular files.
+    type: dict
   timeout:
     description: Seconds each systemctl call and each router request may take.
     type: int
@@ -112,6 +128,31 @@ unknown:
   returned: always
   type: list
   elements: str
+changed_paths:
+  description:
+    - The files of C(files) and C(secret_files) that differ in any way (content, owner, group,
+      mode, missing, or present where they must be absent): what a rollout's writes change.
+  returned: always
+  type: list
+  elements: str
+running:
+  description: The units of C(units) that are active now.
+  returned: always
+  type: list
+  elements: str
+read:
+  description:
+    - With the C(read) option: gpus ({gpus, gpu_count} or {error}), python_exists,
+      sglang_version, user_exists, port_holders ({label: [holder]}), models ({folder:
+      {config, weight_bytes, error}}), files ({path: text or null or {error}}).
+  returned: when read is given
+  type: dict
+would_write:
+  description:
+    - A rollout would write something (a file, a directory, the group, the user, a unit's
+      enablement); units that do not run and records are not writes.
+  returned: always
+  type: bool
 """
 
 import grp
@@ -127,6 +168,7 @@ from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.fleet_http import HttpError, redact_url, request
+from ansible.module_utils.host_read import read as read_host
 
 
 def _sha1(path: str) -> str:
@@ -228,21 +270,24 @@ def _systemctl(args: list[str], timeout: int) -> list[str]:
     return done.stdout.splitlines()
 
 
-def check_units(units: list[str], timeout: int) -> list[str]:
-    """Enabled and running: one `systemctl is-enabled` and one `is-active` for all units."""
+def check_units(units: list[str], timeout: int) -> tuple[list[str], list[str], list[str]]:
+    """(not enabled, not running, running): one `systemctl is-enabled` and one `is-active`
+    for all units."""
     if not units:
-        return []
-    found = []
+        return [], [], []
+    disabled, stopped, running = [], [], []
     enabled = _systemctl(["is-enabled", *units], timeout)
     active = _systemctl(["is-active", *units], timeout)
     for index, unit in enumerate(units):
         state = enabled[index] if index < len(enabled) else "unknown"
         if state != "enabled":
-            found.append(f"{unit}: {state or 'unknown'}, wanted enabled")
+            disabled.append(f"{unit}: {state or 'unknown'}, wanted enabled")
         state = active[index] if index < len(active) else "unknown"
         if state != "active":
-            found.append(f"{unit}: {state or 'unknown'}, wanted running")
-    return found
+            stopped.append(f"{unit}: {state or 'unknown'}, wanted running")
+        else:
+            running.append(unit)
+    return disabled, stopped, running
 
 
 def check_record(want: dict[str, Any]) -> list[str]:
@@ -290,15 +335,26 @@ def check_router(want: dict[str, Any], key: str | None, timeout: int) -> tuple[l
 def run(params: dict[str, Any]) -> dict[str, Any]:
     differences: list[str] = []
     unknown: list[str] = []
+    changed_paths: list[str] = []
     for want in params["files"] + params["secret_files"]:
-        differences += check_file(want)
+        found = check_file(want)
+        if found:
+            changed_paths.append(want["path"])
+        differences += found
     for want in params["directories"]:
         differences += check_directory(want)
     for name in params["groups"]:
         differences += check_group(name)
     for want in params["users"]:
         differences += check_user(want)
-    differences += check_units(params["units"], params["timeout"])
+    disabled, stopped, running = check_units(params["units"], params["timeout"])
+    differences += disabled
+    # What the rollout's own writes (files, directories, group, user, enabled units) would
+    # change; units that do not run and records are the restart decision's.
+    would_write = bool(differences)
+    differences += stopped
+    if params["lock_path"]:
+        differences += check_file({"path": params["lock_path"], "absent": True})
     for want in params["records"]:
         differences += check_record(want)
     keys = params["router_keys"] or {}
@@ -306,8 +362,12 @@ def run(params: dict[str, Any]) -> dict[str, Any]:
         found, missing = check_router(want, keys.get(want.get("label")), params["timeout"])
         differences += found
         unknown += missing
-    return {"changed": False, "differences": differences, "converged": not differences,
-            "unknown": unknown}  # fmt: skip
+    answer = {"changed": False, "differences": differences, "converged": not differences,
+              "unknown": unknown, "changed_paths": changed_paths, "would_write": would_write,
+              "running": running}  # fmt: skip
+    if params.get("read"):
+        answer["read"] = read_host(params["read"], params["timeout"])
+    return answer
 
 
 def main() -> None:
@@ -322,6 +382,8 @@ def main() -> None:
             "records": {"type": "list", "elements": "dict", "default": []},
             "routers": {"type": "list", "elements": "dict", "default": []},
             "router_keys": {"type": "dict", "default": {}, "no_log": True},
+            "lock_path": {"type": "str", "default": ""},
+            "read": {"type": "dict", "default": None},
             "timeout": {"type": "int", "default": 10},
         },
         supports_check_mode=True,

@@ -250,3 +250,12 @@ def _port_holders(
             }
         )
     return holders
+
+
+def port_holders(ownership: Ownership, proc_root: str = PROC) -> list[dict[str, Any]]:
+    """Who listens on ownership.rules.ports, each classified by the cleanup's rules (ours or
+    not, and why), without reading any GPU: what a pre-flight needs to know before a start."""
+    ports = ownership.rules.ports
+    listen = listening_inodes(ports, proc_root) if ports else {}
+    _, listeners = scan_fds("", listen, proc_root)
+    return _port_holders(listeners, ownership, proc_root)

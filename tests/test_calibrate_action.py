@@ -125,7 +125,7 @@ def test_a_healthy_start_is_recorded_first_in_the_store() -> None:
     assert (record["key"]["gpu_name"], record["key"]["gpu_memory_mib"]) == (GPU, 97887)
     assert record["key"]["sglang_version"] == "0.5.23"
     assert record["config_hash"] == "abc123"
-    assert result["ansible_facts"] == {"sglang_server_calibration_record": record}
+    assert "ansible_facts" not in result  # registered by the role
     assert result["changed"] is True
     store, mode = action.written[STORE]
     assert (store["records"], mode) == ([record], "0644")
@@ -155,7 +155,6 @@ def test_a_start_without_figures_records_nothing_and_says_why() -> None:
     result = action.run_it()
     assert result["record"] is None and result["changed"] is False
     assert "kimi: no calibration recorded: the start-up log and /server_info lack" in result["msg"]
-    assert result["ansible_facts"] == {"sglang_server_calibration_record": None}
     assert action.written == {}
 
 
@@ -210,3 +209,22 @@ def test_check_mode_measures_nothing() -> None:
 def test_bad_arguments_are_named(args: dict[str, Any], message: str) -> None:
     with pytest.raises(ACTION.AnsibleActionFail, match=message):
         FakeCalibrate(args, kimi_host()).run_it()
+
+
+def test_what_the_preflight_read_is_not_read_again() -> None:
+    known = {
+        "sglang_version": "0.5.23",
+        "gpus": kimi_host()["gpus"],
+        "fingerprints": {"kimi": calibration.model_fingerprint(KIMI_CONFIG, KIMI_WEIGHTS)},
+    }
+    action = FakeCalibrate(ARGS | {"known": known}, kimi_host(version="9.9.9\n"))
+    record = action.run_it()["record"]
+    assert record["key"]["sglang_version"] == "0.5.23"
+    assert record["key"]["model_fingerprint"] == known["fingerprints"]["kimi"]
+    assert (record["key"]["gpu_name"], record["key"]["gpu_memory_mib"]) == (GPU, 97887)
+    called = [name.rsplit(".", 1)[-1] for name, _ in action.calls]
+    assert "nvidia_gpu_info" not in called
+    slurped = [args["src"] for name, args in action.calls if name.endswith("slurp")]
+    assert slurped == [STORE]  # the store only: no model file read again
+    commands = [args["argv"][0] for name, args in action.calls if name.endswith("command")]
+    assert commands == ["bash"]  # the journal only: no version read

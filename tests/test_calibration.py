@@ -19,7 +19,7 @@ import pytest
 from conftest import load_plugin
 from kimi_job import GPU, KIMI_LOG, KIMI_RUN_FLAGS
 
-from sglang_fleet import calibration, kvmath
+from sglang_fleet import calibration, kvmath, preflight
 from sglang_fleet.calibration import CalibrationError
 from sglang_fleet.modelcfg import model_shape, read_model_dir, weight_bytes_from_index
 
@@ -248,9 +248,7 @@ def test_the_real_cpu_engine_start_whose_free_memory_rose_is_kept_and_read_back(
     # ... and the next pre-flight plans with the store instead of refusing the host.
     server = {"name": "tiny", "paths": {"calibration_file": STORE_PATH}, "flags": {}}
     store = json.dumps(calibration.dump_store(read.records))
-    args = load_plugin("filter_plugins/sglang_plan.py")._calibration_args(
-        {"store": store, "mode": "enforce"}, server
-    )
+    args = preflight.calibration_args({"store": store, "mode": "enforce"}, server)
     assert calibration.read_store(args["calibration"]).records == [record]
 
 

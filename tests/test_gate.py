@@ -401,13 +401,13 @@ def test_a_calibrated_refusal_is_its_own_outcome_without_a_second_failure_row() 
     assert format_rollout_table(rows)[-1] == "1 refused (calibrated), 1 unchanged"
 
 
-def test_the_fleet_summary_filter_reads_the_refusal_fact() -> None:
+def test_the_fleet_summary_filter_reads_the_preflights_refusal() -> None:
     table = load_plugin("filter_plugins/sglang_gate.py").FilterModule().filters()
     hostvars = {
         "gpu1": {
             "sglang_server_servers": [{"name": "a", "config_hash": "h-a"}],
             "sglang_server_failure": f"sglang_server_instances[a]: {REFUSAL}",
-            "sglang_server_calibration_refused": {"a": REFUSAL},
+            "sglang_server_preflight": {"calibration_refused": {"a": REFUSAL}},
         },
         "gpu2": {"sglang_server_servers": [{"name": "a", "config_hash": "h-a"}]},
     }

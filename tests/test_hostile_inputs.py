@@ -48,12 +48,12 @@ from typing import Any
 from unittest import mock
 
 import pytest
-from ansible.errors import AnsibleActionFail, AnsibleFilterError
+from ansible.errors import AnsibleActionFail
 from conftest import load_plugin
 from kimi_job import GPU as KIMI_GPU
 from kimi_job import KIMI_LOG, KIMI_RUN_FLAGS
 
-from sglang_fleet import autotune, calibration, flags, nodes, validate
+from sglang_fleet import autotune, calibration, flags, nodes, preflight, validate
 from sglang_fleet import plan as plan_mod
 from sglang_fleet.diagnose import diagnose, diagnose_live
 from sglang_fleet.modelcfg import ModelConfigError, read_model_dir
@@ -1998,7 +1998,6 @@ def run_autotune(steps: list[tuple[str, Any]], tmp: Path, capsys: Any) -> Outcom
     return _tune_step(steps[-1], tmp, capsys)
 
 
-PLAN_FILTERS = load_plugin("filter_plugins/sglang_plan.py")
 STORE_FILE = "/var/lib/sglang-fleet/kimi/calibration.json"
 
 
@@ -2009,8 +2008,8 @@ def _kimi_store(**measured: Any) -> str:
 
 
 def run_calibration(data: dict[str, Any], _tmp: Path) -> Outcome:
-    """The host's calibration.json as pre-flight reads it (the plan filter's calibration
-    argument), or as the record step of a healthy start updates it ("record": true)."""
+    """The host's calibration.json as pre-flight reads it (sglang_fleet.preflight's calibration
+    arguments), or as the record step of a healthy start updates it ("record": true)."""
     store = data["store"]() if callable(data["store"]) else data["store"]
     if data.get("record"):
         record = _tune_context()["calibration"][0]
@@ -2019,8 +2018,8 @@ def run_calibration(data: dict[str, Any], _tmp: Path) -> Outcome:
     server = {"name": "kimi", "paths": {"calibration_file": STORE_FILE}, "flags": {}}
     try:
         given = {"store": store, "mode": "enforce"} | data.get("keys", {})
-        args = PLAN_FILTERS._calibration_args(given, server)
-    except AnsibleFilterError as exc:
+        args = preflight.calibration_args(given, server)
+    except ValueError as exc:
         return "refused", str(exc)
     read = calibration.read_store(args["calibration"])
     return "handled", f"set aside: {read.problems()}; kept: " + json.dumps(

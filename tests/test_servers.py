@@ -538,3 +538,13 @@ def test_missing_from_router_compares_urls_as_the_router_does() -> None:
     assert missing_from_router(listings) == ["b", "c"]
     filters = load_plugin("filter_plugins/sglang_server.py").FilterModule().filters()
     assert filters["sglang_router_missing"](listings) == ["b", "c"]
+
+
+def test_the_restart_decision_takes_the_preflights_records_by_name():
+    """The pre-flight reads every server of the host; a rollout play decides for its scope."""
+    [a] = describe([kimi(name="a", port=30001, flags={"x": 1})])
+    [b] = describe([kimi(name="bb", port=30002, flags={"x": 2})])
+    texts = {s["name"]: json.dumps({"config_hash": config_hash(s)}) for s in (a, b)}
+    decide = FILTERS["sglang_restart_decision"]
+    assert decide([b], [], [b["unit"]], texts) == []  # a is out of this play's scope
+    assert decide([a, b], [], [a["unit"], b["unit"]], texts | {"a": None}) == ["a"]

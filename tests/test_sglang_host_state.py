@@ -35,6 +35,7 @@ def params(**changes: object) -> dict:
         "records": [],
         "routers": [],
         "router_keys": {},
+        "lock_path": "",
         "timeout": 5,
     }
     return base | changes
@@ -57,7 +58,8 @@ def test_a_host_as_wanted_has_no_difference(tree: Path) -> None:
     result = state.run(
         params(
             files=[want_file(tree / "launch.conf", "ExecStart=/bin/true\n"),
-                   {"path": str(tree / "lock"), "absent": True}],
+                   {"path": str(tree / "gone.yaml"), "absent": True}],
+            lock_path=str(tree / "lock"),
             directories=[{"path": str(tree / "dropin.d"), "owner": ME, "mode": "0755"}],
             groups=[MY_GROUP],
             users=[{"name": ME, "group": MY_GROUP}],
@@ -65,7 +67,8 @@ def test_a_host_as_wanted_has_no_difference(tree: Path) -> None:
                       "value": "abc123"}],
         )
     )  # fmt: skip
-    assert result == {"changed": False, "differences": [], "converged": True, "unknown": []}
+    assert result == {"changed": False, "differences": [], "converged": True, "unknown": [],
+                      "changed_paths": [], "would_write": False, "running": []}  # fmt: skip
 
 
 def test_every_file_difference_is_named(tree: Path) -> None:
@@ -75,24 +78,32 @@ def test_every_file_difference_is_named(tree: Path) -> None:
             files=[
                 want_file(tree / "launch.conf", "ExecStart=/bin/false\n"),
                 want_file(tree / "missing.env", "A=1\n"),
-                {"path": str(tree / "lock"), "absent": True},
+                {"path": str(tree / "meta.json"), "absent": True},
                 {**want_file(tree / "launch.conf", "ExecStart=/bin/true\n"), "mode": "0600"},
                 want_file(tree / "dropin.d", ""),
             ],
             secret_files=[{**want_file(tree / "launch.conf", "x"), "owner": "nobody-such"}],
+            lock_path=str(tree / "lock"),
         )
     )
     launch = tree / "launch.conf"
     assert result["differences"] == [
         f"{launch}: content differs",
         f"{tree / 'missing.env'}: missing",
-        f"{tree / 'lock'}: present, wanted absent",
+        f"{tree / 'meta.json'}: present, wanted absent",
         f"{launch}: mode 0644, wanted 0600",
         f"{tree / 'dropin.d'}: not a regular file",
         f"{launch}: owner {ME}, wanted nobody-such",
         f"{launch}: content differs",
+        f"{tree / 'lock'}: present, wanted absent",
     ]
     assert not result["converged"]
+    # What a rollout's writes would change; the lock held is not one of them.
+    assert result["would_write"] is True
+    assert result["changed_paths"] == [
+        str(launch), str(tree / "missing.env"), str(tree / "meta.json"), str(launch),
+        str(tree / "dropin.d"), str(launch),
+    ]  # fmt: skip
     # The SHA-1 wanted or found is never in the answer.
     assert sha1("x") not in json.dumps(result)
 
@@ -122,6 +133,7 @@ def test_directories_groups_users_and_records(tree: Path) -> None:
         f"llama: {tree / 'meta.json'} holds config_hash 'abc123', wanted 'def456'",
         f"other: no record at {tree / 'none.json'}",
     ]
+    assert result["would_write"] is True  # directories, the group and the user
 
 
 def test_units_must_be_enabled_and_running(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -138,6 +150,12 @@ def test_units_must_be_enabled_and_running(monkeypatch: pytest.MonkeyPatch) -> N
         "sglang@b.service: disabled, wanted enabled",
         "sglang@b.service: failed, wanted running",
     ]
+    assert result["would_write"] is True and result["changed_paths"] == []  # enabling writes
+    only_stopped = {"is-enabled": ["enabled", "enabled"], "is-active": ["active", "failed"]}
+    monkeypatch.setattr(state, "_systemctl", lambda args, timeout: only_stopped[args[0]])
+    result = state.run(params(units=["sglang@a.service", "sglang@b.service"]))
+    assert result["differences"] == ["sglang@b.service: failed, wanted running"]
+    assert result["would_write"] is False  # a restart, not a write
     # One call of each kind for all units.
     assert calls == [
         ["is-enabled", "sglang@a.service", "sglang@b.service"],

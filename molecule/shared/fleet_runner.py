@@ -27,6 +27,12 @@ class PlaybookRun:
     status: str
     events: list[dict[str, Any]] = field(repr=False)
 
+    @property
+    def task_headers(self) -> int:
+        """Tasks the run started, each once per play however many hosts ran it (what
+        bench/rollout_overhead.py counts as task headers)."""
+        return sum(1 for e in self.events if e.get("event") == "playbook_on_task_start")
+
     def _results(self, event_name: str) -> list[dict[str, Any]]:
         return [e["event_data"] for e in self.events if e.get("event") == event_name]
 

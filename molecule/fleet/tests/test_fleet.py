@@ -160,7 +160,7 @@ def test_a_changed_flag_set_rolls_through_the_router_without_a_failed_request():
         run = run_playbook("deploy.yml", extravars=overrides(CHANGED))
     assert run.rc == 0, run.failures
     result = traffic_result(client, "changed")
-    print("changed flag set:", capacity_summary(result))
+    print("changed flag set:", capacity_summary(result), f"({run.task_headers} task headers)")
     for host in REPLICAS:
         identity, config = before[host]
         assert unit_identity(on(host)) != identity, f"{host} was not restarted"

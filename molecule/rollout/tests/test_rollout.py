@@ -292,8 +292,8 @@ def test_a_stale_lock_is_taken_over_and_the_run_converges():
     run = run_playbook("deploy.yml", limit=CANARY)
     assert run.rc == 0, run.failures
     assert not canary.file(LOCK).exists
-    # The module's result (the include of fleet_lock's `acquire` carries the same name): the check
-    # play takes the stale lock over; the rollout play takes it again after the check gave it back.
+    # The fleet_lock action's result: the check play takes the stale lock over; the rollout play
+    # takes it again after the check gave it back.
     outcomes = [r for r in run.task_results("Take this host's rollout lock") if "outcome" in r]
     assert [r["outcome"] for r in outcomes] == ["taken_over", "acquired"], outcomes
     taken = outcomes[0]

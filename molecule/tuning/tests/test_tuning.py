@@ -46,6 +46,7 @@ META = f"{STATE}/lkg/meta.json"
 LAUNCH = "/etc/systemd/system/sglang@llama.service.d/10-launch.conf"
 API_KEY = os.environ.get("MOLECULE_SGLANG_API_KEY", "molecule-test-key")
 KEY_FILE = "/root/.tuning-test-key"
+PREFLIGHT_TASK = "Check every server before anything on the host changes (flags, ports, capacity)"
 FAULTS = "/var/lib/gpusim/faults.yaml"
 GPU = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
 # After test 4 the inventory is taken to say this (passed as extra vars to every later run).
@@ -231,7 +232,7 @@ def test_097_is_refused_before_anything_stops(host):
         e
         for e in run.events
         if e.get("event") == "runner_on_failed"
-        and "Stop on planner errors" in e["event_data"].get("task", "")
+        and e["event_data"].get("task", "") == PREFLIGHT_TASK
     ]
     print(
         f"\n0.97 refused before stop: {seconds_between(first, refusal):.1f} s from the start of "
@@ -246,7 +247,7 @@ def test_090_with_fp8_rolls_out_within_2_percent_of_the_calibrated_plan(host):
     run = run_playbook("deploy.yml", extravars=NOW)
     assert run.rc == 0, run.failures
     # Planned twice: by deploy.yml's check play and by the rollout; the same figures both times.
-    plans = [r["ansible_facts"]["_sglang_server_plan"] for r in run.task_results("Plan llama")]
+    plans = [r["plans"]["llama"] for r in run.task_results(PREFLIGHT_TASK)]
     assert len(plans) == 2, plans
     planned = plans[-1]
     assert plans[0]["max_total_num_tokens"] == planned["max_total_num_tokens"]
@@ -298,7 +299,7 @@ def test_an_interrupted_autotune_leaves_the_host_serving(host):
     def healthy_trial(event: dict[str, Any]) -> bool:
         data = event.get("event_data", {})
         return event.get("event") == "runner_on_ok" and data.get("task", "").startswith(
-            "Wait for a real generation (health gate)"
+            "Stop, clean, start and wait for a real generation"
         )
 
     run = run_playbook("autotune.yml", extravars=AUTOTUNE, interrupt_after=healthy_trial)

@@ -1,0 +1,124 @@
+"""Action sglang_last_known_good: keep the configuration a server just passed with.
+
+One operator verb, sequenced on the controller through modules on the host (as
+`ansible.builtin.reboot` sequences its own). Right after a server passed its gates:
+
+in one module run on the host (library/sglang_last_known_good.py, under no_log), into its
+last-known-good folder (<state dir>/<server>/lkg, root only):
+
+1. the files that made it: the launch drop-in, the environment file and, when the server has an
+   API key, its secrets file (the key never reaches a result or a diff); a secrets file the
+   passing configuration did not have is removed;
+2. its record, meta.json: server, config_hash, the whole flag set, api_key_set, the installed
+   SGLang version, and the smoke result it passed with (what the relative gate compares the next
+   start with).
+
+A rollback (rollback_server.yml) puts these files back. The result: record (a flag named like a
+secret left out), previous (the config
+hash the record held before, or null), changed, steps. With --diff it shows the record's change
+(config_hash, sglang_version, the flags; never a key, nor a flag named like a secret). Check mode:
+nothing passed a gate, so nothing is recorded; the action is skipped.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from ansible.errors import AnsibleActionFail
+
+from sglang_fleet.calibration import public_flags
+from sglang_fleet.verb_action import VerbAction
+
+SERVER_KEYS = ("name", "config_hash", "flags", "api_key_set", "paths")
+PATH_KEYS = ("lkg_dir", "dropin", "env_file", "secrets_file")
+
+
+class ActionModule(VerbAction):
+    """Copies the passing files into lkg/ and writes the record beside them."""
+
+    VERB = "sglang_last_known_good"
+    _VALID_ARGS = frozenset(("server", "sglang_version", "smoke_result"))
+
+    def run(self, tmp: Any = None, task_vars: dict | None = None) -> dict:
+        result = super().run(tmp, task_vars)
+        server = self._task.args.get("server")
+        if (
+            not isinstance(server, Mapping)
+            or any(k not in server for k in SERVER_KEYS)
+            or any(k not in server["paths"] for k in PATH_KEYS)
+        ):
+            raise AnsibleActionFail(
+                "sglang_last_known_good: server must be a described server "
+                f"({', '.join(SERVER_KEYS)}; paths {', '.join(PATH_KEYS)})"
+            )
+        if self._play_context.check_mode:
+            result.update(skipped=True, msg="check mode: nothing passed a gate, nothing recorded")
+            return result
+        self.begin(task_vars)
+        paths = server["paths"]
+        lkg = str(paths["lkg_dir"])
+        record = {
+            "server": server["name"],
+            "config_hash": server["config_hash"],
+            "flags": dict(server["flags"]),
+            "api_key_set": bool(server["api_key_set"]),
+            "sglang_version": self._task.args.get("sglang_version") or None,
+            "smoke_result": self._task.args.get("smoke_result") or None,
+        }
+        copies = [
+            {"name": "10-launch.conf", "src": paths["dropin"]},
+            {"name": "server.env", "src": paths["env_file"]},
+        ]
+        if record["api_key_set"]:
+            copies.append({"name": "secrets.yaml", "src": paths["secrets_file"]})
+        # One module run on the host (library/sglang_last_known_good.py), under no_log: the
+        # secrets file is among the copies, and the old record among the answers.
+        with self._quiet():
+            done = self._module(
+                "sglang_last_known_good",
+                {
+                    "lkg_dir": lkg,
+                    "files": copies,
+                    "absent": [] if record["api_key_set"] else ["secrets.yaml"],
+                    "record": record,
+                },
+            )
+        if done.get("failed"):
+            raise AnsibleActionFail(f"sglang_last_known_good: {done.get('msg')}")
+        old = done.get("previous") if isinstance(done.get("previous"), Mapping) else None
+        changed = bool(done.get("changed"))
+        self._step(f"kept {', '.join(c['name'] for c in copies)} in {lkg}")
+        self._step(f"recorded {record['config_hash']} as last-known-good of {server['name']}")
+        previous = old.get("config_hash") if old else None
+        result.update(
+            changed=changed,
+            # A flag named like a secret (an admin API key, a token) stays on the host.
+            record={**record, "flags": public_flags(record["flags"])},
+            previous=previous,
+            steps=self._steps,
+            msg=f"{server['name']}: last-known-good is now {record['config_hash']}"
+            + (f" (was {previous})" if previous and previous != record["config_hash"] else ""),
+        )
+        if self._task.diff and old != record:
+            result["diff"] = {
+                "before_header": f"{lkg}/meta.json",
+                "after_header": f"{lkg}/meta.json",
+                "before": _shown(old),
+                "after": _shown(record),
+            }
+        return result
+
+    # --- steps -----------------------------------------------------------------------------
+
+
+def _shown(record: Mapping[str, Any] | None) -> str:
+    """What --diff shows of a record: its hash, version and flags, a flag named like a secret
+    (an admin API key, a token) left out."""
+    if not record:
+        return ""
+    shown = {key: record.get(key) for key in ("config_hash", "sglang_version")}
+    flags = record.get("flags")
+    shown["flags"] = public_flags(flags) if isinstance(flags, Mapping) else None
+    return json.dumps(shown, indent=2, sort_keys=True) + "\n"

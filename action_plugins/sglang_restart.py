@@ -1,0 +1,183 @@
+"""Action sglang_restart: stop one server, clean what it leaves, start it, wait for a generation.
+
+One operator verb, sequenced on the controller through modules on the host (as
+`ansible.builtin.reboot` sequences its own); its decisions are sglang_fleet.restart's:
+
+1. the rollout lock renewed before the stop (fleet_lock, state renewed; with no lock held, as
+   in the `rollback` entry point run on its own, nothing to renew);
+2. the host's clock and whether the unit runs, then the stop: SIGTERM, SGLang drains its
+   running requests, systemd kills what is left after the unit's TimeoutStopSec; how the stop
+   ended (systemd's Result=, "timeout" when it had to kill);
+3. the cleanup of the server's leftovers and the memory gate on its GPUs (gpu_cleanup state
+   clean: only what is provably ours is killed, anything else on its GPUs fails the restart
+   with a table before any signal, docs/GPU-CLEANUP.md);
+4. the start-limit counter cleared, the restart count and the clock noted, the start;
+5. the health gate: sglang_wait_healthy (a real generation; the rollout lock renewed while the
+   model loads), then the clock: the downtime runs from the stop to here.
+
+The result: downtime {was_running, stop_result, downtime_seconds}, started_at (host clock at
+the start), restarts_baseline (the unit's restart count before it), health (the wait's
+result), health_s (the wait's own seconds), cleanup {msg, lines}, steps, changed. A failure
+says which step; lock_lost: true when the lock was taken over (do not roll back then: the host
+may be another run's now). Check mode: nothing is stopped or started; the action is skipped.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from ansible.errors import AnsibleActionFail
+
+from sglang_fleet import restart
+from sglang_fleet.verb_action import StepFailed, VerbAction
+
+REQUIRED = ("server", "launch_module", "owner_users")
+OPTIONAL = ("lock", "health", "cleanup")
+HEALTH_KEYS = ("timeout", "poll_interval", "progress_interval")
+LOCK_KEYS = ("path", "token", "lease_s")
+
+
+class ActionModule(VerbAction):
+    """Stop, clean, start and health-gate one server, with the lock renewed around it."""
+
+    VERB = "sglang_restart"
+    _VALID_ARGS = frozenset((*REQUIRED, *OPTIONAL))
+
+    def run(self, tmp: Any = None, task_vars: dict | None = None) -> dict:
+        result = super().run(tmp, task_vars)
+        args = dict(self._task.args)
+        missing = [name for name in REQUIRED if args.get(name) in (None, "")]
+        if missing:
+            raise AnsibleActionFail(f"sglang_restart: {', '.join(missing)} required")
+        server = args["server"]
+        if not isinstance(server, Mapping) or any(
+            k not in server for k in ("name", "unit", "port")
+        ):
+            raise AnsibleActionFail("sglang_restart: server must be a described server")
+        try:
+            settings = restart.cleanup_settings(args.get("cleanup"))
+        except restart.SettingsError as exc:
+            raise AnsibleActionFail(str(exc)) from None
+        health = dict(args.get("health") or {})
+        lock = dict(args.get("lock") or {})
+        unknown = sorted(set(health) - set(HEALTH_KEYS)) + sorted(set(lock) - set(LOCK_KEYS))
+        if unknown:
+            raise AnsibleActionFail(f"sglang_restart: unknown health or lock key(s) {unknown}")
+        if self._play_context.check_mode:
+            result.update(skipped=True, msg=f"check mode: {server['unit']} would be restarted")
+            return result
+        self.begin(task_vars)
+        self._done: dict[str, Any] = {}
+        cleanup = restart.cleanup_args(
+            server, settings, str(args["launch_module"]), [str(u) for u in args["owner_users"]]
+        )
+        try:
+            self._restart(server, cleanup, health, lock)
+        except StepFailed as exc:
+            result.update(
+                failed=True,
+                msg=f"{server['name']}: {exc}",
+                lock_lost=exc.lock_lost,
+                steps=self._steps,
+                changed=True,
+                **self._done,
+            )
+            return result
+        result.update(
+            changed=True,
+            msg=f"{server['name']} restarted: healthy after "
+            f"{self._done['downtime']['downtime_seconds']} s of downtime",
+            steps=self._steps,
+            **self._done,
+        )
+        return result
+
+    # --- steps -----------------------------------------------------------------------------
+    def _shell(self, script: str, what: str) -> str:
+        done = self._module(
+            "ansible.legacy.command", {"argv": ["bash", "-c", "set -e -o pipefail; " + script]}
+        )
+        if done.get("rc") != 0:
+            raise StepFailed(f"{what}: {done.get('stderr') or done.get('msg')}")
+        return str(done.get("stdout") or "")
+
+    def _restart(
+        self,
+        server: Mapping[str, Any],
+        cleanup: dict[str, Any],
+        health: Mapping[str, Any],
+        lock: Mapping[str, Any],
+    ) -> None:
+        unit, quoted = str(server["unit"]), shlex.quote(str(server["unit"]))
+        self._renew(lock)
+        # One call: the clock and whether it runs, the stop (SGLang drains, systemd kills after
+        # TimeoutStopSec), and how the stop ended.
+        stopped = self._shell(
+            f"date +%s.%N; systemctl is-active {quoted} || true; systemctl stop {quoted}; "
+            f"systemctl show --property=Result --value {quoted}",
+            f"systemd could not stop {unit}",
+        ).split()
+        before_stop, stop_result = " ".join(stopped[:2]), (stopped[2:] or ["unknown"])[-1]
+        self._step(f"stopped {unit} (Result={stop_result})")
+        self._done["downtime"] = {"stop_result": stop_result}
+        cleaned = self._module("gpu_cleanup", cleanup)
+        lines = restart.holder_lines(cleaned.get("processes") or [])
+        self._done["cleanup"] = {"msg": cleaned.get("msg"), "lines": lines}
+        if cleaned.get("failed"):
+            raise StepFailed("\n".join([str(cleaned.get("msg")), *lines]))
+        self._step(f"cleanup: {cleaned.get('msg')}")
+        # One call: the start-limit counter cleared (earlier failed starts must not block this
+        # one), the restart count and the clock noted, the start.
+        before = self._shell(
+            f"systemctl reset-failed {quoted} 2>/dev/null || true; "
+            f"systemctl show --property=NRestarts --value {quoted}; date +%s; "
+            f"systemctl start {quoted}",
+            f"systemd could not start {unit}",
+        ).split()
+        self._done["restarts_baseline"] = int(before[0])
+        self._done["started_at"] = float(before[1])
+        self._step(f"started {unit}")
+        waited = self._wait(server, health, lock)
+        self._done["health"] = waited
+        if waited.get("failed"):
+            raise StepFailed(str(waited.get("msg")), lock_lost=bool(waited.get("lock_lost")))
+        healthy_at = self._shell("date +%s.%N", "reading the clock")
+        self._done["downtime"] = {
+            "stop_result": stop_result,
+            **restart.downtime(before_stop, healthy_at),
+        }
+        self._step(f"healthy: {self._done['downtime']['downtime_seconds']} s from the stop")
+
+    def _wait(
+        self, server: Mapping[str, Any], health: Mapping[str, Any], lock: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """The health gate: the sglang_wait_healthy action, which renews the lock meanwhile."""
+        task = self._task.copy()
+        task.args = {
+            "name": server["name"],
+            "unit": server["unit"],
+            "url": f"http://127.0.0.1:{int(server['port'])}/health_generate",
+            "since": self._done["started_at"],
+            "restarts_baseline": self._done["restarts_baseline"],
+            **{key: health[key] for key in HEALTH_KEYS if health.get(key) is not None},
+        }
+        if lock.get("path") and lock.get("token"):
+            task.args.update(lock_path=lock["path"], lock_token=lock["token"])
+            if lock.get("lease_s"):
+                task.args["lock_lease_s"] = lock["lease_s"]
+        wait = self._shared_loader_obj.action_loader.get(
+            "sglang_wait_healthy",
+            task=task,
+            connection=self._connection,
+            play_context=self._play_context,
+            loader=self._loader,
+            templar=self._templar,
+            shared_loader_obj=self._shared_loader_obj,
+        )
+        started = time.monotonic()
+        waited = dict(wait.run(task_vars=self._vars))
+        self._done["health_s"] = round(time.monotonic() - started, 2)
+        return waited

@@ -1,0 +1,178 @@
+#!/usr/bin/python
+# Ansible wants DOCUMENTATION/EXAMPLES/RETURN before the imports (ansible-test checks it).
+# ruff: noqa: E402
+"""Ansible module sglang_last_known_good: keep the files and the record of a configuration
+that passed its gates, in one run on the host (the action of the same name sequences it).
+Runs on the GPU host: standard library only."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: sglang_last_known_good
+short_description: Keep a passing server's files and record in its last-known-good folder
+description:
+  - Makes the folder (root only, 0700), copies each file into it (0600, atomically, only when
+    its content differs), removes the files named in C(absent), and writes C(record) as
+    meta.json (0600) when it differs.
+  - Every path stays inside C(lkg_dir); a name with a slash, or a symlink in place of a file,
+    is refused.
+  - Returns the record that was there before (for the action's diff), never a file's content.
+  - Changes nothing in check mode; says what would change.
+version_added: "0.4.0"
+author: sglang-fleet
+options:
+  lkg_dir:
+    description: The server's last-known-good folder (<state dir>/<server>/lkg).
+    type: path
+    required: true
+  files:
+    description: Files to keep, each {name, src}; the secrets file among them.
+    type: list
+    elements: dict
+    default: []
+  absent:
+    description: Names to remove from the folder (a secrets file the passing set did not have).
+    type: list
+    elements: str
+    default: []
+  record:
+    description: What meta.json says (server, config_hash, flags, api_key_set, version, result).
+    type: dict
+    required: true
+"""
+
+EXAMPLES = r"""
+- name: Keep what passed (the sglang_last_known_good action calls this)
+  sglang_last_known_good:
+    lkg_dir: /var/lib/sglang-fleet/llama/lkg
+    files:
+      - {name: 10-launch.conf, src: /etc/systemd/system/sglang@llama.service.d/10-launch.conf}
+      - {name: server.env, src: /etc/sglang/llama.env}
+    absent: [secrets.yaml]
+    record: {server: llama, config_hash: abc123, flags: {}, api_key_set: false}
+"""
+
+RETURN = r"""
+previous:
+  description: The record meta.json held before, or null (none, or unreadable).
+  returned: always
+  type: dict
+written:
+  description: The names written or removed (meta.json among them when the record changed).
+  returned: always
+  type: list
+  elements: str
+"""
+
+import json
+import os
+import stat
+import tempfile
+
+from ansible.module_utils.basic import AnsibleModule
+
+META = "meta.json"
+MAX_BYTES = 16 * 1024 * 1024  # a drop-in, an env file, a secrets file, a record: far less
+
+
+def _inside(folder: str, name: str) -> str:
+    if not name or "/" in name or name in (".", ".."):
+        raise ValueError(f"{name!r} is not a file name inside {folder}")
+    return os.path.join(folder, name)
+
+
+def _read(path: str) -> bytes | None:
+    """A regular file's bytes (None when missing); a symlink or anything else is refused."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            raise ValueError(f"{path} is not a regular file")
+        data = handle.read(MAX_BYTES + 1)
+    if len(data) > MAX_BYTES:
+        raise ValueError(f"{path} is over {MAX_BYTES} bytes")
+    return data
+
+
+def _write(path: str, data: bytes) -> None:
+    fd, temp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".lkg-")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.chmod(temp, 0o600)
+        os.replace(temp, path)
+    except BaseException:
+        os.unlink(temp)
+        raise
+
+
+def _folder(folder: str, check_mode: bool) -> dict | None:
+    """The folder made (root only); the record it held, None when none or unreadable."""
+    if os.path.lexists(folder) and (os.path.islink(folder) or not os.path.isdir(folder)):
+        raise ValueError(f"{folder} exists and is not a folder")
+    if not check_mode:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        os.chmod(folder, 0o700)
+    old = _read(os.path.join(folder, META)) if os.path.isdir(folder) else None
+    try:
+        previous = json.loads(old) if old else None
+    except ValueError:
+        return None
+    return previous if isinstance(previous, dict) else None
+
+
+def _files(folder: str, params: dict, check_mode: bool) -> list[str]:
+    """The files copied in (where they differ) and the stale ones removed: their names."""
+    written = []
+    for item in params["files"]:
+        target = _inside(folder, str(item["name"]))
+        data = _read(str(item["src"]))
+        if data is None:
+            raise ValueError(f"{item['src']} does not exist: nothing to keep as {item['name']}")
+        if _read(target) != data:
+            written.append(str(item["name"]))
+            if not check_mode:
+                _write(target, data)
+    for name in params["absent"]:
+        target = _inside(folder, name)
+        if os.path.lexists(target):
+            written.append(name)
+            if not check_mode:
+                os.unlink(target)
+    return written
+
+
+def keep(params: dict, check_mode: bool) -> dict:
+    folder = params["lkg_dir"]
+    previous = _folder(folder, check_mode)
+    written = _files(folder, params, check_mode)
+    record = (json.dumps(params["record"], indent=4, sort_keys=True) + "\n").encode()
+    meta = os.path.join(folder, META)
+    if (_read(meta) if os.path.isdir(folder) else None) != record:
+        written.append(META)
+        if not check_mode:
+            _write(meta, record)
+    return {"changed": bool(written), "written": written, "previous": previous}
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "lkg_dir": {"type": "path", "required": True},
+            "files": {"type": "list", "elements": "dict", "default": []},
+            "absent": {"type": "list", "elements": "str", "default": []},
+            "record": {"type": "dict", "required": True},
+        },
+        supports_check_mode=True,
+    )
+    try:
+        module.exit_json(**keep(module.params, module.check_mode))
+    except (OSError, ValueError) as err:
+        module.fail_json(msg=f"last-known-good: {err}")
+
+
+if __name__ == "__main__":
+    main()

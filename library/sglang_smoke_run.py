@@ -1,0 +1,204 @@
+#!/usr/bin/python
+# Ansible wants DOCUMENTATION/EXAMPLES/RETURN before the imports (ansible-test checks it).
+# ruff: noqa: E402
+"""Ansible module sglang_smoke_run: the host's part of the smoke gate, in one run (the
+sglang_smoke_gate action sequences it). Runs on the GPU host: standard library only."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: sglang_smoke_run
+short_description: Put the smoke client on the host, run it against a server, return its result
+description:
+  - Writes the smoke client (its source is an argument; written only when it differs, atomically,
+    root only writable) and makes the result folder.
+  - Runs the client's command (C(argv), built on the control node by sglang_fleet.gate.smoke_argv:
+    bounded by coreutils' timeout, the key read from stdin) with the API key on stdin, never in
+    argv or in the environment of this module's caller.
+  - Returns the result file's text (bounded by C(max_result_bytes)), how the client ended, the
+    tail of its error output, and the lines of the server's journal since its current start
+    (bounded by C(journal_lines)), which the diagnosis falls back to without /metrics.
+  - Changes nothing in check mode (and runs nothing).
+version_added: "0.4.0"
+author: sglang-fleet
+options:
+  client_source:
+    description: The client's source (sglang_fleet/smoke.py of the control node).
+    type: str
+    required: true
+  client_path:
+    description: Where the client goes on the host.
+    type: path
+    required: true
+  result_path:
+    description: The result file the command writes (its folder is made when missing).
+    type: path
+    required: true
+  argv:
+    description: The client's whole command.
+    type: list
+    elements: str
+    required: true
+  api_key:
+    description: The server's API key, written to the command's stdin ("" when it has none).
+    type: str
+    default: ""
+  max_result_bytes:
+    description: The largest result file read back.
+    type: int
+    default: 67108864
+  journal_unit:
+    description: The server's unit, whose journal of its current start is read ("" for none).
+    type: str
+    default: ""
+  journal_lines:
+    description: How many of that journal's last lines are read (0 for none).
+    type: int
+    default: 0
+"""
+
+EXAMPLES = r"""
+- name: Benchmark the server (the sglang_smoke_gate action calls this)
+  sglang_smoke_run:
+    client_source: "{{ lookup('file', 'smoke.py') }}"
+    client_path: /usr/local/lib/sglang-fleet/smoke.py
+    result_path: /var/lib/sglang-fleet/llama/smoke/20261203T120000Z.json
+    argv: [timeout, "600", /usr/bin/python3, /usr/local/lib/sglang-fleet/smoke.py, --url, "..."]
+  no_log: true
+"""
+
+RETURN = r"""
+rc:
+  description: The command's exit status (124 or 137 when its timeout killed it).
+  returned: unless in check mode
+  type: int
+stderr_tail:
+  description: The last 2000 characters of the command's error output.
+  returned: unless in check mode
+  type: str
+result:
+  description: The result file's text, or null when the command wrote none.
+  returned: unless in check mode
+  type: str
+journal:
+  description: The server's journal lines of its current start (bounded).
+  returned: unless in check mode
+  type: str
+client_changed:
+  description: The client was written (it was missing or differed).
+  returned: always
+  type: bool
+"""
+
+import os
+import subprocess
+import tempfile
+
+from ansible.module_utils.basic import AnsibleModule
+
+STDERR_TAIL = 2000
+# The journal is read through a pipe: its output is bounded by what is read, not by trust.
+JOURNAL_MAX_BYTES = 4 * 1024 * 1024
+JOURNAL_TIMEOUT_S = 60
+
+
+def write_if_changed(path: str, text: str, mode: int) -> bool:
+    """The file holds `text` afterwards; written (atomically) only when it differed."""
+    data = text.encode()
+    try:
+        with open(path, "rb") as handle:
+            if handle.read(len(data) + 1) == data:
+                os.chmod(path, mode)
+                return False
+    except FileNotFoundError:
+        pass
+    folder = os.path.dirname(path)
+    os.makedirs(folder, mode=0o755, exist_ok=True)
+    fd, temp = tempfile.mkstemp(dir=folder, prefix=".smoke-")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.chmod(temp, mode)
+        os.replace(temp, path)
+    except BaseException:
+        os.unlink(temp)
+        raise
+    return True
+
+
+def read_bounded(path: str, limit: int) -> str | None:
+    """A regular file's text, None when missing; ValueError past `limit` bytes."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    with os.fdopen(fd, "rb") as handle:
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"{path} is over {limit} bytes: not a smoke result")
+    return data.decode("utf-8", errors="replace")
+
+
+def journal(unit: str, lines: int) -> str:
+    """The unit's journal lines of its current start (its invocation), at most `lines`."""
+    if not unit or lines <= 0:
+        return ""
+    shown = subprocess.run(
+        ["systemctl", "show", "--property=InvocationID", "--value", unit],
+        capture_output=True, text=True, timeout=JOURNAL_TIMEOUT_S, check=False,
+    )  # fmt: skip
+    invocation = shown.stdout.strip()
+    if shown.returncode != 0 or not invocation:
+        return ""
+    argv = ["journalctl", "--no-pager", "-o", "cat", "-n", str(int(lines)),
+            f"_SYSTEMD_INVOCATION_ID={invocation}"]  # fmt: skip
+    read = subprocess.run(argv, capture_output=True, timeout=JOURNAL_TIMEOUT_S, check=False)
+    return read.stdout[:JOURNAL_MAX_BYTES].decode("utf-8", errors="replace")
+
+
+def run(params: dict, check_mode: bool) -> dict:
+    if check_mode:
+        return {"changed": False, "client_changed": False}
+    client_changed = write_if_changed(params["client_path"], params["client_source"], 0o755)
+    os.makedirs(os.path.dirname(params["result_path"]), mode=0o755, exist_ok=True)
+    done = subprocess.run(
+        params["argv"],
+        input=(params["api_key"] or "") + "\n",
+        stdout=subprocess.DEVNULL,  # the result goes to its file; progress is not kept
+        stderr=subprocess.PIPE,
+        text=True,
+        check=False,
+    )  # bounded by the command's own `timeout` (gate.smoke_argv)
+    return {
+        "changed": True,  # a new result file on the host
+        "client_changed": client_changed,
+        "rc": done.returncode,
+        "stderr_tail": done.stderr[-STDERR_TAIL:],
+        "result": read_bounded(params["result_path"], params["max_result_bytes"]),
+        "journal": journal(params["journal_unit"], params["journal_lines"]),
+    }
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "client_source": {"type": "str", "required": True},
+            "client_path": {"type": "path", "required": True},
+            "result_path": {"type": "path", "required": True},
+            "argv": {"type": "list", "elements": "str", "required": True},
+            "api_key": {"type": "str", "default": "", "no_log": True},
+            "max_result_bytes": {"type": "int", "default": 64 * 1024 * 1024},
+            "journal_unit": {"type": "str", "default": ""},
+            "journal_lines": {"type": "int", "default": 0},
+        },
+        supports_check_mode=True,
+    )
+    try:
+        module.exit_json(**run(module.params, module.check_mode))
+    except (OSError, ValueError, subprocess.SubprocessError) as err:
+        module.fail_json(msg=f"the smoke run on the host failed: {err}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+"""library/sglang_smoke_run.py: the host's part of the smoke gate in one module run.
+
+Run for real in a temporary folder: the client is written once and left alone while it is the
+same, the key reaches the command on stdin only, the result comes back as text and a result
+past the bound is refused, and check mode writes and runs nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import load_plugin
+
+smoke_run = load_plugin("library/sglang_smoke_run.py")
+KEY = "sk-very-secret"
+
+
+def params(tmp_path: Path, **change: object) -> dict:
+    result = tmp_path / "state" / "llama" / "smoke" / "run.json"
+    # Stands in for the client: reads the key from stdin, writes the key's length as the result.
+    code = (
+        "import json, sys; key = sys.stdin.readline().strip(); "
+        f"open({str(result)!r}, 'w').write(json.dumps({{'key_length': len(key)}}))"
+    )
+    return {
+        "client_source": "# the client\n",
+        "client_path": str(tmp_path / "lib" / "smoke.py"),
+        "result_path": str(result),
+        "argv": [sys.executable, "-c", code],
+        "api_key": KEY,
+        "max_result_bytes": 1024,
+        "journal_unit": "",
+        "journal_lines": 0,
+    } | change
+
+
+def test_the_client_runs_with_the_key_on_stdin_and_its_result_comes_back(tmp_path: Path) -> None:
+    given = params(tmp_path)
+    done = smoke_run.run(given, check_mode=False)
+    assert done["rc"] == 0 and done["client_changed"] is True
+    assert json.loads(done["result"]) == {"key_length": len(KEY)}
+    assert KEY not in " ".join(given["argv"])
+    client = Path(given["client_path"])
+    assert client.read_text() == "# the client\n" and client.stat().st_mode & 0o777 == 0o755
+    assert smoke_run.run(given, check_mode=False)["client_changed"] is False
+
+
+def test_a_failing_command_says_how_it_ended(tmp_path: Path) -> None:
+    argv = [sys.executable, "-c", "import sys; sys.stderr.write('boom'); sys.exit(3)"]
+    done = smoke_run.run(params(tmp_path, argv=argv), check_mode=False)
+    assert (done["rc"], done["stderr_tail"], done["result"]) == (3, "boom", None)
+
+
+def test_a_result_past_the_bound_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="over 8 bytes"):
+        smoke_run.run(params(tmp_path, max_result_bytes=8), check_mode=False)
+
+
+def test_check_mode_writes_and_runs_nothing(tmp_path: Path) -> None:
+    given = params(tmp_path)
+    assert smoke_run.run(given, check_mode=True) == {"changed": False, "client_changed": False}
+    assert not Path(given["client_path"]).exists()
+    assert not Path(given["result_path"]).exists()
