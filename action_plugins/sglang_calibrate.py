@@ -64,16 +64,8 @@ class ActionModule(VerbAction):
 
     def run(self, tmp: Any = None, task_vars: dict | None = None) -> dict:
         result = super().run(tmp, task_vars)
-        args = dict(self._task.args)
-        missing = [name for name in REQUIRED if not args.get(name)]
-        if missing:
-            raise AnsibleActionFail(f"sglang_calibrate: {', '.join(missing)} required")
+        args = self.task_args(REQUIRED, SERVER_KEYS)
         server = args["server"]
-        if not isinstance(server, Mapping) or any(k not in server for k in SERVER_KEYS):
-            raise AnsibleActionFail(
-                "sglang_calibrate: server must be a described server (sglang_server_servers) "
-                f"with {', '.join(SERVER_KEYS)}"
-            )
         if self._play_context.check_mode:
             result.update(skipped=True, msg="check mode: no server was started, nothing measured")
             return result
@@ -248,24 +240,16 @@ class ActionModule(VerbAction):
 
     def _write(self, path: str, data: Any, mode: str) -> bool:
         """Write JSON text through the copy action (a temp file, then the copy module)."""
-        task = self._task.copy()
-        task.args = {
-            "content": json.dumps(data, indent=4, sort_keys=True) + "\n",
-            "dest": path,
-            "owner": "root",
-            "group": "root",
-            "mode": mode,
-        }
-        copy = self._shared_loader_obj.action_loader.get(
+        done = self._action(
             "ansible.legacy.copy",
-            task=task,
-            connection=self._connection,
-            play_context=self._play_context,
-            loader=self._loader,
-            templar=self._templar,
-            shared_loader_obj=self._shared_loader_obj,
+            {
+                "content": json.dumps(data, indent=4, sort_keys=True) + "\n",
+                "dest": path,
+                "owner": "root",
+                "group": "root",
+                "mode": mode,
+            },
         )
-        done = copy.run(task_vars=self._vars)
         if done.get("failed"):
             raise AnsibleActionFail(f"sglang_calibrate: writing {path}: {done.get('msg')}")
         return bool(done.get("changed"))

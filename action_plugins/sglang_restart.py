@@ -48,15 +48,8 @@ class ActionModule(VerbAction):
 
     def run(self, tmp: Any = None, task_vars: dict | None = None) -> dict:
         result = super().run(tmp, task_vars)
-        args = dict(self._task.args)
-        missing = [name for name in REQUIRED if args.get(name) in (None, "")]
-        if missing:
-            raise AnsibleActionFail(f"sglang_restart: {', '.join(missing)} required")
+        args = self.task_args(REQUIRED, ("name", "unit", "port"))
         server = args["server"]
-        if not isinstance(server, Mapping) or any(
-            k not in server for k in ("name", "unit", "port")
-        ):
-            raise AnsibleActionFail("sglang_restart: server must be a described server")
         try:
             settings = restart.cleanup_settings(args.get("cleanup"))
         except restart.SettingsError as exc:
@@ -155,8 +148,7 @@ class ActionModule(VerbAction):
         self, server: Mapping[str, Any], health: Mapping[str, Any], lock: Mapping[str, Any]
     ) -> dict[str, Any]:
         """The health gate: the sglang_wait_healthy action, which renews the lock meanwhile."""
-        task = self._task.copy()
-        task.args = {
+        wait_args = {
             "name": server["name"],
             "unit": server["unit"],
             "url": f"http://127.0.0.1:{int(server['port'])}/health_generate",
@@ -165,19 +157,10 @@ class ActionModule(VerbAction):
             **{key: health[key] for key in HEALTH_KEYS if health.get(key) is not None},
         }
         if lock.get("path") and lock.get("token"):
-            task.args.update(lock_path=lock["path"], lock_token=lock["token"])
+            wait_args.update(lock_path=lock["path"], lock_token=lock["token"])
             if lock.get("lease_s"):
-                task.args["lock_lease_s"] = lock["lease_s"]
-        wait = self._shared_loader_obj.action_loader.get(
-            "sglang_wait_healthy",
-            task=task,
-            connection=self._connection,
-            play_context=self._play_context,
-            loader=self._loader,
-            templar=self._templar,
-            shared_loader_obj=self._shared_loader_obj,
-        )
+                wait_args["lock_lease_s"] = lock["lease_s"]
         started = time.monotonic()
-        waited = dict(wait.run(task_vars=self._vars))
+        waited = self._action("sglang_wait_healthy", wait_args)
         self._done["health_s"] = round(time.monotonic() - started, 2)
         return waited

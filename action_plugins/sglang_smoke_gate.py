@@ -69,13 +69,8 @@ class ActionModule(VerbAction):
 
     def run(self, tmp: Any = None, task_vars: dict | None = None) -> dict:
         result = super().run(tmp, task_vars)
-        args = dict(self._task.args)
-        missing = [name for name in REQUIRED if args.get(name) in (None, "")]
-        if missing:
-            raise AnsibleActionFail(f"sglang_smoke_gate: {', '.join(missing)} required")
+        args = self.task_args(REQUIRED, ("name", "port"))
         server = args["server"]
-        if not isinstance(server, Mapping) or any(k not in server for k in ("name", "port")):
-            raise AnsibleActionFail("sglang_smoke_gate: server must be a described server")
         unknown = sorted(set(args.get("thresholds") or {}) - set(THRESHOLDS))
         if unknown:
             raise AnsibleActionFail(

@@ -67,10 +67,9 @@ written:
 
 import json
 import os
-import stat
-import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.bounded_file import read_regular, write_atomic
 
 META = "meta.json"
 MAX_BYTES = 16 * 1024 * 1024  # a drop-in, an env file, a secrets file, a record: far less
@@ -83,30 +82,7 @@ def _inside(folder: str, name: str) -> str:
 
 
 def _read(path: str) -> bytes | None:
-    """A regular file's bytes (None when missing); a symlink or anything else is refused."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except FileNotFoundError:
-        return None
-    with os.fdopen(fd, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-            raise ValueError(f"{path} is not a regular file")
-        data = handle.read(MAX_BYTES + 1)
-    if len(data) > MAX_BYTES:
-        raise ValueError(f"{path} is over {MAX_BYTES} bytes")
-    return data
-
-
-def _write(path: str, data: bytes) -> None:
-    fd, temp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".lkg-")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.chmod(temp, 0o600)
-        os.replace(temp, path)
-    except BaseException:
-        os.unlink(temp)
-        raise
+    return read_regular(path, MAX_BYTES)
 
 
 def _folder(folder: str, check_mode: bool) -> dict | None:
@@ -135,7 +111,7 @@ def _files(folder: str, params: dict, check_mode: bool) -> list[str]:
         if _read(target) != data:
             written.append(str(item["name"]))
             if not check_mode:
-                _write(target, data)
+                write_atomic(target, data, 0o600)
     for name in params["absent"]:
         target = _inside(folder, name)
         if os.path.lexists(target):
@@ -154,7 +130,7 @@ def keep(params: dict, check_mode: bool) -> dict:
     if (_read(meta) if os.path.isdir(folder) else None) != record:
         written.append(META)
         if not check_mode:
-            _write(meta, record)
+            write_atomic(meta, record, 0o600)
     return {"changed": bool(written), "written": written, "previous": previous}
 
 

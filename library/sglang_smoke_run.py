@@ -93,9 +93,9 @@ client_changed:
 
 import os
 import subprocess
-import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.bounded_file import read_regular, write_atomic
 
 STDERR_TAIL = 2000
 # The journal is read through a pipe: its output is bounded by what is read, not by trust.
@@ -107,37 +107,21 @@ def write_if_changed(path: str, text: str, mode: int) -> bool:
     """The file holds `text` afterwards; written (atomically) only when it differed."""
     data = text.encode()
     try:
-        with open(path, "rb") as handle:
-            if handle.read(len(data) + 1) == data:
-                os.chmod(path, mode)
-                return False
-    except FileNotFoundError:
-        pass
-    folder = os.path.dirname(path)
-    os.makedirs(folder, mode=0o755, exist_ok=True)
-    fd, temp = tempfile.mkstemp(dir=folder, prefix=".smoke-")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.chmod(temp, mode)
-        os.replace(temp, path)
-    except BaseException:
-        os.unlink(temp)
-        raise
+        same = read_regular(path, len(data)) == data
+    except ValueError:  # longer, or not a regular file: replaced
+        same = False
+    if same:
+        os.chmod(path, mode)
+        return False
+    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+    write_atomic(path, data, mode)
     return True
 
 
 def read_bounded(path: str, limit: int) -> str | None:
     """A regular file's text, None when missing; ValueError past `limit` bytes."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except FileNotFoundError:
-        return None
-    with os.fdopen(fd, "rb") as handle:
-        data = handle.read(limit + 1)
-    if len(data) > limit:
-        raise ValueError(f"{path} is over {limit} bytes: not a smoke result")
-    return data.decode("utf-8", errors="replace")
+    data = read_regular(path, limit)
+    return None if data is None else data.decode("utf-8", errors="replace")
 
 
 def journal(unit: str, lines: int) -> str:

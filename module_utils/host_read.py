@@ -19,10 +19,10 @@ import glob
 import json
 import os
 import pwd
-import stat
 import subprocess
 from typing import Any
 
+from ansible.module_utils.bounded_file import read_regular
 from ansible.module_utils.gpu_cleanup_discovery import port_holders
 from ansible.module_utils.gpu_cleanup_ownership import (
     OursRules,
@@ -39,23 +39,10 @@ VERSION_CODE = "import importlib.metadata as m; print(m.version('sglang'))"
 INDEX = "model.safetensors.index.json"
 
 
-class TooLarge(ValueError):
-    """A file past MAX_FILE_BYTES: not what the pre-flight reads."""
-
-
 def read_text(path: str) -> str | None:
-    """A regular file's text; None when it does not exist. Raises TooLarge or OSError."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except FileNotFoundError:
-        return None
-    with os.fdopen(fd, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-            raise OSError(f"{path} is not a regular file")
-        data = handle.read(MAX_FILE_BYTES + 1)
-    if len(data) > MAX_FILE_BYTES:
-        raise TooLarge(f"{path} is over {MAX_FILE_BYTES} bytes")
-    return data.decode("utf-8", errors="replace")
+    """A regular file's text (bounded), None when it does not exist; ValueError otherwise."""
+    data = read_regular(path, MAX_FILE_BYTES)
+    return None if data is None else data.decode("utf-8", errors="replace")
 
 
 def read_model(folder: str) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
@@ -37,6 +38,41 @@ class VerbAction(ActionBase):
     def begin(self, task_vars: dict | None) -> None:
         self._vars = task_vars or {}
         self._steps: list[str] = []
+
+    def task_args(
+        self, required: tuple[str, ...], server_keys: tuple[str, ...] = ()
+    ) -> dict[str, Any]:
+        """The task's arguments, the required ones present and, with server_keys, `server` a
+        described server (sglang_server_servers' item) that has them; else the task fails
+        before the host is touched."""
+        args = dict(self._task.args)
+        missing = [name for name in required if args.get(name) in (None, "")]
+        if missing:
+            raise AnsibleActionFail(f"{self.VERB}: {', '.join(missing)} required")
+        server = args.get("server")
+        if server_keys and (
+            not isinstance(server, Mapping) or any(key not in server for key in server_keys)
+        ):
+            raise AnsibleActionFail(
+                f"{self.VERB}: server must be a described server (sglang_server_servers) "
+                f"with {', '.join(server_keys)}"
+            )
+        return args
+
+    def _action(self, name: str, task_args: dict[str, Any]) -> dict[str, Any]:
+        """Another action plugin (copy, the health wait) run as this task, with task_args."""
+        task = self._task.copy()
+        task.args = task_args
+        action = self._shared_loader_obj.action_loader.get(
+            name,
+            task=task,
+            connection=self._connection,
+            play_context=self._play_context,
+            loader=self._loader,
+            templar=self._templar,
+            shared_loader_obj=self._shared_loader_obj,
+        )
+        return dict(action.run(task_vars=self._vars))
 
     def _step(self, text: str) -> None:
         self._steps.append(text)

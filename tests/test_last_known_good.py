@@ -84,7 +84,7 @@ def test_nothing_leaves_the_folder_or_follows_a_symlink(host: dict[str, Path]) -
     link.symlink_to(host["secrets_file"])
     linked = keep_params(host, secrets=False)
     linked["files"][0]["src"] = str(link)
-    with pytest.raises(OSError):
+    with pytest.raises(ValueError, match="is not a regular file"):
         module.keep(linked, check_mode=False)
 
 
