@@ -242,6 +242,9 @@ def test_the_server_across_hosts_runs_one_rank_per_node_and_serves_from_node_0()
     assert health.stdout.strip() == "200"
 
 
+BIG_RESTART_TASK = "Stop, clean, start and wait for a real generation - big"
+
+
 def test_a_changed_flag_set_restarts_every_node_of_the_server_together():
     nodes = (on(GATEWAY), on(SECOND))
     before = [(unit_identity(n, BIG_UNIT), lkg(n, BIG_META)["config_hash"]) for n in nodes]
@@ -257,7 +260,7 @@ def test_a_changed_flag_set_restarts_every_node_of_the_server_together():
         e["event_data"]["host"]
         for e in run.events
         if e.get("event") == "runner_on_ok"
-        and e["event_data"].get("task") == f"Start {BIG_UNIT}"
+        and e["event_data"].get("task") == BIG_RESTART_TASK
         and e["event_data"].get("play") == MULTINODE_PLAY
     ]
     assert sorted(starts) == sorted(REPLICAS)
