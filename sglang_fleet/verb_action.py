@@ -10,7 +10,7 @@ never silent to an operator who asked to see it.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 from ansible.errors import AnsibleActionFail
@@ -82,25 +82,25 @@ class VerbAction(ActionBase):
         return self._execute_module(module_name=name, module_args=module_args, task_vars=self._vars)
 
     @contextmanager
-    def _quiet(self) -> Iterator[None]:
+    def _task_as(self, **attributes: Any) -> Iterator[None]:
+        """The task's attributes set for the module runs inside, then put back."""
+        before = {name: getattr(self._task, name) for name in attributes}
+        for name, value in attributes.items():
+            setattr(self._task, name, value)
+        try:
+            yield
+        finally:
+            for name, value in before.items():
+                setattr(self._task, name, value)
+
+    def _quiet(self) -> AbstractContextManager[None]:
         """A module run that holds a secret (in its arguments or its answer) runs under no_log:
         Ansible censors it wherever it would log it."""
-        no_log = self._task.no_log
-        self._task.no_log = True
-        try:
-            yield
-        finally:
-            self._task.no_log = no_log
+        return self._task_as(no_log=True)
 
-    @contextmanager
-    def _reading(self) -> Iterator[None]:
+    def _reading(self) -> AbstractContextManager[None]:
         """Read-only module runs happen in check mode too (they change nothing)."""
-        check_mode = self._task.check_mode
-        self._task.check_mode = False
-        try:
-            yield
-        finally:
-            self._task.check_mode = check_mode
+        return self._task_as(check_mode=False)
 
     def _renew(self, lock: Mapping[str, Any] | None, lease_s: int | None = None) -> None:
         """The host's rollout lock ({path, token, lease_s}) renewed for lease_s, else its usual
