@@ -134,6 +134,9 @@ class ActionModule(VerbAction):
             # A host whose servers all run on SGLang's CPU engine has no GPU and no nvidia-smi.
             "nvidia_smi": args["nvidia_smi"] if gpu else "",
             "python": args["python"],
+            # The version comes with the flag check's answer (or the proof an earlier play
+            # kept): not read a second time here.
+            "version": False,
             "user": user,
             "ports": [
                 {
@@ -188,7 +191,6 @@ class ActionModule(VerbAction):
         problems += flag_problems
         problems += self._ports(servers, found)
         running = found["running"]
-        version = version or found.get("sglang_version")
         self._step(f"installed SGLang: {version or 'unknown'}")
         plans: dict[str, Any] = {}
         self._fingerprints: dict[str, str] = {}

@@ -87,10 +87,11 @@ options:
     description:
       - What a pre-flight reads besides (module_utils/host_read.py), returned as C(read);
         C(units) are read alike (C(running)). Keys, each optional; C(nvidia_smi) the GPUs,
-        C(python) the installed SGLang's interpreter (its version), C(user) the service user
-        (whether it exists), C(ports) a list of {label, ours} (who listens on each port, by the
-        cleanup's ownership rules), C(models) model folders (config.json and the weights'
-        bytes), C(files) small files to read as text (calibration stores, records).
+        C(python) the installed SGLang's interpreter (its version too, unless C(version) is
+        false), C(user) the service user (whether it exists), C(ports) a list of {label, ours}
+        (who listens on each port, by the cleanup's ownership rules), C(models) model folders
+        (config.json and the weights' bytes), C(files) small files to read as text
+        (calibration stores, records).
       - Every file is read with a size bound, no symlink followed, nothing but regular files.
     type: dict
   timeout:

@@ -3,7 +3,9 @@
 and module_utils only. Every reader is bounded: files by size, commands by time.
 
 - gpus: nvidia-smi's GPU list (module_utils/nvidia_smi.py), or why it could not be read;
-- python: whether the installed SGLang's interpreter exists, and SGLang's version in it;
+- python: whether the installed SGLang's interpreter exists, and SGLang's version in it
+  (unless `version` is false: an import of its metadata, which a caller that runs the flag
+  check, or has its result, need not pay again);
 - user: whether the service user exists (before the first deploy it owns nothing);
 - ports: who listens on each server's port, classified by the cleanup's ownership rules
   (docs/GPU-CLEANUP.md), each server with its own rules (its unit, its port);
@@ -100,9 +102,10 @@ def read(params: dict[str, Any], timeout: int, proc_root: str = PROC) -> dict[st
     python = params.get("python")
     if python:
         found["python_exists"] = os.path.exists(python)
-        found["sglang_version"] = (
-            sglang_version(python, timeout) if found["python_exists"] else None
-        )
+        if params.get("version", True):
+            found["sglang_version"] = (
+                sglang_version(python, timeout) if found["python_exists"] else None
+            )
     user = params.get("user")
     if user:
         try:

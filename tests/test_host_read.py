@@ -70,6 +70,8 @@ def test_the_interpreter_and_the_service_user() -> None:
     assert found["user_exists"] is False
     missing = host_read.read({"python": "/nonexistent/python"}, 5)
     assert missing == {**missing, "python_exists": False, "sglang_version": None}
+    unasked = host_read.read({"python": sys.executable, "version": False}, 5)
+    assert unasked["python_exists"] is True and "sglang_version" not in unasked
 
 
 def test_the_ports_holder_is_classified_by_the_cleanup_rules() -> None:

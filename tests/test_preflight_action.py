@@ -108,7 +108,6 @@ class FakePreflight(ACTION.ActionModule):
         gpus = host["gpus"]
         answer: dict[str, Any] = {
             "python_exists": host["python"],
-            "sglang_version": host["version"] if host["python"] else None,
             "user_exists": read["user"] in host["users"],
             "port_holders": {
                 want["label"]: host["holders"].get(want["ours"]["ports"][0], [])
@@ -230,6 +229,7 @@ def test_the_host_is_read_once_and_the_flags_checked_once_per_server() -> None:
     # The service user's processes are ours only once it exists (host_read drops it before).
     assert read["user"] == "sglang"
     assert read["ports"][0]["ours"]["users"] == ["root", "sglang"]
+    assert read["version"] is False  # the flag check says it
     assert read["files"] == [
         "/var/lib/sglang-fleet/kimi/calibration.json",
         "/var/lib/sglang-fleet/kimi/lkg/meta.json",
