@@ -198,7 +198,7 @@ KEY_SAFE_RUNS = [
     ("deploy.yml", "-vvv", {}),
     ("rollback.yml", "-vvv", {}),
     ("gpu_cleanup.yml", "--check -vvv", {}),
-    ("diagnose.yml", "-vvv", {"smoke_gate_diagnose_window_s": 2}),
+    ("diagnose.yml", "-vvv", {"diagnosis_window_s": 2}),
 ]
 
 

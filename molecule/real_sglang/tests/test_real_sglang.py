@@ -222,14 +222,14 @@ def test_a_flag_set_sglang_fails_on_is_rolled_back(host):
 
 
 def test_diagnose_gives_a_verdict_from_the_real_metrics(host):
-    run = run_playbook("diagnose.yml", extravars={"smoke_gate_diagnose_window_s": 3})
+    run = run_playbook("diagnose.yml", extravars={"diagnosis_window_s": 3})
     assert run.rc == 0, run.failures
     [kept] = [
         r
         for r in run.task_results("Keep the diagnosis for the table - tiny")
         if "ansible_facts" in r
     ]
-    [row] = kept["ansible_facts"]["smoke_gate_diagnoses"]
+    [row] = kept["ansible_facts"]["diagnosis_results"]
     diagnosis = row["diagnosis"]
     print(f"diagnosis of the real server: {json.dumps(diagnosis)[:600]}")
     assert diagnosis["verdict"]

@@ -186,7 +186,7 @@ def test_the_kimi_jobs_kv_bound_load_is_diagnosed_with_the_fp8_and_fraction_leve
         host.run("kill %s", load.strip())
     assert run.rc == 0, run.failures
     [result] = [r for r in run.task_results("Diagnose llama") if "ansible_facts" in r]
-    diagnosis = result["ansible_facts"]["smoke_gate_live_diagnosis"]
+    diagnosis = result["ansible_facts"]["diagnosis_live"]
     print(f"\nKV-bound load: {diagnosis['summary']} (diagnose.yml {took:.0f} s)")
     assert diagnosis["verdict"] == "kv_cache_bound", diagnosis["summary"]
     assert diagnosis["row"]["running"] <= 45  # about 40 of 150 fit at 0.88 with bf16
