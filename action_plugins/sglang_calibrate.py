@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import shlex
 from collections.abc import Mapping
 from typing import Any
@@ -219,37 +220,28 @@ class ActionModule(VerbAction):
 
     # --- the store -------------------------------------------------------------------------
     def _keep(self, server: Mapping[str, Any], record: dict) -> tuple[bool, str | None, Any]:
+        """The record first in the store, and what no plan may use set aside beside it, in one
+        module run on the host (library/sglang_state_files.py, inside the server's folder)."""
         paths = server["paths"]
-        made = self._module(
-            "ansible.legacy.file",
-            {"path": paths["state_dir"], "state": "directory", "owner": "root",
-             "group": "root", "mode": "0755"},
-        )  # fmt: skip
-        if made.get("failed"):
-            raise AnsibleActionFail(f"sglang_calibrate: {paths['state_dir']}: {made.get('msg')}")
-        store = self._slurp(paths["calibration_file"])
-        update = calibration.store_update(store, record, paths["calibration_file"], server["name"])
-        changed = bool(made.get("changed"))
+        folder, store_path = str(paths["state_dir"]), str(paths["calibration_file"])
+        store = self._slurp(store_path)
+        update = calibration.store_update(store, record, store_path, server["name"])
+        files = [_state_file(folder, store_path, update["store"], "0644")]
         if update["set_aside"] is not None:
-            changed |= self._write(update["set_aside_path"], update["set_aside"], "0600")
-            self._step(f"set aside what no plan may use in {update['set_aside_path']}")
-        changed |= self._write(paths["calibration_file"], update["store"], "0644")
-        records = len(update["store"]["records"])
-        self._step(f"kept the record first of {records} in {paths['calibration_file']}")
-        return changed, update["warning"], update["set_aside_path"]
-
-    def _write(self, path: str, data: Any, mode: str) -> bool:
-        """Write JSON text through the copy action (a temp file, then the copy module)."""
-        done = self._action(
-            "ansible.legacy.copy",
-            {
-                "content": json.dumps(data, indent=4, sort_keys=True) + "\n",
-                "dest": path,
-                "owner": "root",
-                "group": "root",
-                "mode": mode,
-            },
-        )
+            files.append(_state_file(folder, update["set_aside_path"], update["set_aside"], "0600"))
+        done = self._module("sglang_state_files", {"folder": folder, "files": files})
         if done.get("failed"):
-            raise AnsibleActionFail(f"sglang_calibrate: writing {path}: {done.get('msg')}")
-        return bool(done.get("changed"))
+            raise AnsibleActionFail(f"sglang_calibrate: writing in {folder}: {done.get('msg')}")
+        if update["set_aside"] is not None:
+            self._step(f"set aside what no plan may use in {update['set_aside_path']}")
+        records = len(update["store"]["records"])
+        self._step(f"kept the record first of {records} in {store_path}")
+        return bool(done.get("changed")), update["warning"], update["set_aside_path"]
+
+
+def _state_file(folder: str, path: str, data: Any, mode: str) -> dict[str, str]:
+    """One file for sglang_state_files: JSON text, named inside the server's folder."""
+    if os.path.dirname(path) != folder:
+        raise AnsibleActionFail(f"sglang_calibrate: {path} is not inside {folder}")
+    text = json.dumps(data, indent=4, sort_keys=True) + "\n"
+    return {"name": os.path.basename(path), "content": text, "mode": mode}

@@ -2,9 +2,10 @@
 
 The host is replaced by a fake `_execute_module` that answers each module from a dict (the
 journal's lines, /server_info, the installed version, nvidia-smi, the model files, the store),
-and `_write` keeps what the copy action would write. What is checked: the record the deploy
-keeps (the Kimi job's figures), the store and side file it writes, the reasons when a start
-gives no calibration, that the API key goes to the server and nowhere else, and check mode.
+and the state-files module's fake keeps what it would write (one run, inside the server's
+folder). What is checked: the record the deploy keeps (the Kimi job's figures), the store and
+side file it writes, the reasons when a start gives no calibration, that the API key goes to
+the server and nowhere else, and check mode.
 """
 
 from __future__ import annotations
@@ -84,13 +85,12 @@ class FakeCalibrate(ACTION.ActionModule):
     def host_find(self, _args: dict) -> dict:
         return {"files": self.host.get("single_files", [])}
 
-    def host_file(self, _args: dict) -> dict:
-        return {"changed": False}
-
-    def _write(self, path: str, data: Any, mode: str) -> bool:
-        self.written[path] = (data, mode)
-        self.host["files"][path] = json.dumps(data)
-        return True
+    def host_sglang_state_files(self, args: dict) -> dict:
+        for item in args["files"]:
+            path = f"{args['folder']}/{item['name']}"
+            self.written[path] = (json.loads(item["content"]), item["mode"])
+            self.host["files"][path] = item["content"]
+        return {"changed": True, "written": [item["name"] for item in args["files"]]}
 
     def run_it(self) -> dict[str, Any]:
         return self.run(task_vars={"inventory_hostname": "gpu-a"})
