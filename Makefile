@@ -17,8 +17,14 @@ SCENARIOS ?= $(filter-out $(OPT_IN),$(filter $(ALL_SCENARIOS),$(LONGEST_FIRST)) 
   $(filter-out $(LONGEST_FIRST),$(ALL_SCENARIOS)))
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+# Python keeps the bytecode of what it compiles (__pycache__/, ignored by git) even where the
+# machine's environment says not to (PYTHONDONTWRITEBYTECODE, as on these machines): every
+# Ansible task runs in a fresh worker process that imports its action plugin and sglang_fleet
+# again, and every pytest worker rewrites every test module's asserts again, each time from
+# source without it (docs/TESTING.md, "Bytecode").
+unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: help check test demo lint pytest molecule host image wheelhouse cpu-image double-image monitoring-debs staging-debs sglang-ref resolve-gpu-deps bench clean
+.PHONY: help check test test-setup demo lint pytest molecule host image wheelhouse cpu-image double-image monitoring-debs staging-debs sglang-ref resolve-gpu-deps bench clean
 help:
 	@echo "make check  - the quick loop, no containers: yamllint, ansible-lint, ruff and the unit tests"
 	@echo "make test   - set up, then yamllint, ansible-lint, ruff, pytest and every Molecule scenario"
@@ -88,12 +94,19 @@ pytest: $(BIN)/.stamp wheelhouse sglang-ref host
 check: lint $(BIN)/.stamp wheelhouse
 	@echo "==> pytest (no containers)"; $(BIN)/pytest -n $(PYTEST_JOBS) -m "not container"
 
-molecule: $(BIN)/.stamp image wheelhouse $(if $(filter real_sglang,$(SCENARIOS)),cpu-image) \
+MOLECULE_SETUP := $(BIN)/.stamp image wheelhouse $(if $(filter real_sglang,$(SCENARIOS)),cpu-image) \
   $(if $(filter $(DOUBLE_LAYER_SCENARIOS),$(SCENARIOS)),double-image) \
   $(if $(filter monitoring,$(SCENARIOS)),monitoring-debs) $(if $(filter staging,$(SCENARIOS)),staging-debs)
+molecule: $(MOLECULE_SETUP)
 	@scripts/molecule-all.sh $(SCENARIOS)
 
-test: lint pytest molecule
+# Everything the tests need before they start (images, wheelhouses, the reference venv): it
+# waits mostly on downloads, disk and dockerd, so `make test` runs it beside the linters.
+test-setup: $(MOLECULE_SETUP) sglang-ref host
+
+test: $(BIN)/.stamp
+	@$(MAKE) --no-print-directory -j 3 --output-sync=target lint test-setup
+	@$(MAKE) --no-print-directory pytest molecule
 	@echo "==> all tests passed"
 
 demo: $(BIN)/.stamp image wheelhouse

@@ -45,9 +45,17 @@ done
 
 # The base by its recipe tag (scripts/build-test-image.sh), not its id: a rebuild of the same
 # recipe elsewhere on the machine must not invalidate this layer.
+# The double's payloads by what they hold, not their bytes: the pinned wheels by name (a pinned
+# download is the same file wherever it is made) and the double by its source (its wheel and the
+# archives carry the time they were built, so a fresh clone would otherwise rebuild the layer).
+payload_identity() {
+  (cd "$repo/.cache" && find wheelhouse router-wheelhouse -name '*.whl' ! -name 'gpusim-*' | sort)
+  (cd "$repo" && find gpusim -type f ! -path '*/__pycache__/*' ! -path '*.egg-info/*' \
+     ! -path 'gpusim/build/*' ! -path 'gpusim/tools/*' | sort | xargs sha256sum)
+}
 recipe_hash=$( { docker image inspect -f '{{join .RepoTags " "}}' "$base" | tr ' ' '\n' | grep -v ':latest$';
   cat "$0" "$settings" "$playbook" "${inputs[@]}";
-  if [ "$layer" = double ]; then sha256sum "${payloads[@]}" | cut -d' ' -f1; fi; } | sha256sum | cut -c1-12)
+  if [ "$layer" = double ]; then payload_identity; fi; } | sha256sum | cut -c1-12)
 image="sglang-fleet-testhost-$layer:$recipe_hash"
 if docker image inspect "$image" >/dev/null 2>&1; then
   say "$layer test-host layer $image is up to date"
