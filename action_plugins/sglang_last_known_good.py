@@ -3,7 +3,10 @@
 One operator verb, sequenced on the controller through modules on the host (as
 `ansible.builtin.reboot` sequences its own). Right after a server passed its gates:
 
-in one module run on the host (library/sglang_last_known_good.py, under no_log), into its
+A server across hosts (its `nodes`) first checks that every node passed this restart
+(sglang_fleet.restart.failed_nodes: each node's registered restart, and node 0's smoke gate);
+one that did not fails the task on every node, and all go back to last-known-good together.
+Then, in one module run on the host (library/sglang_last_known_good.py, under no_log), into its
 last-known-good folder (<state dir>/<server>/lkg, root only):
 
 1. the files that made it: the launch drop-in, the environment file and, when the server has an
@@ -13,11 +16,15 @@ last-known-good folder (<state dir>/<server>/lkg, root only):
    SGLang version, and the smoke result it passed with (what the relative gate compares the next
    start with).
 
-A rollback (rollback_server.yml) puts these files back. The result: record (a flag named like a
-secret left out), previous (the config
-hash the record held before, or null), changed, steps. With --diff it shows the record's change
-(config_hash, sglang_version, the flags; never a key, nor a flag named like a secret). Check mode:
-nothing passed a gate, so nothing is recorded; the action is skipped.
+The result: record (a flag named like a secret left out), previous (the config hash the record
+held before, or null), changed, steps. With --diff it shows the record's change (config_hash,
+sglang_version, the flags; never a key, nor a flag named like a secret). Check mode: nothing
+passed a gate, so nothing is recorded; the action is skipped.
+
+With `state: restored` (the rollback, rollback_server.yml) the same module run puts the kept
+launch drop-in and environment file back, and the secrets file when the kept set had a key,
+each only where it differs, and reloads systemd when one changed. The result: found (false:
+no record yet, nothing changed), record (as above), written (the paths put back), changed.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from typing import Any
 
 from ansible.errors import AnsibleActionFail
 
+from sglang_fleet import restart
 from sglang_fleet.calibration import public_flags
 from sglang_fleet.verb_action import VerbAction
 
@@ -39,7 +47,7 @@ class ActionModule(VerbAction):
     """Copies the passing files into lkg/ and writes the record beside them."""
 
     VERB = "sglang_last_known_good"
-    _VALID_ARGS = frozenset(("server", "sglang_version", "smoke_result"))
+    _VALID_ARGS = frozenset(("server", "state", "sglang_version", "smoke_result"))
 
     def run(self, tmp: Any = None, task_vars: dict | None = None) -> dict:
         result = super().run(tmp, task_vars)
@@ -53,10 +61,26 @@ class ActionModule(VerbAction):
                 "sglang_last_known_good: server must be a described server "
                 f"({', '.join(SERVER_KEYS)}; paths {', '.join(PATH_KEYS)})"
             )
+        state = self._task.args.get("state") or "kept"
+        if state not in ("kept", "restored"):
+            raise AnsibleActionFail(
+                f"sglang_last_known_good: state is kept or restored, not {state!r}"
+            )
+        if state == "restored":
+            self.begin(task_vars)
+            return {**result, **self._restore(server)}
         if self._play_context.check_mode:
             result.update(skipped=True, msg="check mode: nothing passed a gate, nothing recorded")
             return result
         self.begin(task_vars)
+        # A server across hosts: no node records a configuration another node failed with
+        # (docs/MULTINODE.md); the failing node is in its rollback, and this one follows it.
+        failed = restart.failed_nodes(server, self._vars.get("hostvars") or {})
+        if failed:
+            raise AnsibleActionFail(
+                f"node {', '.join(failed)} of {server['name']} failed: every node goes back to "
+                "its last-known-good configuration"
+            )
         paths = server["paths"]
         lkg = str(paths["lkg_dir"])
         record = {
@@ -110,7 +134,37 @@ class ActionModule(VerbAction):
             }
         return result
 
-    # --- steps -----------------------------------------------------------------------------
+    def _restore(self, server: Mapping[str, Any]) -> dict[str, Any]:
+        """The kept files back in place (one module run, under no_log: the secrets file)."""
+        paths = server["paths"]
+        lkg = str(paths["lkg_dir"])
+        files = [
+            {"name": "10-launch.conf", "dest": paths["dropin"], "mode": "0644"},
+            {"name": "server.env", "dest": paths["env_file"], "mode": "0644"},
+            {"name": "secrets.yaml", "dest": paths["secrets_file"], "mode": "0600"},
+        ]
+        with self._quiet():
+            done = self._module(
+                "sglang_last_known_good", {"lkg_dir": lkg, "state": "restored", "files": files}
+            )
+        if done.get("failed"):
+            raise AnsibleActionFail(f"sglang_last_known_good: {done.get('msg')}")
+        if not done.get("found"):
+            self._step(f"no record in {lkg}")
+            return {"changed": False, "found": False, "record": None, "written": [],
+                    "steps": self._steps,
+                    "msg": f"{server['name']}: no last-known-good configuration yet"}  # fmt: skip
+        record = dict(done.get("record") or {})
+        written = [str(path) for path in done.get("written") or []]
+        self._step(f"put back {', '.join(written) or 'nothing (already in place)'} from {lkg}")
+        return {
+            "changed": bool(done.get("changed")),
+            "found": True,
+            "record": {**record, "flags": public_flags(record.get("flags") or {})},
+            "written": written,
+            "steps": self._steps,
+            "msg": f"{server['name']}: last-known-good {record.get('config_hash')} is in place",
+        }
 
 
 def _shown(record: Mapping[str, Any] | None) -> str:

@@ -3,6 +3,10 @@
 One operator verb, sequenced on the controller through modules on the host (as
 `ansible.builtin.reboot` sequences its own); its decisions are sglang_fleet.restart's:
 
+0. a replica behind a router (`router`, its URLs; `drain`, the bounds) that runs leaves it and
+   drains first (sglang_router_workers, state absent; the lock renewed for the drain's bound
+   first, docs/ROUTER.md); a router that refuses (too few other healthy replicas) fails the
+   verb with `untouched: true`: nothing was stopped;
 1. the rollout lock renewed before the stop (fleet_lock, state renewed; with no lock held, as
    in the `rollback` entry point run on its own, nothing to renew);
 2. the host's clock and whether the unit runs, then the stop: SIGTERM, SGLang drains its
@@ -15,11 +19,13 @@ One operator verb, sequenced on the controller through modules on the host (as
 5. the health gate: sglang_wait_healthy (a real generation; the rollout lock renewed while the
    model loads), then the clock: the downtime runs from the stop to here.
 
-The result: downtime {was_running, stop_result, downtime_seconds}, started_at (host clock at
-the start), restarts_baseline (the unit's restart count before it), health (the wait's
-result), health_s (the wait's own seconds), cleanup {msg, lines}, steps, changed. A failure
-says which step; lock_lost: true when the lock was taken over (do not roll back then: the host
-may be another run's now). Check mode: nothing is stopped or started; the action is skipped.
+The result: server (its name), downtime {was_running, stop_result, downtime_seconds},
+started_at (host clock at the start), restarts_baseline (the unit's restart count before it),
+health (the wait's result), health_s (the wait's own seconds), cleanup {msg, lines}, router_out
+(it left its router here and is not back yet), drain {drained, running_reqs, drain_seconds}
+(null without one), steps, changed. A failure says which step; lock_lost: true when the lock
+was taken over (do not roll back then: the host may be another run's now); untouched: true when
+it failed before anything stopped. Check mode: nothing is stopped or started; the action is skipped.
 """
 
 from __future__ import annotations
@@ -35,8 +41,18 @@ from sglang_fleet import restart
 from sglang_fleet.verb_action import StepFailed, VerbAction
 
 REQUIRED = ("server", "launch_module", "owner_users")
-OPTIONAL = ("lock", "health", "cleanup")
+OPTIONAL = ("lock", "health", "cleanup", "router", "drain", "api_key")
 HEALTH_KEYS = ("timeout", "poll_interval", "progress_interval")
+# What sglang_router_workers needs to take one replica out and drain it (_server.router's URLs
+# and the role's bounds), by the module's name for each.
+ROUTER_KEYS = {
+    "url": "router_url",
+    "worker_url": "worker_url",
+    "metrics_url": "drain_metrics_url",
+    "timeout": "timeout",
+    "min_healthy_others": "min_healthy_others",
+    "drain_timeout": "drain_timeout",
+}
 LOCK_KEYS = ("path", "token", "lease_s")
 
 
@@ -56,30 +72,51 @@ class ActionModule(VerbAction):
             raise AnsibleActionFail(str(exc)) from None
         health = dict(args.get("health") or {})
         lock = dict(args.get("lock") or {})
-        unknown = sorted(set(health) - set(HEALTH_KEYS)) + sorted(set(lock) - set(LOCK_KEYS))
+        # The server's router (its description's url, worker_url, metrics_url) and the drain's
+        # bounds (the role's timeout, min_healthy_others, drain_timeout).
+        router = dict(args.get("router") or {})
+        if router:
+            router.update(args.get("drain") or {})
+        unknown = (
+            sorted(set(health) - set(HEALTH_KEYS))
+            + sorted(set(lock) - set(LOCK_KEYS))
+            + sorted(set(router) - set(ROUTER_KEYS))
+        )
         if unknown:
-            raise AnsibleActionFail(f"sglang_restart: unknown health or lock key(s) {unknown}")
+            raise AnsibleActionFail(
+                f"sglang_restart: unknown health, lock or router key(s) {unknown}"
+            )
+        missing = [key for key in ("url", "worker_url") if router and not router.get(key)]
+        if missing:
+            raise AnsibleActionFail(f"sglang_restart: router needs {', '.join(missing)}")
         if self._play_context.check_mode:
             result.update(skipped=True, msg=f"check mode: {server['unit']} would be restarted")
             return result
         self.begin(task_vars)
-        self._done: dict[str, Any] = {}
+        self._done: dict[str, Any] = {"router_out": False, "drain": None}
+        self._stopping = False  # until the stop begins, a failure leaves the server as it was
         cleanup = restart.cleanup_args(
             server, settings, str(args["launch_module"]), [str(u) for u in args["owner_users"]]
         )
         try:
+            if router:
+                self._take_out(server, router, str(args.get("api_key") or ""), lock)
             self._restart(server, cleanup, health, lock)
         except StepFailed as exc:
+            untouched = not self._stopping
             result.update(
+                server=server["name"],
                 failed=True,
                 msg=f"{server['name']}: {exc}",
                 lock_lost=exc.lock_lost,
+                untouched=untouched,
                 steps=self._steps,
-                changed=True,
+                changed=not untouched or self._done["router_out"],
                 **self._done,
             )
             return result
         result.update(
+            server=server["name"],
             changed=True,
             msg=f"{server['name']} restarted: healthy after "
             f"{self._done['downtime']['downtime_seconds']} s of downtime",
@@ -97,6 +134,39 @@ class ActionModule(VerbAction):
             raise StepFailed(f"{what}: {done.get('stderr') or done.get('msg')}")
         return str(done.get("stdout") or "")
 
+    def _take_out(
+        self, server: Mapping[str, Any], router: Mapping[str, Any], api_key: str, lock: Mapping
+    ) -> None:
+        """A running replica leaves its router and drains (docs/ROUTER.md); one that does not
+        run serves nothing, and the router's own health checks keep requests away from it."""
+        unit = shlex.quote(str(server["unit"]))
+        state = self._shell(f"systemctl is-active {unit} || true", "reading the unit").strip()
+        if state != "active":
+            self._step(f"{server['unit']} does not run: not taken out of its router")
+            return
+        drain_timeout = int(float(router.get("drain_timeout") or 0))
+        self._renew(lock, int(lock.get("lease_s") or 0) + drain_timeout)
+        module_args = {"router_url": router["url"], "state": "absent"}
+        for key, module_key in ROUTER_KEYS.items():
+            if key != "url" and router.get(key) not in (None, ""):
+                module_args[module_key] = router[key]
+        if api_key:
+            module_args["api_key"] = api_key
+        with self._quiet():
+            removed = self._module("sglang_router_workers", module_args)
+        if removed.get("failed"):
+            raise StepFailed(f"taking it out of its router {router['url']}: {removed.get('msg')}")
+        self._done["router_out"] = True
+        self._done["drain"] = {
+            "drained": removed.get("drained"),
+            "running_reqs": removed.get("running_reqs"),
+            "drain_seconds": removed.get("drain_seconds"),
+        }
+        self._step(
+            f"out of its router {router['url']}; drained: {removed.get('drained')} "
+            f"after {removed.get('drain_seconds')} s"
+        )
+
     def _restart(
         self,
         server: Mapping[str, Any],
@@ -106,6 +176,7 @@ class ActionModule(VerbAction):
     ) -> None:
         unit, quoted = str(server["unit"]), shlex.quote(str(server["unit"]))
         self._renew(lock)
+        self._stopping = True
         # One call: the clock and whether it runs, the stop (SGLang drains, systemd kills after
         # TimeoutStopSec), and how the stop ended.
         stopped = self._shell(

@@ -1,14 +1,13 @@
-"""Ansible filters for the smoke gate: the verdict on a benchmark result, and what to keep of it.
+"""Ansible filters for the fleet summary (the smoke gate's verdict is the sglang_smoke_gate
+action's, action_plugins/sglang_smoke_gate.py).
 
-    {{ smoke_result | sglang_gate(thresholds, lkg_smoke_result) }}   {passed, failures, summary}
-    {{ smoke_result | sglang_smoke_compact(diagnosis, report_path) }}  metrics, workload, verdict
+    {{ server | sglang_rollout_row(outcome, smoke_result, restart_result, model_stage_results,
+                                   message) }}   one server's row, as restart.yml notes it
     {{ ansible_play_hosts_all | sglang_rollout_table(hostvars, ansible_check_mode) }}
                                                  the fleet summary, as lines
     {{ 'smoke' | sglang_fleet_module_file }}   the installed sglang_fleet/smoke.py (copied to hosts)
-    {{ workload | sglang_smoke_argv(python, client, port, json_path, timeout) }}  client command
 
-Thin wrappers over the installed sglang_fleet package (gate.py; tested there). The
-result may be what `slurp` + `b64decode` give (JSON text) or already parsed.
+Thin wrappers over the installed sglang_fleet package (gate.py; tested there).
 """
 
 from __future__ import annotations
@@ -19,54 +18,30 @@ from typing import Any
 
 from ansible.errors import AnsibleFilterError
 
-from sglang_fleet.gate import (
-    GateInputError,
-    compact,
-    evaluate,
-    format_rollout_table,
-    rollout_rows,
-    smoke_argv,
-)
+from sglang_fleet.gate import format_rollout_table, rollout_row, rollout_rows
 from sglang_fleet.plain import plain_mapping
 
 
-def sglang_smoke_argv(  # noqa: PLR0917 (Jinja passes filter arguments by position)
-    workload: Any, python: str, client: str, port: Any, json_path: str, timeout: Any
-) -> list[str]:
-    """sglang_fleet.gate.smoke_argv(): the smoke client's command; an unknown workload key fails
-    the task naming it."""
+def sglang_rollout_row(  # noqa: PLR0917 (Jinja passes filter arguments by position)
+    server: Any,
+    outcome: str,
+    smoke: Any = None,
+    restarted: Any = None,
+    staged: Any = None,
+    message: Any = None,
+) -> dict[str, Any]:
+    """sglang_fleet.gate.rollout_row(): one server's row of the fleet summary (restart.yml)."""
     try:
-        return smoke_argv(
-            plain_mapping(workload, "smoke_gate_workload") or {},
-            python=str(python), client=str(client), port=int(port), json_path=str(json_path),
-            timeout=int(timeout),
-        )  # fmt: skip
-    except GateInputError as exc:
-        raise AnsibleFilterError(str(exc)) from exc
-
-
-def sglang_gate(result: Any, thresholds: Any = None, baseline: Any = None) -> dict[str, Any]:
-    """sglang_fleet.gate.evaluate(); unusable thresholds fail the task naming the threshold."""
-    try:
-        return evaluate(
-            plain_mapping(result, "smoke result") or {},
-            plain_mapping(thresholds, "thresholds", optional=True) or {},
-            plain_mapping(baseline, "last-known-good smoke result", optional=True),
+        return rollout_row(
+            plain_mapping(server, "server") or {},
+            str(outcome),
+            smoke=plain_mapping(smoke, "smoke gate result", optional=True),
+            restarted=plain_mapping(restarted, "restart result", optional=True),
+            staged=plain_mapping(staged, "model_stage_results", optional=True),
+            message=None if message is None else str(message),
         )
-    except GateInputError as exc:
-        raise AnsibleFilterError(f"sglang_gate: {exc}") from exc
-    except ValueError as exc:  # the inputs themselves: no mapping, or not JSON
-        raise AnsibleFilterError(str(exc)) from exc
-
-
-def sglang_smoke_compact(result: Any, diagnosis: Any = None, report: str | None = None) -> dict:
-    """sglang_fleet.gate.compact(): the part of a passing result that last-known-good keeps."""
-    try:
-        kept = plain_mapping(result, "smoke result") or {}
-        diagnosed = plain_mapping(diagnosis, "diagnosis", optional=True)
     except ValueError as exc:
-        raise AnsibleFilterError(str(exc)) from exc
-    return compact(kept, diagnosed, str(report) if report else None)
+        raise AnsibleFilterError(f"sglang_rollout_row: {exc}") from exc
 
 
 def _host_entry(host: str, hostvars: Mapping[str, Any], check_mode: bool) -> dict[str, Any]:
@@ -130,9 +105,7 @@ class FilterModule:
 
     def filters(self) -> dict[str, Any]:
         return {
-            "sglang_gate": sglang_gate,
-            "sglang_smoke_compact": sglang_smoke_compact,
+            "sglang_rollout_row": sglang_rollout_row,
             "sglang_rollout_table": sglang_rollout_table,
             "sglang_fleet_module_file": sglang_fleet_module_file,
-            "sglang_smoke_argv": sglang_smoke_argv,
         }

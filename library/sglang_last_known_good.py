@@ -2,22 +2,26 @@
 # Ansible wants DOCUMENTATION/EXAMPLES/RETURN before the imports (ansible-test checks it).
 # ruff: noqa: E402
 """Ansible module sglang_last_known_good: keep the files and the record of a configuration
-that passed its gates, in one run on the host (the action of the same name sequences it).
-Runs on the GPU host: standard library only."""
+that passed its gates, or put them back, in one run on the host (the action of the same name
+sequences it). Runs on the GPU host: standard library only."""
 
 from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
 module: sglang_last_known_good
-short_description: Keep a passing server's files and record in its last-known-good folder
+short_description: Keep a passing server's files and record as last-known-good, or restore them
 description:
-  - Makes the folder (root only, 0700), copies each file into it (0600, atomically, only when
-    its content differs), removes the files named in C(absent), and writes C(record) as
-    meta.json (0600) when it differs.
+  - With C(state=kept), makes the folder (root only, 0700), copies each file into it (0600,
+    atomically, only when its content differs), removes the files named in C(absent), and
+    writes C(record) as meta.json (0600) when it differs.
+  - With C(state=restored), reads meta.json and copies each file named in C(files) from the
+    folder back to its C(dest) (atomically, with C(mode), only when its content differs; the
+    secrets file only when the record says the kept set had a key), then reloads systemd when
+    anything was written. No meta.json: C(found=false) and nothing changes.
   - Every path stays inside C(lkg_dir); a name with a slash, or a symlink in place of a file,
-    is refused.
-  - Returns the record that was there before (for the action's diff), never a file's content.
+    is refused; each file read is bounded.
+  - Returns the record (the one there before, for C(kept)), never a file's content.
   - Changes nothing in check mode; says what would change.
 version_added: "0.4.0"
 author: sglang-fleet
@@ -26,8 +30,16 @@ options:
     description: The server's last-known-good folder (<state dir>/<server>/lkg).
     type: path
     required: true
+  state:
+    description: C(kept) records a passing configuration; C(restored) puts the recorded one back.
+    type: str
+    choices: [kept, restored]
+    default: kept
   files:
-    description: Files to keep, each {name, src}; the secrets file among them.
+    description:
+      - C(kept) - files to keep, each {name, src}; the secrets file among them.
+      - C(restored) - files to put back, each {name, dest, mode}; C(secrets.yaml) is put back
+        only when the record's api_key_set is true.
     type: list
     elements: dict
     default: []
@@ -37,9 +49,10 @@ options:
     elements: str
     default: []
   record:
-    description: What meta.json says (server, config_hash, flags, api_key_set, version, result).
+    description:
+      - What meta.json says (server, config_hash, flags, api_key_set, version, result).
+      - Required with C(state=kept).
     type: dict
-    required: true
 """
 
 EXAMPLES = r"""
@@ -51,12 +64,31 @@ EXAMPLES = r"""
       - {name: server.env, src: /etc/sglang/llama.env}
     absent: [secrets.yaml]
     record: {server: llama, config_hash: abc123, flags: {}, api_key_set: false}
+
+- name: Put it back (the rollback)
+  sglang_last_known_good:
+    lkg_dir: /var/lib/sglang-fleet/llama/lkg
+    state: restored
+    files:
+      - name: 10-launch.conf
+        dest: /etc/systemd/system/sglang@llama.service.d/10-launch.conf
+        mode: "0644"
+      - {name: server.env, dest: /etc/sglang/llama.env, mode: "0644"}
+      - {name: secrets.yaml, dest: /etc/sglang/llama.secrets.yaml, mode: "0600"}
 """
 
 RETURN = r"""
 previous:
   description: The record meta.json held before, or null (none, or unreadable).
-  returned: always
+  returned: with state kept
+  type: dict
+found:
+  description: Whether a record exists to go back to.
+  returned: with state restored
+  type: bool
+record:
+  description: The record that was put back (null when none was found).
+  returned: with state restored
   type: dict
 written:
   description: The names written or removed (meta.json among them when the record changed).
@@ -67,11 +99,13 @@ written:
 
 import json
 import os
+from collections.abc import Callable
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.bounded_file import read_regular, write_atomic
 
 META = "meta.json"
+SECRETS = "secrets.yaml"
 MAX_BYTES = 16 * 1024 * 1024  # a drop-in, an env file, a secrets file, a record: far less
 
 
@@ -134,17 +168,56 @@ def keep(params: dict, check_mode: bool) -> dict:
     return {"changed": bool(written), "written": written, "previous": previous}
 
 
+def restore(params: dict, check_mode: bool, reload: Callable[[], None]) -> dict:
+    """The kept files back where the server reads them; systemd reloaded when one changed."""
+    folder = params["lkg_dir"]
+    if os.path.islink(folder):
+        raise ValueError(f"{folder} is a symlink, not the last-known-good folder")
+    raw = _read(os.path.join(folder, META)) if os.path.isdir(folder) else None
+    if raw is None:
+        return {"changed": False, "found": False, "record": None, "written": []}
+    record = json.loads(raw)
+    if not isinstance(record, dict):
+        raise ValueError(f"{folder}/{META} is not a record")
+    written = []
+    for item in params["files"]:
+        name = str(item["name"])
+        if name == SECRETS and not record.get("api_key_set"):
+            continue  # the kept set had no key: the secrets file is not the record's
+        data = _read(_inside(folder, name))
+        if data is None:
+            raise ValueError(f"{folder}/{name} is missing: the record cannot be put back")
+        dest = str(item["dest"])
+        if _read(dest) != data:
+            written.append(dest)
+            if not check_mode:
+                write_atomic(dest, data, int(str(item.get("mode") or "0644"), 8))
+    if written and not check_mode:
+        reload()
+    return {"changed": bool(written), "found": True, "record": record, "written": written}
+
+
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "lkg_dir": {"type": "path", "required": True},
+            "state": {"type": "str", "choices": ["kept", "restored"], "default": "kept"},
             "files": {"type": "list", "elements": "dict", "default": []},
             "absent": {"type": "list", "elements": "str", "default": []},
-            "record": {"type": "dict", "required": True},
+            "record": {"type": "dict"},
         },
+        required_if=[("state", "kept", ["record"])],
         supports_check_mode=True,
     )
+
+    def reload() -> None:
+        rc, _, err = module.run_command(["systemctl", "daemon-reload"])
+        if rc != 0:
+            raise OSError(f"systemctl daemon-reload: {err.strip()}")
+
     try:
+        if module.params["state"] == "restored":
+            module.exit_json(**restore(module.params, module.check_mode, reload))
         module.exit_json(**keep(module.params, module.check_mode))
     except (OSError, ValueError) as err:
         module.fail_json(msg=f"last-known-good: {err}")

@@ -21,8 +21,11 @@ clean its streams look. Failed requests count with their reasons (`failure_reaso
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from sglang_fleet import downtime as stops
 
 # The workload keys two results must share for their throughput to be comparable.
 WORKLOAD_KEYS = (
@@ -349,6 +352,49 @@ def rollout_rows(hosts: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if entry.get("error") and not restart_failed and not refused:
             rows.append(_row(entry["host"], "-", None, "failed", message=entry["error"]))
     return rows
+
+
+def rollout_row(
+    server: Mapping[str, Any],
+    outcome: str,
+    *,
+    smoke: Mapping[str, Any] | None = None,
+    restarted: Mapping[str, Any] | None = None,
+    staged: Mapping[str, Any] | None = None,
+    message: str | None = None,
+) -> dict[str, Any]:
+    """One server's result as restart.yml notes it for the fleet summary (rollout_rows).
+
+    smoke: the smoke gate's result (registered, or the failed task's), whose `measured` gives
+    the figures; node 0 of a server across hosts alone is benchmarked, so another node's (an
+    earlier server's result) is not read. restarted: the restart action's result, for the
+    downtime and a drain that ran out of time (a passed restart). staged: model_stage's results
+    by model_path, for the weights' copy time. message: why it failed (else the gate's summary).
+    """
+    if outcome not in ("passed", "failed"):
+        raise ValueError(f"a restart's outcome is passed or failed, not {outcome!r}")
+    benchmarked = not server.get("nodes") or not server.get("node_rank")
+    measured = (smoke or {}).get("measured") if benchmarked else None
+    measured = measured if isinstance(measured, Mapping) else {}
+    row = {
+        "server": server["name"],
+        "config_hash": server["config_hash"],
+        "outcome": outcome,
+        "output_throughput": measured.get("output_throughput"),
+        "p99_ttft_ms": measured.get("p99_ttft_ms"),
+        "message": message
+        if outcome == "failed"
+        else measured.get("summary") or "healthy (no smoke gate)",
+    }
+    if outcome == "passed":
+        down = (restarted or {}).get("downtime")
+        copy = ((staged or {}).get(server.get("model_path")) or {}).get("copy_seconds")
+        row.update(
+            downtime_seconds=stops.downtime_seconds(down),
+            copy_seconds=copy,
+            drain_note=stops.drain_note((restarted or {}).get("drain"), down),
+        )
+    return row
 
 
 def _row(host: str, server: str, config_hash: str | None, outcome: str, message=None) -> dict:

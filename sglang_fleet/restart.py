@@ -6,7 +6,9 @@
   from them;
 - cleanup_args: the gpu_cleanup module's arguments for one server's restart;
 - holder_lines: what the cleanup found on the GPUs, one line per process and what was done;
-- downtime: stop to a passed health gate, on the host's clock.
+- downtime: stop to a passed health gate, on the host's clock;
+- failed_nodes: which nodes of a server across hosts did not pass this restart (read from what
+  each node registered), so that no node records a configuration another node failed with.
 """
 
 from __future__ import annotations
@@ -143,3 +145,32 @@ def downtime(before_stop: str, healthy_at: str) -> dict[str, Any]:
         "was_running": len(words) > 1 and words[1] == "active",
         "downtime_seconds": round(float(healthy_at.strip()) - stopped_at, 1),
     }
+
+
+# What each node of a server across hosts registers in restart.yml: its restart (every node) and
+# its smoke gate (node 0 alone; docs/MULTINODE.md).
+RESTART_RESULT = "_sglang_server_restarted"
+GATE_RESULT = "smoke_gate_run"
+
+
+def failed_nodes(server: Mapping[str, Any], hostvars: Mapping[str, Any]) -> list[str]:
+    """The nodes of `server` (its `nodes`, node 0 first) that did not pass this restart: a node
+    whose restart of this server failed or is missing, and node 0 when its smoke gate failed.
+    Every node runs restart.yml in lockstep (one include for all), so by the time one node
+    records last-known-good, each node's results for this server are registered; a node that
+    failed is in the rollback already, and the others must follow it there."""
+    failed = []
+    for rank, node in enumerate(server.get("nodes") or []):
+        facts = hostvars.get(node) or {}
+        restarted = facts.get(RESTART_RESULT)
+        passed = (
+            isinstance(restarted, Mapping)
+            and restarted.get("server") == server["name"]
+            and not restarted.get("failed")
+        )
+        if passed and rank == 0:
+            gate = facts.get(GATE_RESULT)
+            passed = not (isinstance(gate, Mapping) and gate.get("failed"))
+        if not passed:
+            failed.append(str(node))
+    return failed

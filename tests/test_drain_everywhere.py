@@ -1,7 +1,9 @@
-"""Every entry point that stops a server takes a routed replica out of its router first, through
-the one task file a rollout uses (roles/sglang_server/tasks/router_take_out.yml; docs/STAGING.md,
-"Drain before every stop of a routed replica"). Read from the task files themselves, so a new
-stop path that skips the drain fails here."""
+"""Every entry point that stops a server takes a routed replica out of its router first: a
+rollout inside its restart action (restart.yml's start sets _sglang_server_take_out, and
+start_and_wait.yml hands the server's router to sglang_restart), the others through
+roles/sglang_server/tasks/router_take_out.yml (docs/STAGING.md, "Drain before every stop of a
+routed replica"). Read from the task files themselves, so a new stop path that skips the drain
+fails here."""
 
 from __future__ import annotations
 
@@ -37,7 +39,6 @@ def _includes(path: Path) -> list[str]:
 @pytest.mark.parametrize(
     ("entry", "stop"),
     [
-        ("restart.yml", "start_and_wait.yml"),
         ("rollback_replica.yml", "rollback_server.yml"),
         ("clean.yml", "clean_gpus.yml"),
         ("trial_server.yml", "start_and_wait.yml"),
@@ -47,6 +48,20 @@ def test_a_routed_replica_is_taken_out_before_it_stops(entry: str, stop: str) ->
     included = _includes(TASKS / entry)
     assert "router_take_out.yml" in included, f"{entry} never drains"
     assert included.index("router_take_out.yml") < included.index(stop)
+
+
+def test_a_rollout_drains_in_its_restart_action() -> None:
+    [start] = [
+        t for t in _flat(yaml.safe_load((TASKS / "restart.yml").read_text()))
+        if t.get("ansible.builtin.import_tasks") == "start_and_wait.yml"
+    ]  # fmt: skip
+    assert start["vars"]["_sglang_server_take_out"] is True
+    [restart] = yaml.safe_load((TASKS / "start_and_wait.yml").read_text())
+    args = restart["sglang_restart"]
+    assert "_server.router if _sglang_server_take_out" in args["router"]
+    assert set(args["drain"]) == {"timeout", "min_healthy_others", "drain_timeout"}
+    # The take-out task file is not run a second time around it.
+    assert "router_take_out.yml" not in _includes(TASKS / "restart.yml")
 
 
 @pytest.mark.parametrize("entry", ["restart.yml", "rollback_replica.yml", "trial_server.yml"])

@@ -6,7 +6,6 @@ passing result and checks the failure names the threshold, the measured value an
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -268,16 +267,42 @@ def _filter_module() -> Any:
     return load_plugin("filter_plugins/sglang_gate.py")
 
 
-def test_filter_accepts_json_text_and_reports_bad_thresholds() -> None:
+def test_a_restart_row_carries_its_figures_downtime_and_copy() -> None:
     filters = _filter_module().FilterModule().filters()
-    verdict = filters["sglang_gate"](
-        json.dumps(smoke_result(output_throughput=10.0)), ALL_LIMITS, ""
+    server = {"name": "llama", "config_hash": "abc123", "model_path": "/srv/m"}
+    smoke = {"measured": {"output_throughput": 900.0, "p99_ttft_ms": 40.0, "summary": "ok"}}
+    restarted = {
+        "downtime": {"was_running": True, "stop_result": "timeout", "downtime_seconds": 12.5},
+        "drain": {"drained": False, "running_reqs": 3, "drain_seconds": 30},
+    }
+    row = filters["sglang_rollout_row"](
+        server, "passed", smoke, restarted, {"/srv/m": {"copy_seconds": 7.0}}
     )
-    assert verdict["failures"][0]["code"] == "min_output_tok_s"
-    with pytest.raises(AnsibleFilterError, match="sglang_gate: unknown threshold"):
-        filters["sglang_gate"](smoke_result(), {"bogus": 1}, None)
-    kept = filters["sglang_smoke_compact"](smoke_result(), None, "")
-    assert kept["verdict"] is None and kept["report"] is None
+    assert (row["output_throughput"], row["p99_ttft_ms"], row["message"]) == (900.0, 40.0, "ok")
+    assert (row["downtime_seconds"], row["copy_seconds"]) == (12.5, 7.0)
+    assert "drain ran out of time after 30 s with 3 request(s)" in row["drain_note"]
+    assert "systemd killed the server" in row["drain_note"]
+    bare = filters["sglang_rollout_row"](server, "passed", {"skipped": True}, {}, None)
+    assert bare["message"] == "healthy (no smoke gate)" and bare["downtime_seconds"] is None
+
+
+def test_a_failed_row_says_why_and_a_node_other_than_0_has_no_figures() -> None:
+    filters = _filter_module().FilterModule().filters()
+    failed = {"failed": True, "msg": "too slow", "measured": {"output_throughput": 10.0}}
+    server = {"name": "big", "config_hash": "abc123", "nodes": ["a", "b"], "node_rank": 0}
+    row = filters["sglang_rollout_row"](server, "failed", failed, None, None, "too slow")
+    assert (row["outcome"], row["message"], row["output_throughput"]) == (
+        "failed",
+        "too slow",
+        10.0,
+    )
+    assert "downtime_seconds" not in row
+    other = filters["sglang_rollout_row"](
+        server | {"node_rank": 1}, "failed", failed, None, None, "x"
+    )
+    assert other["output_throughput"] is None
+    with pytest.raises(AnsibleFilterError, match="passed or failed, not 'rolled back'"):
+        filters["sglang_rollout_row"](server, "rolled back")
 
 
 def _outcome(server: str, outcome: str, tok_s: float | None = None) -> dict[str, Any]:

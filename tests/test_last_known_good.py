@@ -3,8 +3,10 @@
 The module runs for real in a temporary folder: the files and the record are kept (0600, in a
 0700 folder), a second run with the same content writes nothing, a stale secrets file goes, a
 name that would leave the folder or a symlinked source is refused, and check mode writes
-nothing. The action is run against that module through a fake `_execute_module`: the record it
-builds, the module run under no_log, and a --diff that shows the flags without a secret.
+nothing; a restore puts back only what differs (and reloads systemd then), the secrets file
+only when the kept set had a key, and says when there is no record. The action is run against
+that module through a fake `_execute_module`: the record it builds, the module run under
+no_log, and a --diff that shows the flags without a secret.
 """
 
 from __future__ import annotations
@@ -98,6 +100,8 @@ class FakeKeep(ACTION.ActionModule):
 
     def _execute_module(self, module_name: str, module_args: dict, task_vars: Any = None) -> dict:
         self.calls.append((module_name, module_args, self._task.no_log))
+        if module_args.get("state") == "restored":
+            return module.restore(module_args, check_mode=False, reload=lambda: None)
         return module.keep(module_args, check_mode=False)
 
 
@@ -127,3 +131,82 @@ def test_the_action_keeps_the_record_under_no_log_and_diffs_without_secrets(host
     assert '"tp_size": 2' in result["diff"]["after"] and '"tp_size": 1' in result["diff"]["before"]
     assert "admin-secret" not in json.dumps(result)
     assert KEY not in json.dumps(result)
+
+
+def restore_params(host: dict[str, Path]) -> dict:
+    return {
+        "lkg_dir": str(host["lkg_dir"]),
+        "state": "restored",
+        "files": [
+            {"name": "10-launch.conf", "dest": str(host["dropin"]), "mode": "0644"},
+            {"name": "server.env", "dest": str(host["env_file"]), "mode": "0644"},
+            {"name": "secrets.yaml", "dest": str(host["secrets_file"]), "mode": "0600"},
+        ],
+    }
+
+
+def test_a_restore_puts_back_what_differs_and_reloads_once(host: dict[str, Path]) -> None:
+    record = {"server": "llama", "config_hash": "abc123", "flags": {}, "api_key_set": True}
+    module.keep(keep_params(host, secrets=True, record=record), check_mode=False)
+    host["dropin"].write_text("[Service]\nExecStart=... --mem-fraction-static 0.99\n")
+    host["secrets_file"].write_text("api_key: sk-new\n")
+    reloads: list[int] = []
+    done = module.restore(restore_params(host), False, lambda: reloads.append(1))
+    assert done["found"] and done["changed"] and reloads == [1]
+    assert done["written"] == [str(host["dropin"]), str(host["secrets_file"])]
+    assert host["dropin"].read_text() == "[Service]\nExecStart=...\n"
+    assert host["secrets_file"].read_text() == f"api_key: {KEY}\n"
+    assert host["secrets_file"].stat().st_mode & 0o777 == 0o600
+    assert done["record"]["config_hash"] == "abc123"
+    again = module.restore(restore_params(host), False, lambda: reloads.append(1))
+    assert not again["changed"] and again["written"] == [] and reloads == [1]
+
+
+def test_a_restore_without_a_key_leaves_the_secrets_file(host: dict[str, Path]) -> None:
+    module.keep(keep_params(host, secrets=False), check_mode=False)
+    host["secrets_file"].write_text("api_key: sk-new\n")
+    done = module.restore(restore_params(host), False, lambda: None)
+    assert not done["changed"] and host["secrets_file"].read_text() == "api_key: sk-new\n"
+
+
+def test_a_restore_with_no_record_or_a_bad_one_changes_nothing(host: dict[str, Path]) -> None:
+    done = module.restore(restore_params(host), False, lambda: pytest.fail("reloaded"))
+    assert done == {"changed": False, "found": False, "record": None, "written": []}
+    module.keep(keep_params(host, secrets=False), check_mode=False)
+    (host["lkg_dir"] / "server.env").unlink()
+    (host["lkg_dir"] / "server.env").symlink_to("/etc/shadow")
+    with pytest.raises(ValueError, match="is not a regular file"):
+        module.restore(restore_params(host), False, lambda: None)
+    host["dropin"].write_text("changed\n")
+    module.restore(restore_params(host) | {"files": restore_params(host)["files"][:1]}, True,
+                   lambda: pytest.fail("reloaded in check mode"))  # fmt: skip
+    assert host["dropin"].read_text() == "changed\n"
+
+
+def test_the_action_restores_under_no_log_without_secrets_in_its_result(host) -> None:
+    flags = {"tp_size": 2, "admin_api_key": "admin-secret"}
+    FakeKeep({"server": described(host, flags)}).run(task_vars={})
+    host["dropin"].write_text("edited by hand\n")
+    action = FakeKeep({"server": described(host, flags), "state": "restored"})
+    result = action.run(task_vars={})
+    [(name, args, no_log)] = action.calls
+    assert name == "sglang_last_known_good" and no_log is True and args["state"] == "restored"
+    assert result["found"] and result["changed"] and result["written"] == [str(host["dropin"])]
+    assert result["record"]["flags"] == {"tp_size": 2}
+    assert "admin-secret" not in json.dumps(result) and KEY not in json.dumps(result)
+    assert "abc123 is in place" in result["msg"]
+
+
+def test_a_node_of_a_server_across_hosts_records_nothing_another_node_failed_with(host) -> None:
+    server = described(host, {"tp_size": 2}) | {"nodes": ["gpu-a", "gpu-b"]}
+    hostvars = {
+        "gpu-a": {"_sglang_server_restarted": {"server": "llama"}, "smoke_gate_run": {}},
+        "gpu-b": {"_sglang_server_restarted": {"server": "llama", "failed": True}},
+    }
+    action = FakeKeep({"server": server})
+    with pytest.raises(ACTION.AnsibleActionFail, match="node gpu-b of llama failed: every node"):
+        action.run(task_vars={"hostvars": hostvars})
+    assert action.calls == [] and not host["lkg_dir"].exists()
+    hostvars["gpu-b"]["_sglang_server_restarted"] = {"server": "llama"}
+    FakeKeep({"server": server}).run(task_vars={"hostvars": hostvars})
+    assert (host["lkg_dir"] / "meta.json").exists()

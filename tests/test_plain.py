@@ -108,12 +108,10 @@ def test_optional_plain_mapping_still_refuses_what_is_not_a_mapping() -> None:
 # The plugins turn the conversion's ValueError into AnsibleFilterError, with its text as is.
 
 
-def test_gate_filter_reports_a_result_that_is_not_json() -> None:
+def test_rollout_row_filter_reports_a_result_that_is_not_json() -> None:
     gate = load_plugin("filter_plugins/sglang_gate.py")
-    with pytest.raises(AnsibleFilterError, match=r"^smoke result is not valid JSON"):
-        gate.sglang_gate("{truncated")
-    with pytest.raises(AnsibleFilterError, match=r"^diagnosis must be a mapping, got list"):
-        gate.sglang_smoke_compact({"completed": 1}, [1])
+    with pytest.raises(AnsibleFilterError, match=r"^sglang_rollout_row: smoke gate result is not"):
+        gate.sglang_rollout_row({"name": "x", "config_hash": "h"}, "passed", "{truncated")
 
 
 def test_rollout_table_reports_a_rollout_result_that_is_no_mapping() -> None:

@@ -41,6 +41,8 @@ class FakeRestart(ACTION.ActionModule):
 
     def host_command(self, args: dict) -> dict:
         script = args["argv"][2]
+        if script.endswith("|| true") and "is-active" in script:
+            return {"rc": 0, "stdout": self.host.get("active", "active") + "\n"}
         if "systemctl stop" in script:
             return {"rc": 0, "stdout": "1000.0\nactive\nsuccess\n"}
         if "systemctl start" in script:
@@ -49,6 +51,10 @@ class FakeRestart(ACTION.ActionModule):
 
     def host_gpu_cleanup(self, _args: dict) -> dict:
         return self.host["cleanup"]
+
+    def host_sglang_router_workers(self, args: dict) -> dict:
+        self.router_no_log = self._task.no_log
+        return self.host.get("router", DRAINED)
 
     def host_fleet_lock(self, args: dict) -> dict:
         return self.host.get("lock", {"lease_s": args.get("lease_s")})
@@ -66,6 +72,10 @@ class FakeRestart(ACTION.ActionModule):
 
 
 CLEAN = {"msg": "GPUs 2,3 clear", "processes": []}
+DRAINED = {"changed": True, "drained": True, "running_reqs": 0.0, "drain_seconds": 3.5}
+ROUTER = {"url": "http://10.0.0.5:30080", "worker_url": "http://10.0.0.11:30000",
+          "metrics_url": "http://10.0.0.11:30000/metrics"}  # fmt: skip
+DRAIN = {"timeout": 60, "min_healthy_others": 1, "drain_timeout": 120}
 HEALTHY = {"state": "healthy", "elapsed_s": 12.0}
 
 
@@ -173,3 +183,113 @@ def test_the_downtime_runs_from_the_stop_to_the_health_gate() -> None:
         "was_running": False,
         "downtime_seconds": 29.8,
     }
+
+
+def test_a_routed_replica_leaves_its_router_and_drains_before_the_stop() -> None:
+    action = FakeRestart(restart_args(router=ROUTER, drain=DRAIN, api_key="sk-secret"),
+                         {"cleanup": CLEAN, "health": HEALTHY})  # fmt: skip
+    result = action.run_it()
+    assert not result.get("failed"), result["msg"]
+    assert action.names() == ["command", "fleet_lock", "sglang_router_workers", "fleet_lock",
+                              "command", "gpu_cleanup", "command", "command"]  # fmt: skip
+    # The lease covers the drain's bound, then goes back to its usual length for the stop.
+    leases = [args.get("lease_s") for name, args in action.calls if name == "fleet_lock"]
+    assert leases == [900 + 120, 900]
+    [removal] = [args for name, args in action.calls if name == "sglang_router_workers"]
+    assert removal == {"router_url": ROUTER["url"], "state": "absent",
+                       "worker_url": ROUTER["worker_url"],
+                       "drain_metrics_url": ROUTER["metrics_url"], "timeout": 60,
+                       "min_healthy_others": 1, "drain_timeout": 120,
+                       "api_key": "sk-secret"}  # fmt: skip
+    assert action.router_no_log is True and action._task.no_log is False  # key under no_log only
+    assert result["router_out"] is True
+    assert result["drain"] == {"drained": True, "running_reqs": 0.0, "drain_seconds": 3.5}
+    assert "sk-secret" not in repr(result)
+
+
+def test_a_router_that_refuses_leaves_the_server_untouched() -> None:
+    refused = {"failed": True, "msg": "refusing to remove http://10.0.0.11:30000: 0 other "
+               "healthy worker(s) would be left, min_healthy_others is 1"}  # fmt: skip
+    action = FakeRestart(restart_args(router=ROUTER, drain=DRAIN),
+                         {"cleanup": CLEAN, "health": HEALTHY, "router": refused})  # fmt: skip
+    result = action.run_it()
+    assert result["failed"] is True and result["untouched"] is True
+    assert result["router_out"] is False and result["changed"] is False
+    assert "0 other healthy worker(s) would be left" in result["msg"]
+    assert "gpu_cleanup" not in action.names()
+    assert not any("systemctl stop" in args["argv"][2] for name, args in action.calls
+                   if name == "command")  # fmt: skip
+
+
+def test_a_replica_that_does_not_run_is_not_taken_out() -> None:
+    action = FakeRestart(restart_args(router=ROUTER, drain=DRAIN),
+                         {"cleanup": CLEAN, "health": HEALTHY, "active": "inactive"})  # fmt: skip
+    result = action.run_it()
+    assert "sglang_router_workers" not in action.names()
+    assert result["router_out"] is False and result["drain"] is None
+
+
+def test_a_failed_start_after_the_drain_is_not_untouched_and_stays_out() -> None:
+    failed = {"failed": True, "msg": "llama failed to start after 9 s"}
+    result = FakeRestart(restart_args(router=ROUTER, drain=DRAIN),
+                         {"cleanup": CLEAN, "health": failed}).run_it()  # fmt: skip
+    assert result["failed"] is True and result["untouched"] is False
+    assert result["router_out"] is True  # the caller's rescue puts it back after the rollback
+
+
+def test_a_router_without_its_urls_fails_before_the_host_is_touched() -> None:
+    action = FakeRestart(restart_args(router={"url": ROUTER["url"]}),
+                         {"cleanup": CLEAN, "health": HEALTHY})  # fmt: skip
+    with pytest.raises(AnsibleActionFail, match="router needs worker_url"):
+        action.run_it()
+    assert action.calls == []
+
+
+BIG = {"name": "big", "nodes": ["gpu-a", "gpu-b"]}
+
+
+def test_every_node_that_passed_its_restart_and_node_0_its_gate_passed() -> None:
+    ok = {"server": "big", "changed": True}
+    hostvars = {
+        "gpu-a": {"_sglang_server_restarted": ok, "smoke_gate_run": {"passed_result": {}}},
+        "gpu-b": {"_sglang_server_restarted": ok},
+    }
+    assert restart.failed_nodes(BIG, hostvars) == []
+    assert restart.failed_nodes({"name": "solo", "nodes": []}, {}) == []
+
+
+@pytest.mark.parametrize(
+    ("change", "failed"),
+    [
+        ({"gpu-b": {"_sglang_server_restarted": {"server": "big", "failed": True}}}, ["gpu-b"]),
+        # Node 0's gate failed; a node's gate result alone never counts for the others.
+        (
+            {
+                "gpu-a": {
+                    "_sglang_server_restarted": {"server": "big"},
+                    "smoke_gate_run": {"failed": True},
+                }
+            },
+            ["gpu-a"],
+        ),
+        # A result of another server (an earlier one in the loop) is not this restart's.
+        ({"gpu-b": {"_sglang_server_restarted": {"server": "llama"}}}, ["gpu-b"]),
+        ({"gpu-b": {}}, ["gpu-b"]),
+    ],
+)
+def test_a_node_that_did_not_pass_is_named(change: dict, failed: list) -> None:
+    hostvars = {
+        "gpu-a": {"_sglang_server_restarted": {"server": "big"}, "smoke_gate_run": {}},
+        "gpu-b": {
+            "_sglang_server_restarted": {"server": "big"},
+            "smoke_gate_run": {"failed": True},
+        },
+    } | change
+    assert restart.failed_nodes(BIG, hostvars) == failed
+
+
+def test_the_result_names_its_server_pass_or_fail() -> None:
+    passed = FakeRestart(restart_args(), {"cleanup": CLEAN, "health": HEALTHY}).run_it()
+    broken = {"failed": True, "msg": "llama failed to start"}
+    failed = FakeRestart(restart_args(), {"cleanup": CLEAN, "health": broken}).run_it()
+    assert passed["server"] == failed["server"] == "llama"
