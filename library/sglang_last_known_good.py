@@ -102,17 +102,11 @@ import os
 from collections.abc import Callable
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.bounded_file import read_regular, write_atomic
+from ansible.module_utils.bounded_file import inside, read_regular, write_atomic
 
 META = "meta.json"
 SECRETS = "secrets.yaml"
 MAX_BYTES = 16 * 1024 * 1024  # a drop-in, an env file, a secrets file, a record: far less
-
-
-def _inside(folder: str, name: str) -> str:
-    if not name or "/" in name or name in (".", ".."):
-        raise ValueError(f"{name!r} is not a file name inside {folder}")
-    return os.path.join(folder, name)
 
 
 def _read(path: str) -> bytes | None:
@@ -138,7 +132,7 @@ def _files(folder: str, params: dict, check_mode: bool) -> list[str]:
     """The files copied in (where they differ) and the stale ones removed: their names."""
     written = []
     for item in params["files"]:
-        target = _inside(folder, str(item["name"]))
+        target = inside(folder, str(item["name"]))
         data = _read(str(item["src"]))
         if data is None:
             raise ValueError(f"{item['src']} does not exist: nothing to keep as {item['name']}")
@@ -147,7 +141,7 @@ def _files(folder: str, params: dict, check_mode: bool) -> list[str]:
             if not check_mode:
                 write_atomic(target, data, 0o600)
     for name in params["absent"]:
-        target = _inside(folder, name)
+        target = inside(folder, name)
         if os.path.lexists(target):
             written.append(name)
             if not check_mode:
@@ -184,7 +178,7 @@ def restore(params: dict, check_mode: bool, reload: Callable[[], None]) -> dict:
         name = str(item["name"])
         if name == SECRETS and not record.get("api_key_set"):
             continue  # the kept set had no key: the secrets file is not the record's
-        data = _read(_inside(folder, name))
+        data = _read(inside(folder, name))
         if data is None:
             raise ValueError(f"{folder}/{name} is missing: the record cannot be put back")
         dest = str(item["dest"])

@@ -51,15 +51,9 @@ written:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.bounded_file import read_regular, write_atomic
+from ansible.module_utils.bounded_file import inside, read_regular, write_atomic
 
 MAX_BYTES = 64 * 1024 * 1024  # a calibration store is kilobytes; a bound, not a size
-
-
-def _inside(folder: str, name: str) -> str:
-    if not name or "/" in name or name in (".", "..") or "\0" in name:
-        raise ValueError(f"{name!r} is not a file name inside {folder}")
-    return os.path.join(folder, name)
 
 
 def write(folder: str, files: list[dict], check_mode: bool) -> dict:
@@ -69,7 +63,7 @@ def write(folder: str, files: list[dict], check_mode: bool) -> dict:
     written = []
     for item in files:
         name = str(item.get("name") or "")
-        target = _inside(folder, name)
+        target = inside(folder, name)
         data = str(item.get("content") or "").encode()
         mode = int(str(item.get("mode") or "0644"), 8)
         current = read_regular(target, MAX_BYTES) if os.path.isdir(folder) else None

@@ -3,7 +3,8 @@ Runs on the GPU host: standard library only.
 
 - read_regular: a regular file's bytes, at most `limit`; never through a symlink, never a FIFO
   or a device (opened without blocking, then refused), None when it does not exist;
-- write_atomic: a file replaced in one rename, with its mode set before it appears.
+- write_atomic: a file replaced in one rename, with its mode set before it appears;
+- inside: a file name joined to the folder it must stay in, refused when it would leave it.
 """
 
 from __future__ import annotations
@@ -42,3 +43,11 @@ def write_atomic(path: str, data: bytes, mode: int) -> None:
     except BaseException:
         os.unlink(temp)
         raise
+
+
+def inside(folder: str, name: str) -> str:
+    """folder/name for a plain file name; ValueError for one that is empty, has a slash or a
+    NUL, or is `.` or `..` (it would leave the folder, or name the folder itself)."""
+    if not name or "/" in name or name in (".", "..") or "\0" in name:
+        raise ValueError(f"{name!r} is not a file name inside {folder}")
+    return os.path.join(folder, name)
