@@ -25,7 +25,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 # source without it (docs/TESTING.md, "Bytecode").
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: help check test test-setup demo lint pytest molecule host image wheelhouse cpu-image double-image monitoring-debs staging-debs sglang-ref resolve-gpu-deps bench clean
+.PHONY: help check test test-checks demo lint pytest molecule host image wheelhouse cpu-image double-image monitoring-debs staging-debs sglang-ref resolve-gpu-deps bench clean
 help:
 	@echo "make check  - the quick loop, no containers: yamllint, ansible-lint, ruff and the unit tests"
 	@echo "make test   - set up, then yamllint, ansible-lint, ruff, pytest and every Molecule scenario"
@@ -87,8 +87,9 @@ resolve-gpu-deps: $(BIN)/.stamp
 # The wheelhouse holds the pinned SGLang wheel that tests/test_ml_env_vars.py reads. Most tests
 # wait on processes, sockets and leases rather than compute, so PYTEST_JOBS of them run at once.
 PYTEST_JOBS ?= 4
+PYTEST := echo "==> pytest"; $(BIN)/pytest -n $(PYTEST_JOBS)
 pytest: $(BIN)/.stamp wheelhouse sglang-ref host
-	@echo "==> pytest"; $(BIN)/pytest -n $(PYTEST_JOBS)
+	@$(PYTEST)
 
 # The inner loop: everything that needs no container, no image and no dockerd (and no reference
 # venv: the tests that need it say so and skip until `make sglang-ref` has built it).
@@ -101,13 +102,14 @@ MOLECULE_SETUP := $(BIN)/.stamp image wheelhouse $(if $(filter real_sglang,$(SCE
 molecule: $(MOLECULE_SETUP)
 	@scripts/molecule-all.sh $(SCENARIOS)
 
-# Everything the tests need before they start (images, wheelhouses, the reference venv): it
-# waits mostly on downloads, disk and dockerd, so `make test` runs it beside the linters.
-test-setup: $(MOLECULE_SETUP) sglang-ref host
+# The scenarios are the long pole: `make test` starts them as soon as their own set-up (images,
+# wheelhouses, packages) is there, and builds the reference venv, lints and runs pytest beside
+# them (docs/TESTING.md, "The suite's order"). One make, so what both need is built once.
+test-checks: $(BIN)/.stamp wheelhouse sglang-ref host lint
+	@$(PYTEST)
 
 test: $(BIN)/.stamp
-	@$(MAKE) --no-print-directory -j 3 --output-sync=target lint test-setup
-	@$(MAKE) --no-print-directory pytest molecule
+	@$(MAKE) --no-print-directory -j 3 --output-sync=line molecule test-checks
 	@echo "==> all tests passed"
 
 demo: $(BIN)/.stamp image wheelhouse

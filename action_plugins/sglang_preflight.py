@@ -16,7 +16,8 @@ sglang_fleet.plan_verdict):
    the real run checks them before anything stops;
 4. what holds each server's port (the cleanup's ownership rules, docs/GPU-CLEANUP.md): another
    user's program on our port stops the rollout;
-5. which servers run now and the installed SGLang's version;
+5. which servers run now, which running replicas their router does not list (`router_keys`:
+   its key by server name, sent under no_log), and the installed SGLang's version;
 6. each server's capacity plan from its model description and the host's calibrations
    (docs/CALIBRATION.md), and what the plan means: the line that says what bounds the server,
    a refusal on this host's calibration, a message that blocks.
@@ -28,7 +29,8 @@ later pre-flight takes it back as `proven`): problems, plans ({server: plan}), b
 ({server: line}), lines (what the role shows: bounds lines not shown yet in this run, and why
 check mode could not check something), bounds_shown, gpus (nvidia-smi's list), gpu_count,
 host_ram_mib (the inventory's, else the host's MemTotal), running (units), sglang_version,
-lkg_records ({server: its last-known-good record as text, or null}),
+lkg_records ({server: its last-known-good record as text, or null}), router_missing (running
+replicas their router answered without listing: the rollout puts them back),
 fingerprints ({server: its model's fingerprint}: what a calibration record is keyed by),
 flags_key (what a passed flag check proved, else null), calibration_refused ({server: why this
 host's calibration refuses its flag set}: the fleet summary's "refused (calibrated)") and steps
@@ -40,7 +42,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from contextlib import suppress
+from contextlib import nullcontext, suppress
 from typing import Any
 
 from ansible.errors import AnsibleActionFail
@@ -48,6 +50,7 @@ from ansible.errors import AnsibleActionFail
 from sglang_fleet import calibration, preflight, validate
 from sglang_fleet.plain import plain
 from sglang_fleet.plan_verdict import verdict
+from sglang_fleet.servers import records_and_routers
 from sglang_fleet.verb_action import VerbAction
 
 REQUIRED = ("servers", "python", "launch_module", "nvidia_smi")
@@ -59,6 +62,7 @@ OPTIONAL = (
     "calibration_mode",
     "warnings_fatal",
     "proven",
+    "router_keys",
 )
 CALIBRATION_MODES = ("enforce", "warn", "ignore")
 
@@ -160,14 +164,35 @@ class ActionModule(VerbAction):
             )
             + [_lkg_meta(server) for server in servers],
         }
-        done = self._module(
-            "sglang_host_state", {"units": [server["unit"] for server in servers], "read": read}
-        )
+        # Which replicas their router lists (its key by server name, under no_log).
+        keys = dict(args.get("router_keys") or {})
+        routers = records_and_routers(servers)["routers"]
+        with self._task_as(no_log=True) if keys else nullcontext():
+            done = self._module(
+                "sglang_host_state",
+                {
+                    "units": [server["unit"] for server in servers],
+                    "read": read,
+                    "routers": routers,
+                    "router_keys": {name: keys[name] for name in keys if keys[name]},
+                },
+            )
         if done.get("failed") or "read" not in done:
             raise Stop(f"the host could not be read: {done.get('msg')}")
         found = dict(done["read"])
         found["running"] = list(done.get("running") or [])
-        self._step(f"read the host: running now {', '.join(found['running']) or 'none'}")
+        # A running replica its router does not list is out of service (an interrupted rollout
+        # took it out): the rollout puts it back. A router that does not answer is not judged
+        # (the first deploy runs before playbooks/router.yml starts it).
+        units = {server["name"]: server["unit"] for server in servers}
+        found["router_missing"] = [
+            name for name in done.get("router_missing") or [] if units.get(name) in found["running"]
+        ]
+        unlisted = ", ".join(found["router_missing"])
+        self._step(
+            f"read the host: running now {', '.join(found['running']) or 'none'}"
+            + (f"; not listed by their router: {unlisted}" if unlisted else "")
+        )
         return found
 
     # --- the checks --------------------------------------------------------------------------
@@ -231,6 +256,7 @@ class ActionModule(VerbAction):
             "flags_key": flags_key,
             "sglang_version": version,
             "running": running,
+            "router_missing": found["router_missing"],
             "gpus": gpus["gpus"],
             "gpu_count": gpus["gpu_count"],
             "host_ram_mib": args["host_ram_mib"],

@@ -38,21 +38,11 @@ from typing import Any
 from ansible.errors import AnsibleActionFail
 
 from sglang_fleet import restart
-from sglang_fleet.verb_action import StepFailed, VerbAction
+from sglang_fleet.verb_action import StepFailed, VerbAction, router_args
 
 REQUIRED = ("server", "launch_module", "owner_users")
 OPTIONAL = ("lock", "health", "cleanup", "router", "drain", "api_key")
 HEALTH_KEYS = ("timeout", "poll_interval", "progress_interval")
-# What sglang_router_workers needs to take one replica out and drain it (_server.router's URLs
-# and the role's bounds), by the module's name for each.
-ROUTER_KEYS = {
-    "url": "router_url",
-    "worker_url": "worker_url",
-    "metrics_url": "drain_metrics_url",
-    "timeout": "timeout",
-    "min_healthy_others": "min_healthy_others",
-    "drain_timeout": "drain_timeout",
-}
 LOCK_KEYS = ("path", "token", "lease_s")
 
 
@@ -74,21 +64,10 @@ class ActionModule(VerbAction):
         lock = dict(args.get("lock") or {})
         # The server's router (its description's url, worker_url, metrics_url) and the drain's
         # bounds (the role's timeout, min_healthy_others, drain_timeout).
-        router = dict(args.get("router") or {})
-        if router:
-            router.update(args.get("drain") or {})
-        unknown = (
-            sorted(set(health) - set(HEALTH_KEYS))
-            + sorted(set(lock) - set(LOCK_KEYS))
-            + sorted(set(router) - set(ROUTER_KEYS))
-        )
+        router = router_args(self.VERB, args.get("router"), args.get("drain"))
+        unknown = sorted(set(health) - set(HEALTH_KEYS)) + sorted(set(lock) - set(LOCK_KEYS))
         if unknown:
-            raise AnsibleActionFail(
-                f"sglang_restart: unknown health, lock or router key(s) {unknown}"
-            )
-        missing = [key for key in ("url", "worker_url") if router and not router.get(key)]
-        if missing:
-            raise AnsibleActionFail(f"sglang_restart: router needs {', '.join(missing)}")
+            raise AnsibleActionFail(f"sglang_restart: unknown health or lock key(s) {unknown}")
         if self._play_context.check_mode:
             result.update(skipped=True, msg=f"check mode: {server['unit']} would be restarted")
             return result
@@ -100,7 +79,8 @@ class ActionModule(VerbAction):
         )
         try:
             if router:
-                self._take_out(server, router, str(args.get("api_key") or ""), lock)
+                drain = self._take_out(server, router, str(args.get("api_key") or ""), lock)
+                self._done.update(router_out=drain is not None, drain=drain)
             self._restart(server, cleanup, health, lock)
         except StepFailed as exc:
             untouched = not self._stopping
@@ -133,39 +113,6 @@ class ActionModule(VerbAction):
         if done.get("rc") != 0:
             raise StepFailed(f"{what}: {done.get('stderr') or done.get('msg')}")
         return str(done.get("stdout") or "")
-
-    def _take_out(
-        self, server: Mapping[str, Any], router: Mapping[str, Any], api_key: str, lock: Mapping
-    ) -> None:
-        """A running replica leaves its router and drains (docs/ROUTER.md); one that does not
-        run serves nothing, and the router's own health checks keep requests away from it."""
-        unit = shlex.quote(str(server["unit"]))
-        state = self._shell(f"systemctl is-active {unit} || true", "reading the unit").strip()
-        if state != "active":
-            self._step(f"{server['unit']} does not run: not taken out of its router")
-            return
-        drain_timeout = int(float(router.get("drain_timeout") or 0))
-        self._renew(lock, int(lock.get("lease_s") or 0) + drain_timeout)
-        module_args = {"router_url": router["url"], "state": "absent"}
-        for key, module_key in ROUTER_KEYS.items():
-            if key != "url" and router.get(key) not in (None, ""):
-                module_args[module_key] = router[key]
-        if api_key:
-            module_args["api_key"] = api_key
-        with self._quiet():
-            removed = self._module("sglang_router_workers", module_args)
-        if removed.get("failed"):
-            raise StepFailed(f"taking it out of its router {router['url']}: {removed.get('msg')}")
-        self._done["router_out"] = True
-        self._done["drain"] = {
-            "drained": removed.get("drained"),
-            "running_reqs": removed.get("running_reqs"),
-            "drain_seconds": removed.get("drain_seconds"),
-        }
-        self._step(
-            f"out of its router {router['url']}; drained: {removed.get('drained')} "
-            f"after {removed.get('drain_seconds')} s"
-        )
 
     def _restart(
         self,

@@ -12,7 +12,6 @@
     {{ servers | sglang_restart_lines(restart_names, lkg_slurps, running_units) }}  check's words
     {{ servers | sglang_servers_on_gpus([0, 1]) }}          the servers using any of those GPUs
     {{ sglang_server_instances | sglang_server_api_keys }}   {name: key}: only for no_log tasks
-    {{ router_list_results | sglang_router_missing }}        servers their router does not list
     {{ hosts | sglang_rollout_groups(hostvars) }}    {host: [multinode, routed or direct]}
     {{ servers | sglang_node_restarts(hostvars, fact) }}  servers across hosts a node restarts
 
@@ -170,12 +169,6 @@ def sglang_server_api_keys(servers: Any) -> dict[str, str]:
     return _servers.api_keys(plain(servers))
 
 
-def sglang_router_missing(listings: list) -> list[str]:
-    """Names of the servers their router does not list (results of sglang_router_workers
-    state=list looped over the described servers)."""
-    return _wrap(_servers.missing_from_router, listings)
-
-
 def sglang_rollout_groups(hosts: list, hostvars: Mapping) -> dict[str, list[str]]:
     """nodes.rollout_groups() from what the `check` entry point left on each host
     (sglang_server_servers, sglang_server_rollout_needed)."""
@@ -216,7 +209,6 @@ class FilterModule:
             "sglang_servers_on_gpus": sglang_servers_on_gpus,
             "sglang_server_cluster": sglang_server_cluster,
             "sglang_server_api_keys": sglang_server_api_keys,
-            "sglang_router_missing": sglang_router_missing,
             "sglang_rollout_groups": sglang_rollout_groups,
             "sglang_node_restarts": sglang_node_restarts,
         }

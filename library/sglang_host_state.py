@@ -141,6 +141,13 @@ running:
   returned: always
   type: list
   elements: str
+router_missing:
+  description:
+    - The labels of C(routers) whose router answered without listing the worker (a router that
+      did not answer is in C(unknown) instead).
+  returned: always
+  type: list
+  elements: str
 read:
   description:
     - With the C(read) option: gpus ({gpus, gpu_count} or {error}), python_exists,
@@ -359,13 +366,16 @@ def run(params: dict[str, Any]) -> dict[str, Any]:
     for want in params["records"]:
         differences += check_record(want)
     keys = params["router_keys"] or {}
+    router_missing = []
     for want in params["routers"]:
         found, missing = check_router(want, keys.get(want.get("label")), params["timeout"])
+        if found:
+            router_missing.append(want.get("label") or want["worker_url"])
         differences += found
         unknown += missing
     answer = {"changed": False, "differences": differences, "converged": not differences,
               "unknown": unknown, "changed_paths": changed_paths, "would_write": would_write,
-              "running": running}  # fmt: skip
+              "running": running, "router_missing": router_missing}  # fmt: skip
     if params.get("read"):
         answer["read"] = read_host(params["read"], params["timeout"])
     return answer

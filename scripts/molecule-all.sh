@@ -22,7 +22,7 @@ plain() {  # $1 file: its text without terminal colours
 
 run_scenario() {  # $1 scenario: its output to its log, the time each action starts to .phases
   local line
-  : >"$logs/$1.phases"
+  : >"$logs/$1.phases"; rm -f "$logs/$1.runs.jsonl"
   cd "$repo" && molecule test -s "$1" 2>&1 | while IFS= read -r line || [ -n "$line" ]; do
     printf '%s\n' "$line"
     case $line in *Executing*) printf '%(%s)T %s\n' -1 "$line" >>"$logs/$1.phases" ;; esac

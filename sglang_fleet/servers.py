@@ -1083,19 +1083,3 @@ def _url_key(url: str) -> str:
     return urllib.parse.urlunsplit(
         (parts.scheme.lower(), parts.netloc.lower(), parts.path, parts.query, parts.fragment)
     )
-
-
-def missing_from_router(listings: list[Mapping[str, Any]]) -> list[str]:
-    """Names of the servers their router does not list.
-
-    listings: one entry per server that was asked about, {item: <described server>, workers:
-    [{url, ...}]} (the registered results of sglang_router_workers with state=list).
-    """
-    missing = []
-    for listing in listings:
-        server = listing.get("item") or {}
-        router = server.get("router") or {}
-        listed = {_url_key(str(w.get("url", ""))) for w in listing.get("workers") or []}
-        if router.get("worker_url") and _url_key(router["worker_url"]) not in listed:
-            missing.append(str(server.get("name")))
-    return missing

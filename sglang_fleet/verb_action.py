@@ -9,6 +9,7 @@ never silent to an operator who asked to see it.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
@@ -18,6 +19,34 @@ from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
 display = Display()
+
+# What sglang_router_workers needs to take one replica out and drain it (a described server's
+# router: url, worker_url, metrics_url; the role's bounds: timeout, min_healthy_others,
+# drain_timeout), by the module's name for each.
+ROUTER_KEYS = {
+    "url": "router_url",
+    "worker_url": "worker_url",
+    "metrics_url": "drain_metrics_url",
+    "timeout": "timeout",
+    "min_healthy_others": "min_healthy_others",
+    "drain_timeout": "drain_timeout",
+}
+
+
+def router_args(verb: str, router: Mapping[str, Any] | None, drain: Mapping | None) -> dict:
+    """A server's router (its description's URLs) with the drain's bounds, checked: unknown
+    keys and a router without its url or worker_url fail the task before the host is touched;
+    {} when the server has no router (or the caller asked for no take-out)."""
+    if not router:
+        return {}
+    merged = {**router, **(drain or {})}
+    unknown = sorted(set(merged) - set(ROUTER_KEYS))
+    if unknown:
+        raise AnsibleActionFail(f"{verb}: unknown router or drain key(s) {unknown}")
+    missing = [key for key in ("url", "worker_url") if not merged.get(key)]
+    if missing:
+        raise AnsibleActionFail(f"{verb}: router needs {', '.join(missing)}")
+    return merged
 
 
 class StepFailed(Exception):
@@ -117,3 +146,35 @@ class VerbAction(ActionBase):
         if renewed.get("failed"):
             raise StepFailed(f"the rollout lock: {renewed.get('msg')}", lock_lost=True)
         self._step(f"rollout lock renewed for {lease or 'its usual'} s")
+
+    def _take_out(
+        self, server: Mapping[str, Any], router: Mapping[str, Any], api_key: str, lock: Mapping
+    ) -> dict[str, Any] | None:
+        """A running replica leaves its router and drains (docs/ROUTER.md): the lock renewed
+        for the drain's bound first, then sglang_router_workers (state absent; the key under
+        no_log). Returns the drain {drained, running_reqs, drain_seconds}; None when the unit
+        does not run (it serves nothing, and the router's own health checks keep requests away
+        from it). A router that refuses (too few other healthy replicas) raises StepFailed
+        before anything left it."""
+        script = f"systemctl is-active {shlex.quote(str(server['unit']))} || true"
+        done = self._module("ansible.legacy.command", {"argv": ["bash", "-c", script]})
+        if str(done.get("stdout") or "").strip() != "active":
+            self._step(f"{server['unit']} does not run: not taken out of its router")
+            return None
+        drain_timeout = int(float(router.get("drain_timeout") or 0))
+        self._renew(lock, int(lock.get("lease_s") or 0) + drain_timeout)
+        module_args = {"router_url": router["url"], "state": "absent"}
+        for key, module_key in ROUTER_KEYS.items():
+            if key != "url" and router.get(key) not in (None, ""):
+                module_args[module_key] = router[key]
+        if api_key:
+            module_args["api_key"] = api_key
+        with self._quiet():
+            removed = self._module("sglang_router_workers", module_args)
+        if removed.get("failed"):
+            raise StepFailed(f"taking it out of its router {router['url']}: {removed.get('msg')}")
+        self._step(
+            f"out of its router {router['url']}; drained: {removed.get('drained')} "
+            f"after {removed.get('drain_seconds')} s"
+        )
+        return {key: removed.get(key) for key in ("drained", "running_reqs", "drain_seconds")}

@@ -90,7 +90,11 @@ class FakePreflight(ACTION.ActionModule):
 
     def __init__(self, task_args: dict[str, Any], host: dict[str, Any], check_mode: bool = False):
         self._task = SimpleNamespace(
-            args=task_args, async_val=0, check_mode=check_mode, action="sglang_preflight"
+            args=task_args,
+            async_val=0,
+            check_mode=check_mode,
+            action="sglang_preflight",
+            no_log=False,
         )
         self._play_context = SimpleNamespace(check_mode=check_mode)
         self._connection = SimpleNamespace(_shell=SimpleNamespace(tmpdir="/tmp/ansible-tmp"))
@@ -123,7 +127,9 @@ class FakePreflight(ACTION.ActionModule):
                 else {"gpus": gpus, "gpu_count": len(gpus)}
             )
         running = [u for u in args["units"] if host["states"].get(u) == "running"]
-        return {"changed": False, "running": running, "read": answer}
+        self.no_log_at_read = self._task.no_log
+        unlisted = [r["label"] for r in args["routers"] if r["label"] in host.get("unlisted", ())]
+        return {"changed": False, "running": running, "read": answer, "router_missing": unlisted}
 
     def _model(self, folder: str) -> dict[str, Any]:
         files = self.host["files"]
@@ -165,6 +171,28 @@ def test_a_clean_host_plans_every_server_and_passes_with_its_bounds_line() -> No
     }
     assert "ansible_facts" not in result  # registered: facts would be shadowed by set_fact
     assert result["changed"] is False and len(result["steps"]) >= 5
+    assert result["router_missing"] == []
+
+
+ROUTER = {"url": "http://10.0.0.5:30080", "worker_url": "http://10.0.0.11:8000"}
+
+
+def test_the_read_names_running_replicas_their_router_does_not_list() -> None:
+    """One read asks each replica's router (its key under no_log); a replica that does not run
+    is not put back, so only running ones are named."""
+    kimi = INSTANCE | {"router": ROUTER}
+    other = INSTANCE | {"name": "other", "port": 8001, "gpus": [],
+                        "router": ROUTER | {"worker_url": "http://10.0.0.11:8001"}}  # fmt: skip
+    servers = describe(kimi | {"gpus": [0, 1, 2, 3]}, other | {"gpus": [4, 5, 6, 7]})
+    host = kimi_host(unlisted={"kimi", "other"})
+    action = FakePreflight(args(servers, router_keys={"kimi": "sk-r", "other": ""}), host)
+    result = action.run_it()
+    [read] = [a for name, a in action.calls if name == "sglang_host_state"]
+    assert [r["label"] for r in read["routers"]] == ["kimi", "other"]
+    assert read["router_keys"] == {"kimi": "sk-r"} and action.no_log_at_read is True
+    assert action._task.no_log is False
+    assert result["router_missing"] == ["kimi"]  # other's unit does not run
+    assert "sk-r" not in json.dumps(result)
 
 
 def test_every_problem_is_named_in_one_failure() -> None:

@@ -20,7 +20,6 @@ from sglang_fleet.servers import (
     combine,
     config_hash,
     describe_servers,
-    missing_from_router,
     resolve_servers,
 )
 
@@ -523,21 +522,6 @@ def test_bad_router_fields_name_the_variable(router: object, variable: str, word
     error = _error([kimi(router=router)])
     assert error.variable == f"sglang_server_instances[kimi].{variable}"
     assert words in error.message
-
-
-def test_missing_from_router_compares_urls_as_the_router_does() -> None:
-    def listing(name: str, worker_url: str, listed: list[str]) -> dict:
-        server = {"name": name, "router": {**ROUTED, "worker_url": worker_url}}
-        return {"item": server, "workers": [{"url": url} for url in listed]}
-
-    listings = [
-        listing("a", "http://N1:8000", ["http://n1:8000", "http://n2:8000"]),  # host case
-        listing("b", "http://n2:8001", ["http://n1:8000", "http://n2:8000"]),  # not listed
-        listing("c", "http://n3:8000", ["http://n3:8000/"]),  # the router keeps the slash
-    ]
-    assert missing_from_router(listings) == ["b", "c"]
-    filters = load_plugin("filter_plugins/sglang_server.py").FilterModule().filters()
-    assert filters["sglang_router_missing"](listings) == ["b", "c"]
 
 
 def test_the_restart_decision_takes_the_preflights_records_by_name():

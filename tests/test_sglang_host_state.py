@@ -68,7 +68,8 @@ def test_a_host_as_wanted_has_no_difference(tree: Path) -> None:
         )
     )  # fmt: skip
     assert result == {"changed": False, "differences": [], "converged": True, "unknown": [],
-                      "changed_paths": [], "would_write": False, "running": []}  # fmt: skip
+                      "changed_paths": [], "would_write": False, "running": [],
+                      "router_missing": []}  # fmt: skip
 
 
 def test_every_file_difference_is_named(tree: Path) -> None:
@@ -197,7 +198,9 @@ def test_routers_must_list_their_replicas(router: str) -> None:
     keys = {"a": "sk-router", "b": "sk-router", "c": "sk-router"}
     result = state.run(params(routers=routers, router_keys=keys))
     assert result["differences"] == [f"b: router {router} does not list http://gpu-node-02:8000"]
+    assert result["router_missing"] == ["b"]  # a's URL differs only in the host's case
     assert len(result["unknown"]) == 1 and result["unknown"][0].startswith("c: router")
     # A router that refuses the key is reported as not checked, not as a difference.
     result = state.run(params(routers=routers[:1], router_keys={"a": "wrong"}))
     assert result["converged"] and "401" in result["unknown"][0]
+    assert result["router_missing"] == []  # not judged

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -129,6 +130,7 @@ def run_playbook(
 
     # Without interrupt_after, ansible-runner keeps its own handler (Ctrl-C cancels the run).
     cancel = {"cancel_callback": lambda: seen["stop"]} if interrupt_after else {}
+    began = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="fleet-runner-") as private:
         result = ansible_runner.run(
             private_data_dir=private,
@@ -144,7 +146,34 @@ def run_playbook(
             **cancel,
         )
         events = list(result.events)
-    return PlaybookRun(rc=result.rc, status=result.status, events=events)
+    run = PlaybookRun(rc=result.rc, status=result.status, events=events)
+    _keep_profile(playbook, extravars, run, time.monotonic() - began)
+    return run
+
+
+def _keep_profile(playbook: str, extravars: Any, run: PlaybookRun, wall_s: float) -> None:
+    """One line per run in .cache/molecule-logs/<scenario>.runs.jsonl: the playbook, its wall
+    time, task headers and its slowest tasks (where a verify's minutes go; docs/TESTING.md)."""
+    scenario = os.environ.get("MOLECULE_SCENARIO_NAME")
+    if not scenario:
+        return
+    tasks = [
+        (float(d.get("duration") or 0), d.get("host", ""), d.get("task", ""))
+        for kind in ("runner_on_ok", "runner_on_failed", "runner_on_skipped")
+        for d in run._results(kind)
+    ]
+    line = {
+        "playbook": playbook,
+        "extravars": sorted(extravars or {}),
+        "rc": run.rc,
+        "wall_s": round(wall_s, 1),
+        "task_headers": run.task_headers,
+        "slowest": [[round(t, 1), h, n] for t, h, n in sorted(tasks, reverse=True)[:8]],
+    }
+    logs = REPO / ".cache" / "molecule-logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    with (logs / f"{scenario}.runs.jsonl").open("a", encoding="utf-8") as out:
+        out.write(json.dumps(line) + "\n")
 
 
 def generate(host: Any, port: int, key: str | None = None) -> dict[str, Any]:
