@@ -104,12 +104,14 @@ molecule: $(MOLECULE_SETUP)
 
 # The scenarios are the long pole: `make test` starts them as soon as their own set-up (images,
 # wheelhouses, packages) is there, and builds the reference venv, lints and runs pytest beside
-# them (docs/TESTING.md, "The suite's order"). One make, so what both need is built once.
+# them (docs/TESTING.md, "The suite's order"). One make, so what both need is built once. No
+# --output-sync: make would hold each command's output until it ends, and the scenarios' lines
+# must show as they come (their runner prints whole lines; each scenario's log is its own file).
 test-checks: $(BIN)/.stamp wheelhouse sglang-ref host lint
 	@$(PYTEST)
 
 test: $(BIN)/.stamp
-	@$(MAKE) --no-print-directory -j 3 --output-sync=line molecule test-checks
+	@$(MAKE) --no-print-directory -j 3 molecule test-checks
 	@echo "==> all tests passed"
 
 demo: $(BIN)/.stamp image wheelhouse
