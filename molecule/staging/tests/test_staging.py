@@ -33,7 +33,8 @@ WORKERS = {f"http://{GPU}:{port}" for port in SERVERS.values()}
 SHARED = "/srv/shared/llama"
 STAGE_TASK = "Stage, verify and prune"
 STOP_TASK_PREFIX = "Stop, clean, start and wait for a real generation"
-TAKE_OUT_TASK_PREFIX = "Take out of the router and wait for its running requests"
+# The take-out action of router_take_out.yml (sglang_router_leave; its result holds the drain).
+TAKE_OUT_TASK_PREFIX = "Take out of its router and drain"
 REPORTS = REPO / "reports" / "staging"
 WEIGHT = "model-00002-of-00002.safetensors"
 
@@ -241,8 +242,9 @@ def test_rollback_drains_each_replica_through_the_router_without_a_failed_reques
         for e in run.events
         if e.get("event") == "runner_on_ok"
         and e["event_data"].get("task", "").startswith(TAKE_OUT_TASK_PREFIX)
+        and "router_out" in e["event_data"]["res"]
     ]
-    assert len(took_out) == 2 and all(r["drained"] is True for r in took_out)
+    assert len(took_out) == 2 and all(r["drain"]["drained"] is True for r in took_out), took_out
     said = " ".join(str(r.get("msg")) for r in run.task_results("Say what was rolled back"))
     assert all(f"{name}: down " in said for name in SERVERS), said
     assert healthy_workers() == WORKERS
