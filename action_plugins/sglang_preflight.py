@@ -167,7 +167,7 @@ class ActionModule(VerbAction):
         # Which replicas their router lists (its key by server name, under no_log).
         keys = dict(args.get("router_keys") or {})
         routers = records_and_routers(servers)["routers"]
-        with self._task_as(no_log=True) if keys else nullcontext():
+        with self._quiet() if keys else nullcontext():
             done = self._module(
                 "sglang_host_state",
                 {
