@@ -11,6 +11,7 @@
 # plus wheels of the torchvision and sgl_kernel import stand-ins, which the ml_env role installs
 # with ml_env_accelerator: cpu (roles/ml_env/README.md, "CPU"). About 650 MB of wheels (2 GB installed): only the
 # real-SGLang scenario carries it (.cache/testhost-cpu-payload.tar), never the double's hosts.
+# `build-wheelhouse.sh cpu-key` prints the key of that set without downloading anything.
 set -euo pipefail
 say() { printf '==> %s\n' "$*"; }
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -51,13 +52,17 @@ EOF
   rm -rf "$build"
 }
 
-if [ "${1:-}" = cpu ]; then
+if [ "${1:-}" = cpu ] || [ "${1:-}" = cpu-key ]; then
   cpu_out="$repo/.cache/cpu-wheelhouse"
   lock="$repo/gpusim/tools/sglang-$sglang_version-cpu.lock"
   tools="$repo/gpusim/tools"
   [ -f "$lock" ] || { echo "build-wheelhouse: no CPU lock for sglang $sglang_version: $lock" >&2; exit 1; }
+  # What decides the CPU set's content: the lock's pins and the stand-ins' source. A pinned
+  # download is the same file wherever it is made, so this key names the set before (and
+  # without) downloading it: `cpu-key` prints it for the CPU test-host layer's tag.
   cpu_key=$( { cat "$lock"; find "$tools/torchvision_stub" "$tools/sgl_kernel_stub" -name '*.py' \
     -print0 | sort -z | xargs -0 cat; } | sha256sum | cut -c1-12)
+  if [ "$1" = cpu-key ]; then echo "$cpu_key"; exit 0; fi
   mkdir -p "$cpu_out"
   if [ "$(cat "$cpu_out/.downloads" 2>/dev/null)" != "$cpu_key" ]; then
     say "downloading SGLang's CPU set for CPython 3.11 ($(grep -cE '^[A-Za-z0-9].*==' "$lock") pins of $lock; about 650 MB)"
