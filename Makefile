@@ -77,7 +77,8 @@ lint: $(BIN)/.stamp
 
 # The SGLang 0.5.23 reference venv (CPU build, ~2.4 GB, gpusim/tools/sglang-0.5.23-cpu.lock):
 # the real parser for tests/double/test_flags_match_real.py and the real server for
-# tests/double/test_contract_real.py. Idempotent: a current venv is only checked (a second).
+# tests/double/test_contract_real.py. Built once per machine in the user's cache, which
+# .cache/sglang-ref links to (scripts/sglang-reference-env.sh); a current venv is only checked.
 sglang-ref:
 	@scripts/sglang-reference-env.sh
 

@@ -3,10 +3,11 @@
 One operator verb, sequenced on the controller through modules on the host, as
 `ansible.builtin.reboot` sequences its own:
 
-1. the start-up memory lines of this start (the unit's current invocation in the journal), and
-   never `server_args=`, which lists every argument, an API key among them;
-2. `/server_info`, with the server's API key in a header; only the fields a record reads are
-   kept (calibration.public_server_info), so the key never reaches a result;
+1. one read on the host (library/sglang_start_facts.py, under no_log): the start-up memory
+   lines of this start (the unit's current invocation in the journal), never `server_args=`,
+   which lists every argument, an API key among them; `/server_info` with the server's API key
+   in a header, of which only the fields a record reads leave the host
+   (calibration.SERVER_INFO_FIELDS and rank 0's memory_usage); and the server's store;
 3. the key's other parts from the host: the installed SGLang's version (importlib.metadata in
    the server's python), the server's own GPUs (nvidia_gpu_info; a CPU server's device is the
    host's RAM) and the model's fingerprint (config.json and the index's total_size, or the
@@ -15,7 +16,7 @@ One operator verb, sequenced on the controller through modules on the host, as
 4. the record (calibration.build_record: a start whose figures are missing, or moved past the
    noise, records nothing and says why);
 5. the host's store: this record first, entries no plan may use moved to a side file beside it
-   (calibration.store_update), both written with the copy action.
+   (calibration.store_update), both written in one run of library/sglang_state_files.py.
 
 Calibration never fails a healthy start: what cannot be read ends the step with
 `record: null` and the reason. The result: record, msg (what was measured, or why nothing
@@ -30,7 +31,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import shlex
 from collections.abc import Mapping
 from typing import Any
 
@@ -50,6 +50,8 @@ SERVER_KEYS = ("name", "unit", "port", "device", "model_path", "paths", "flags",
 REQUIRED = ("server", "python", "nvidia_smi")
 # Only the text a record reads comes back from the host: a start-up has a few dozen such lines.
 MAX_JOURNAL_LINES = 2000
+# Rank 0's memory figures in /server_info (calibration.public_server_info keeps them).
+MEMORY_USAGE_PATH = "internal_states.0.memory_usage"
 
 
 class NoCalibration(Exception):
@@ -59,7 +61,6 @@ class NoCalibration(Exception):
 class ActionModule(VerbAction):
     """Reads one start's figures from the host, builds its record, keeps it in the store."""
 
-    # The copy action it calls for the writes makes and removes its own remote temp dir.
     VERB = "sglang_calibrate"
     _VALID_ARGS = frozenset((*REQUIRED, "flags", "config_hash", "host_ram_mib", "api_key", "known"))
 
@@ -106,8 +107,7 @@ class ActionModule(VerbAction):
 
     # --- steps ---------------------------------------------------------------------------
     def _record(self, server: Mapping[str, Any], args: Mapping[str, Any]) -> dict[str, Any]:
-        lines = self._start_lines(server["unit"])
-        info = self._server_info(server["port"], str(args.get("api_key") or ""))
+        lines, info = self._read_start(server, str(args.get("api_key") or ""))
         # What this play's pre-flight read already (its version, GPUs and the model's
         # fingerprint) is not read again.
         known = args.get("known") or {}
@@ -130,36 +130,41 @@ class ActionModule(VerbAction):
         self._step(f"built the record from {' and '.join(record['sources'])}")
         return record
 
-    def _start_lines(self, unit: str) -> str:
-        script = (
-            "set -o pipefail; id=$(systemctl show --property=InvocationID --value "
-            f'{shlex.quote(unit)}); journalctl --no-pager -o cat _SYSTEMD_INVOCATION_ID="$id" '
-            f"| {{ grep -i -E {shlex.quote(MEMORY_LINES)} || true; }} "
-            f"| head -n {MAX_JOURNAL_LINES}"
-        )
-        done = self._module("ansible.legacy.command", {"argv": ["bash", "-c", script]})
-        if done.get("failed") or done.get("rc"):
-            raise NoCalibration(f"the journal of {unit} could not be read: {done.get('msg')}")
-        lines = str(done.get("stdout") or "")
-        self._step(f"read {len(lines.splitlines())} start-up memory line(s) of {unit}")
-        return lines
-
-    def _server_info(self, port: Any, api_key: str) -> dict[str, Any] | None:
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        answer = self._module(
-            "ansible.legacy.uri",
-            {
-                "url": f"http://127.0.0.1:{int(port)}/server_info",
-                "headers": headers,
-                "return_content": False,
-                "timeout": 30,
-            },
-        )
-        if answer.get("status") != 200 or not isinstance(answer.get("json"), Mapping):
-            self._step(f"/server_info did not answer (status {answer.get('status')})")
-            return None
-        self._step("read /server_info (only the fields a record uses are kept)")
-        return calibration.public_server_info(answer["json"])
+    def _read_start(self, server: Mapping[str, Any], api_key: str) -> tuple[str, Any]:
+        """This start's memory lines and /server_info, and the store, in one module run on the
+        host (library/sglang_start_facts.py); the key goes in under no_log and only the parts
+        of /server_info a record uses come back."""
+        paths = server["paths"]
+        folder, store_path = str(paths["state_dir"]), str(paths["calibration_file"])
+        if os.path.dirname(store_path) != folder:
+            raise AnsibleActionFail(f"sglang_calibrate: {store_path} is not inside {folder}")
+        with self._quiet():
+            done = self._module(
+                "sglang_start_facts",
+                {
+                    "unit": server["unit"],
+                    "port": int(server["port"]),
+                    "api_key": api_key,
+                    "line_pattern": MEMORY_LINES,
+                    "max_lines": MAX_JOURNAL_LINES,
+                    "server_info_paths": [*calibration.SERVER_INFO_FIELDS, MEMORY_USAGE_PATH],
+                    "folder": folder,
+                    "store_name": os.path.basename(store_path),
+                },
+            )
+        if done.get("failed"):
+            raise NoCalibration(
+                f"this start of {server['unit']} could not be read: {done.get('msg')}"
+            )
+        self._store_text = done.get("store")
+        lines = str(done.get("lines") or "")
+        self._step(f"read {len(lines.splitlines())} start-up memory line(s) of {server['unit']}")
+        info = calibration.public_server_info(done.get("server_info"))
+        if info is None:
+            self._step(f"/server_info gave nothing ({done.get('server_info_error')})")
+        else:
+            self._step("read /server_info (only the fields a record uses are kept)")
+        return lines, info
 
     def _version(self, python: str) -> str | None:
         code = "import importlib.metadata as m; print(m.version('sglang'))"
@@ -224,7 +229,7 @@ class ActionModule(VerbAction):
         module run on the host (library/sglang_state_files.py, inside the server's folder)."""
         paths = server["paths"]
         folder, store_path = str(paths["state_dir"]), str(paths["calibration_file"])
-        store = self._slurp(store_path)
+        store = self._store_text  # read with this start's lines (_read_start)
         update = calibration.store_update(store, record, store_path, server["name"])
         files = [_state_file(folder, store_path, update["store"], "0644")]
         if update["set_aside"] is not None:

@@ -4,12 +4,17 @@
 # gpusim's flag table (gpusim/gpusim/flags/sglang-0.5.23.json) is dumped from it, and
 # tests/double/test_flags_match_real.py compares the test double against it.
 #
-# Usage: scripts/sglang-reference-env.sh [DIR]       (DIR defaults to <repo>/.cache/sglang-ref)
+# Usage: scripts/sglang-reference-env.sh [DIR]
+#   DIR: where to build. Without it, the venv is built once per machine in the user's cache
+#   (${XDG_CACHE_HOME:-~/.cache}/sglang-fleet/sglang-ref, as pip keeps its own cache there) and
+#   <repo>/.cache/sglang-ref links to it, so that a fresh clone finds it built, as it finds the
+#   test-host images; a clone whose .cache/sglang-ref is a folder of its own keeps using it.
 #   Env: SGLANG_REF_PYTHON  interpreter to build with (default: python3.11, else python3; must be 3.11
 #                           because the sglang 0.5.23 wheel is cp311)
 #
-# Idempotent: DIR/venv/.stamp holds a hash of this script, the lock file and where the stand-ins
-# live; when it matches, the script only says so and exits. Anything else is rebuilt from scratch.
+# Idempotent: DIR/venv/.stamp holds a hash of this script, the lock file and the stand-ins'
+# source; when it matches, the script only says so and exits. Anything else is rebuilt from
+# scratch. The stand-ins are copied into DIR (a clone that built the venv may be gone later).
 #
 # Why the install looks like this (docs/SGLANG.md, "Its benchmark client on a machine without a
 # GPU"): sglang's declared dependencies pull CUDA torch, flashinfer and ~4.5 GB of NVIDIA
@@ -24,7 +29,16 @@ set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(dirname "$here")
-dir=${1:-$repo/.cache/sglang-ref}
+link=$repo/.cache/sglang-ref
+if [[ -n ${1:-} ]]; then
+  dir=$1
+elif [[ -d $link && ! -L $link ]]; then
+  dir=$link
+else
+  dir=${XDG_CACHE_HOME:-$HOME/.cache}/sglang-fleet/sglang-ref
+  mkdir -p "$dir" "$repo/.cache"
+  ln -sfn "$dir" "$link"
+fi
 mkdir -p "$dir"
 dir=$(cd "$dir" && pwd)
 venv=$dir/venv
@@ -66,7 +80,8 @@ main() {
   [[ -d $kernel_stub/sgl_kernel ]] || die "sgl_kernel stand-in missing: $kernel_stub/sgl_kernel"
   [[ -f $lockfile ]] || die "lock file missing: $lockfile"
   local key
-  key=$(cat "${BASH_SOURCE[0]}" "$lockfile" <(printf '%s\n' "$stub" "$kernel_stub") | sha256sum | cut -d' ' -f1)
+  key=$( { cat "${BASH_SOURCE[0]}" "$lockfile"; find "$stub" "$kernel_stub" -name '*.py' -print0 \
+    | sort -z | xargs -0 cat; } | sha256sum | cut -d' ' -f1)
 
   exec 9>"$dir/.lock"
   flock 9  # two concurrent `make test` runs must not build into one folder at once
@@ -87,10 +102,15 @@ main() {
   quiet_pip install --no-deps --no-compile --only-binary=:all: --progress-bar off --no-input \
     -r "$lockfile"
 
-  say "putting the torchvision and sgl_kernel stand-ins on the venv's path: $stub $kernel_stub"
-  local site
+  local site stand_ins=$dir/stand-ins
+  say "putting the torchvision and sgl_kernel stand-ins on the venv's path: $stand_ins"
+  rm -rf "$stand_ins"
+  mkdir -p "$stand_ins/torchvision_stub" "$stand_ins/sgl_kernel_stub"
+  cp -r "$stub/torchvision" "$stand_ins/torchvision_stub/"
+  cp -r "$kernel_stub/sgl_kernel" "$stand_ins/sgl_kernel_stub/"
+  find "$stand_ins" -name __pycache__ -prune -exec rm -rf {} +
   site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
-  printf '%s\n' "$stub" "$kernel_stub" >"$site/sglang_ref_stubs.pth"
+  printf '%s\n' "$stand_ins/torchvision_stub" "$stand_ins/sgl_kernel_stub" >"$site/sglang_ref_stubs.pth"
 
   smoke sglang.launch_server
   smoke sglang.benchmark.serving

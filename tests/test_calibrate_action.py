@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -24,6 +25,7 @@ from sglang_fleet import calibration
 from sglang_fleet.modelcfg import read_model_dir
 
 ACTION = load_plugin("action_plugins/sglang_calibrate.py")
+START_FACTS = load_plugin("library/sglang_start_facts.py")
 MODEL = Path(__file__).resolve().parent / "fixtures" / "models" / "kimi-k2.5-int4"
 KIMI_CONFIG, KIMI_WEIGHTS = read_model_dir(MODEL)
 STATE = "/var/lib/sglang-fleet/kimi"
@@ -54,11 +56,11 @@ class FakeCalibrate(ACTION.ActionModule):
 
     def __init__(self, args: dict[str, Any], host: dict[str, Any], check_mode: bool = False):
         self._task = SimpleNamespace(
-            args=args, async_val=0, check_mode=check_mode, action="sglang_calibrate"
+            args=args, async_val=0, check_mode=check_mode, action="sglang_calibrate", no_log=False
         )
         self._play_context = SimpleNamespace(check_mode=check_mode)
         self._connection = SimpleNamespace(_shell=SimpleNamespace(tmpdir="/tmp/ansible-tmp"))
-        self.host, self.calls, self.written = host, [], {}
+        self.host, self.calls, self.written, self.no_log = host, [], {}, []
 
     def _execute_module(self, module_name: str, module_args: dict, task_vars: Any = None) -> dict:
         self.calls.append((module_name, module_args))
@@ -67,13 +69,19 @@ class FakeCalibrate(ACTION.ActionModule):
             raise AssertionError(f"unexpected module {module_name}")
         return answer(module_args)
 
-    def host_command(self, args: dict) -> dict:
-        journal = args["argv"][0] == "bash"
-        return {"rc": 0, "stdout": self.host["journal" if journal else "version"]}
+    def host_command(self, _args: dict) -> dict:
+        return {"rc": 0, "stdout": self.host["version"]}
 
-    def host_uri(self, _args: dict) -> dict:
+    def host_sglang_start_facts(self, args: dict) -> dict:
+        """The module's answer: its own filter (pick) over the server's whole /server_info."""
+        self.no_log.append(self._task.no_log)
         info = self.host.get("server_info")
-        return {"status": 200, "json": info} if info else {"status": -1, "msg": "refused"}
+        return {
+            "lines": self.host["journal"],
+            "server_info": START_FACTS.pick(info, args["server_info_paths"]) if info else None,
+            "server_info_error": "" if info else "cannot reach the server",
+            "store": self.host["files"].get(f"{args['folder']}/{args['store_name']}"),
+        }
 
     def host_nvidia_gpu_info(self, _args: dict) -> dict:
         return {"gpus": self.host["gpus"]}
@@ -136,18 +144,25 @@ def test_a_healthy_start_is_recorded_first_in_the_store() -> None:
 def test_the_api_key_goes_to_the_server_and_nowhere_else() -> None:
     action = FakeCalibrate(ARGS | {"api_key": KEY}, kimi_host())
     result = action.run_it()
-    [uri] = [args for name, args in action.calls if name == "ansible.legacy.uri"]
-    assert uri["headers"] == {"Authorization": f"Bearer {KEY}"}
+    [read] = [args for name, args in action.calls if name == "sglang_start_facts"]
+    assert read["api_key"] == KEY and action.no_log == [True]
     assert KEY not in json.dumps(result)
     assert KEY not in json.dumps(action.written)
+    # /server_info holds the key (as api_key): the host keeps it, the record's fields come back.
+    picked = START_FACTS.pick(kimi_host()["server_info"], read["server_info_paths"])
+    assert "api_key" not in picked and picked["mem_fraction_static"] == 0.85
 
 
-def test_the_journal_read_keeps_only_the_memory_lines_of_this_invocation() -> None:
+def test_the_journal_read_keeps_only_the_memory_lines_of_this_start() -> None:
     action = FakeCalibrate(ARGS, kimi_host())
     action.run_it()
-    script = action.calls[0][1]["argv"][2]
-    assert "_SYSTEMD_INVOCATION_ID" in script and "sglang@kimi.service" in script
-    assert "server_args" not in script  # never read: it lists every argument
+    [read] = [args for name, args in action.calls if name == "sglang_start_facts"]
+    assert read["unit"] == "sglang@kimi.service"
+    assert read["max_lines"] == ACTION.MAX_JOURNAL_LINES
+    wanted = re.compile(read["line_pattern"], re.IGNORECASE)  # as the module reads it
+    # never server_args=: it lists every argument, an API key among them
+    assert wanted.search("server_args=ServerArgs(api_key=x, mem_fraction_static=0.8)") is None
+    assert wanted.search("KV Cache is allocated. #tokens: 1")
 
 
 def test_a_start_without_figures_records_nothing_and_says_why() -> None:
@@ -224,7 +239,6 @@ def test_what_the_preflight_read_is_not_read_again() -> None:
     assert (record["key"]["gpu_name"], record["key"]["gpu_memory_mib"]) == (GPU, 97887)
     called = [name.rsplit(".", 1)[-1] for name, _ in action.calls]
     assert "nvidia_gpu_info" not in called
-    slurped = [args["src"] for name, args in action.calls if name.endswith("slurp")]
-    assert slurped == [STORE]  # the store only: no model file read again
-    commands = [args["argv"][0] for name, args in action.calls if name.endswith("command")]
-    assert commands == ["bash"]  # the journal only: no version read
+    # One read of this start (lines, /server_info, the store), one write: no model file, no
+    # version read again.
+    assert called == ["sglang_start_facts", "sglang_state_files"]
