@@ -2,8 +2,9 @@
 rollout inside its restart action (restart.yml's start sets _sglang_server_take_out, and
 start_and_wait.yml hands the server's router to sglang_restart), the others through
 roles/sglang_server/tasks/router_take_out.yml (docs/STAGING.md, "Drain before every stop of a
-routed replica"). Read from the task files themselves, so a new stop path that skips the drain
-fails here."""
+routed replica"). An autotune trial (roles/autotune/tasks/trial_server.yml) runs the same
+steps through include_role. Read from the task files themselves, so a new stop path that skips
+the drain fails here."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from typing import Any
 import pytest
 import yaml
 
-TASKS = Path(__file__).resolve().parent.parent / "roles" / "sglang_server" / "tasks"
+ROLES = Path(__file__).resolve().parent.parent / "roles"
+TASKS = ROLES / "sglang_server" / "tasks"
+TRIAL = ROLES / "autotune" / "tasks" / "trial_server.yml"
 # Task files that stop a server (directly, or through start_and_wait.yml / clean_gpus.yml).
 STOPS = ("start_and_wait.yml", "rollback_server.yml", "clean_gpus.yml")
 
@@ -28,24 +31,34 @@ def _flat(tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _includes(path: Path) -> list[str]:
-    tasks = _flat(yaml.safe_load(path.read_text()))
-    return [
-        str(t.get("ansible.builtin.include_tasks") or t.get("ansible.builtin.import_tasks"))
-        for t in tasks
-        if "ansible.builtin.include_tasks" in t or "ansible.builtin.import_tasks" in t
-    ]
+    """The sglang_server task files a file runs, in order: its own includes and imports, and
+    another role's include_role of sglang_server's steps (tasks_from)."""
+    included = []
+    for task in _flat(yaml.safe_load(path.read_text())):
+        if "ansible.builtin.include_tasks" in task or "ansible.builtin.import_tasks" in task:
+            included.append(
+                str(
+                    task.get("ansible.builtin.include_tasks")
+                    or task["ansible.builtin.import_tasks"]
+                )
+            )
+        role = task.get("ansible.builtin.include_role") or {}
+        if role.get("name") == "sglang_server" and role.get("tasks_from"):
+            included.append(f"{role['tasks_from']}.yml")
+    return included
 
 
 @pytest.mark.parametrize(
     ("entry", "stop"),
     [
-        ("rollback_replica.yml", "rollback_server.yml"),
-        ("clean.yml", "clean_gpus.yml"),
-        ("trial_server.yml", "start_and_wait.yml"),
+        (TASKS / "rollback_replica.yml", "rollback_server.yml"),
+        (TASKS / "clean.yml", "clean_gpus.yml"),
+        (TRIAL, "start_and_wait.yml"),
     ],
+    ids=lambda value: value.name if isinstance(value, Path) else value,
 )
-def test_a_routed_replica_is_taken_out_before_it_stops(entry: str, stop: str) -> None:
-    included = _includes(TASKS / entry)
+def test_a_routed_replica_is_taken_out_before_it_stops(entry: Path, stop: str) -> None:
+    included = _includes(entry)
     assert "router_take_out.yml" in included, f"{entry} never drains"
     assert included.index("router_take_out.yml") < included.index(stop)
 
@@ -64,9 +77,13 @@ def test_a_rollout_drains_in_its_restart_action() -> None:
     assert "router_take_out.yml" not in _includes(TASKS / "restart.yml")
 
 
-@pytest.mark.parametrize("entry", ["restart.yml", "rollback_replica.yml", "trial_server.yml"])
-def test_a_replica_that_serves_again_goes_back_into_its_router(entry: str) -> None:
-    included = _includes(TASKS / entry)
+@pytest.mark.parametrize(
+    "entry",
+    [TASKS / "restart.yml", TASKS / "rollback_replica.yml", TRIAL],
+    ids=lambda path: path.name,
+)
+def test_a_replica_that_serves_again_goes_back_into_its_router(entry: Path) -> None:
+    included = _includes(entry)
     assert included[-1] == "router_put_back.yml"
 
 
@@ -78,9 +95,14 @@ def test_rollback_goes_through_the_draining_path() -> None:
 def test_no_other_task_file_stops_a_server_without_the_drain() -> None:
     """The files that include a stop are exactly the known entry points (and the stops'
     own nesting); a new one must be added above, with its drain."""
-    known = {"restart.yml", "rollback_replica.yml", "clean.yml", "trial_server.yml"}
-    nested = {"rollback_server.yml", "start_and_wait.yml", "restart.yml", "trial_server.yml"}
+    known = {"sglang_server/restart.yml", "sglang_server/rollback_replica.yml",
+             "sglang_server/clean.yml", "autotune/trial_server.yml"}  # fmt: skip
+    nested = {"sglang_server/rollback_server.yml", "sglang_server/start_and_wait.yml",
+              "sglang_server/restart.yml"}  # fmt: skip
     callers = {
-        path.name for path in TASKS.glob("*.yml") if any(stop in _includes(path) for stop in STOPS)
+        f"{path.parent.parent.name}/{path.name}"
+        for path in ROLES.glob("*/tasks/*.yml")
+        if any(stop in _includes(path) for stop in STOPS)
     }
     assert callers <= known | nested, callers - known - nested
+    assert "autotune/trial_server.yml" in callers  # the trial's steps are read through include_role
