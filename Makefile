@@ -38,7 +38,7 @@ help:
 # the install took 65 s instead of 109 s (2026-12-04).
 $(BIN)/.stamp: requirements.txt pyproject.toml gpusim/pyproject.toml scripts/find-python.sh
 	@echo "==> creating $(VENV) (Python >= 3.12) and installing requirements.txt"
-	@py=$$(scripts/find-python.sh); rm -rf $(VENV); "$$py" -m venv $(VENV)
+	@py=$$(readlink -f "$$(scripts/find-python.sh)"); rm -rf $(VENV); "$$py" -m venv $(VENV)
 	@$(BIN)/pip install --quiet --disable-pip-version-check --no-compile -r requirements.txt 2> >(grep -v 'is ignored: it is neither' >&2)
 	@touch $@
 
@@ -122,9 +122,11 @@ demo: $(BIN)/.stamp image wheelhouse
 	@scripts/demo.sh
 
 # Every benchmark in bench/ (bench/README.md); BENCHES=fleet_noop runs one.
-BENCHES ?= smoke_vs_bench_serving autotune_vs_grid fleet_noop attention_dp_job rollout_overhead
-bench: $(BIN)/.stamp image wheelhouse
+BENCHES ?= smoke_vs_bench_serving autotune_vs_grid fleet_noop attention_dp_job rollout_overhead planner_accuracy
+bench: $(BIN)/.stamp image wheelhouse sglang-ref
 	@for b in $(BENCHES); do echo "==> bench/$$b.py"; $(BIN)/python bench/$$b.py; done
+	@echo "==> property tests, long profile (docs/TESTING.md)"
+	HYPOTHESIS_PROFILE=long $(BIN)/pytest -q -p no:cacheprovider tests/test_props_*.py
 
 clean:
 	rm -rf $(VENV) .cache/wheelhouse .cache/cpu-wheelhouse reports

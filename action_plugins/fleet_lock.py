@@ -246,10 +246,19 @@ class Verdict:
 
 
 def _by_lease(holder: Mapping[str, Any], why_blind: str, path: str, host: str) -> Verdict:
+    by_hand = f"remove {path} on {host} by hand"
+    if holder.get("unmeasurable"):
+        # A time ahead of the host's clock: the lease would never end, and taking the lock
+        # over would steal from whatever wrote it. Neither: the operator decides.
+        return Verdict(
+            False,
+            f"{why_blind}, and its time lies ahead of the host's clock, so it is neither taken "
+            "over nor waited for",
+            f"Find out what wrote {path}; if you are sure no run is working on {host}, {by_hand}.",
+        )
     left = int(holder.get("lease_left_s", 0))
     if left <= 0:
         return Verdict(True, f"{why_blind}, and its lease has ended", "")
-    by_hand = f"remove {path} on {host} by hand"
     advice = (
         f"Wait for that run to end (or for its lease to end). If you are sure no run is working "
         f"on {host}, {by_hand}."

@@ -35,6 +35,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ansible.errors import AnsibleActionFail
+from sglang_fleet.module_utils.bounded_json import loads as bounded_loads
 
 from sglang_fleet import calibration
 from sglang_fleet.modelcfg import ModelConfigError, weight_bytes_from_index
@@ -208,9 +209,10 @@ class ActionModule(VerbAction):
             raise NoCalibration(f"{model_path}/config.json could not be read")
         index_text = self._slurp(f"{model_path}/model.safetensors.index.json")
         try:
-            config = json.loads(config_text)
+            config = bounded_loads(config_text, f"{model_path}/config.json")
             if index_text is not None:
-                weights = weight_bytes_from_index(json.loads(index_text))
+                index = bounded_loads(index_text, f"{model_path}/model.safetensors.index.json")
+                weights = weight_bytes_from_index(index)
             else:  # a single-file checkpoint (small models): its size stands in
                 found = self._module(
                     "ansible.legacy.find", {"paths": model_path, "patterns": "*.safetensors"}

@@ -9,10 +9,11 @@ one that did not fails the task on every node, and all go back to last-known-goo
 Then, in one module run on the host (library/sglang_last_known_good.py, under no_log), into its
 last-known-good folder (<state dir>/<server>/lkg, root only):
 
-1. the files that made it: the launch drop-in, the environment file and, when the server has an
-   API key, its secrets file (the key never reaches a result or a diff); a secrets file the
-   passing configuration did not have is removed;
-2. its record, meta.json: server, config_hash, the whole flag set, api_key_set, the installed
+1. the files that made it: the launch drop-in, the environment file and, when the server has a
+   secret (sglang_fleet/server_secrets.py), its secrets file (no secret reaches a result or a
+   diff); a secrets file the passing configuration did not have is removed;
+2. its record, meta.json: server, config_hash, the whole flag set, api_key_set, secrets_set
+   (the names of its secret fields), the installed
    SGLang version, and the smoke result it passed with (what the relative gate compares the next
    start with).
 
@@ -36,7 +37,7 @@ from typing import Any
 from ansible.errors import AnsibleActionFail
 
 from sglang_fleet import restart
-from sglang_fleet.calibration import public_flags
+from sglang_fleet.server_secrets import public_flags
 from sglang_fleet.verb_action import VerbAction
 
 SERVER_KEYS = ("name", "config_hash", "flags", "api_key_set", "paths")
@@ -88,6 +89,7 @@ class ActionModule(VerbAction):
             "config_hash": server["config_hash"],
             "flags": dict(server["flags"]),
             "api_key_set": bool(server["api_key_set"]),
+            "secrets_set": sorted(server.get("secrets_set") or []),
             "sglang_version": self._task.args.get("sglang_version") or None,
             "smoke_result": self._task.args.get("smoke_result") or None,
         }
@@ -95,7 +97,8 @@ class ActionModule(VerbAction):
             {"name": "10-launch.conf", "src": paths["dropin"]},
             {"name": "server.env", "src": paths["env_file"]},
         ]
-        if record["api_key_set"]:
+        keyed = bool(record["api_key_set"] or record["secrets_set"])
+        if keyed:
             copies.append({"name": "secrets.yaml", "src": paths["secrets_file"]})
         # One module run on the host (library/sglang_last_known_good.py), under no_log: the
         # secrets file is among the copies, and the old record among the answers.
@@ -105,7 +108,7 @@ class ActionModule(VerbAction):
                 {
                     "lkg_dir": lkg,
                     "files": copies,
-                    "absent": [] if record["api_key_set"] else ["secrets.yaml"],
+                    "absent": [] if keyed else ["secrets.yaml"],
                     "record": record,
                 },
             )

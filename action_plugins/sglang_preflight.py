@@ -46,10 +46,12 @@ from contextlib import nullcontext, suppress
 from typing import Any
 
 from ansible.errors import AnsibleActionFail
+from sglang_fleet.module_utils.bounded_json import loads as bounded_loads
 
 from sglang_fleet import calibration, preflight, validate
 from sglang_fleet.plain import plain
 from sglang_fleet.plan_verdict import verdict
+from sglang_fleet.server_secrets import redact
 from sglang_fleet.servers import records_and_routers
 from sglang_fleet.verb_action import VerbAction
 
@@ -249,8 +251,9 @@ class ActionModule(VerbAction):
             "problems": problems,
             # Each server's last-known-good record ({name: its text, or null}): what the restart
             # decision and the "would restart" lines compare with.
+            # Secrets an older record holds are redacted: this result shows at -v.
             "lkg_records": {
-                server["name"]: text if isinstance(text, str) else None
+                server["name"]: _shown_record(text)
                 for server, text in ((s, files.get(_lkg_meta(s))) for s in servers)
             },
             "flags_key": flags_key,
@@ -379,10 +382,28 @@ class ActionModule(VerbAction):
         # What the calibration of this start is keyed by (docs/CALIBRATION.md); the planner took
         # the same text, so nothing here can be wrong that it did not name.
         with suppress(ValueError):
-            self._fingerprints[name] = calibration.model_fingerprint(json.loads(config), weights)
+            self._fingerprints[name] = calibration.model_fingerprint(
+                bounded_loads(config, "config.json"), weights
+            )
         self._step(f"planned {name}: {planned.get('max_total_num_tokens')} KV tokens")
         return json.loads(json.dumps(planned))
 
 
 def _lkg_meta(server: Mapping[str, Any]) -> str:
     return f"{server['paths']['lkg_dir']}/meta.json"
+
+
+def _shown_record(text: Any) -> str | None:
+    """A last-known-good record's text with every flag named like a secret redacted
+    (sglang_fleet/server_secrets.py); None where there is none or it is not a JSON object."""
+    if not isinstance(text, str):
+        return None
+    try:
+        record = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(record, dict):
+        return None
+    if isinstance(record.get("flags"), Mapping):
+        record["flags"] = redact(record["flags"])
+    return json.dumps(record, sort_keys=True)

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from ansible.errors import AnsibleActionFail
+from sglang_fleet.module_utils.bounded_json import loads as bounded_loads
 
 from sglang_fleet import gate
 from sglang_fleet.diagnose import diagnose
@@ -170,7 +171,7 @@ class ActionModule(VerbAction):
         json_path = local_base.with_name(stamp + ".json")
         json_path.write_text(raw, encoding="utf-8")
         try:
-            measured = json.loads(raw)
+            measured = bounded_loads(raw, remote_json)
         except ValueError as exc:
             raise AnsibleActionFail(f"sglang_smoke_gate: {remote_json}: {exc}") from None
         if not isinstance(measured, dict):
@@ -207,7 +208,7 @@ class ActionModule(VerbAction):
         if done.get("failed") or "content" not in done:
             return None
         try:
-            record = json.loads(base64.b64decode(done["content"]))
+            record = bounded_loads(base64.b64decode(done["content"]), path)
         except ValueError:
             return None
         return record.get("smoke_result") if isinstance(record, dict) else None

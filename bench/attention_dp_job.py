@@ -1,8 +1,9 @@
 """The Kimi job's missing lever: attention data parallelism, planned and tuned.
 
 Part 1, the planner at full size: Kimi-K2.5 int4 on 8 x RTX PRO 6000 (97887 MiB), tp 8,
---mem-fraction-static 0.90, fp8 KV, calibrated by the job's start-up log at 0.85 bf16
-(tests/fixtures/logs/kimi-k2.5-tp8-mf085-bf16.log), the job's requests of 2000 + 2000 tokens.
+--mem-fraction-static 0.90, fp8 KV, calibrated by a start-up log at 0.85 bf16 constructed from
+the job's figures, not the job's own log (tests/fixtures/logs/README.md:
+constructed-kimi-k2.5-tp8-mf085-bf16.log), the job's requests of 2000 + 2000 tokens.
 For each attention-DP size: weights per GPU, KV tokens per rank and in total, concurrent
 requests, the KV-bound throughput (concurrency x the log's 12.15 tok/s per request), the free
 memory per rank after CUDA graph capture and the decode roofline. Then the same plan for the
@@ -47,7 +48,8 @@ from sglang_fleet.plan import plan
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures"
 JOB_MODEL = FIXTURES / "models" / "kimi-k2.5-int4"
-JOB_LOG = FIXTURES / "logs" / "kimi-k2.5-tp8-mf085-bf16.log"
+# Constructed in SGLang 0.5.23's formats from the job's figures (tests/fixtures/logs/README.md).
+JOB_LOG = FIXTURES / "logs" / "constructed-kimi-k2.5-tp8-mf085-bf16.log"
 GPU_NAME = grid_bench.GPU_NAME
 HOST = grid_bench.HOST
 # The job's final hand-tuned flag set (docs/THE-JOB.md, inventory profile `throughput`).

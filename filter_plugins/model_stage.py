@@ -2,6 +2,7 @@
 
 {{ sglang_server_instances | model_stage_plan }}     [{path, source, servers}], one per path
 {{ sglang_server_instances | model_stage_protected }}  every model_path (never pruned)
+{{ {'model_stage_keep': ..., ...} | model_stage_settings }}  the role's settings, checked
 """
 
 from __future__ import annotations
@@ -11,7 +12,13 @@ from typing import Any
 from ansible.errors import AnsibleFilterError
 
 from sglang_fleet.plain import plain
-from sglang_fleet.staging import StageConfigError, protected_paths, stage_plan, stage_summary
+from sglang_fleet.staging import (
+    StageConfigError,
+    check_settings,
+    protected_paths,
+    stage_plan,
+    stage_summary,
+)
 
 
 def _plain_list(value: Any) -> list:
@@ -35,6 +42,14 @@ def model_stage_protected(servers: Any) -> list[str]:
     return protected_paths(_plain_list(servers))
 
 
+def model_stage_settings(settings: Any) -> dict[str, Any]:
+    """The role's settings typed and in range; a bad one fails naming its variable."""
+    try:
+        return check_settings(plain(settings))
+    except (StageConfigError, ValueError) as exc:
+        raise AnsibleFilterError(str(exc)) from exc
+
+
 def model_stage_summary(results: Any) -> dict[str, dict[str, Any]]:
     """{model_path: {changed, bytes, copy_seconds, ...}} from the staging loop's results."""
     return stage_summary(_plain_list(results))
@@ -47,5 +62,6 @@ class FilterModule:
         return {
             "model_stage_plan": model_stage_plan,
             "model_stage_protected": model_stage_protected,
+            "model_stage_settings": model_stage_settings,
             "model_stage_summary": model_stage_summary,
         }

@@ -11,11 +11,11 @@ input fails the task naming the variable and what it allows, before any host is 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
+from sglang_fleet.module_utils.bounded_json import loads as bounded_loads
 
 from sglang_fleet import autotune
 from sglang_fleet.plain import plain
@@ -71,7 +71,10 @@ def sglang_autotune_trial_result(trial: Any, smoke: Any = None) -> dict[str, Any
     if not isinstance(trial, Mapping):
         raise AnsibleFilterError("sglang_autotune_trial_result: the trial result must be a mapping")
     if isinstance(smoke, str | bytes):
-        smoke = json.loads(smoke) if smoke.strip() else None
+        try:
+            smoke = bounded_loads(smoke, "the smoke result") if smoke.strip() else None
+        except ValueError as exc:
+            raise AnsibleFilterError(f"sglang_autotune_trial_result: {exc}") from None
     failed = trial.get("outcome") != "passed"
     return {
         "smoke": plain(smoke),

@@ -1,12 +1,16 @@
-"""Ansible filters of the monitoring role: what Prometheus scrapes, from the inventory.
+"""Ansible filters of the monitoring role: typed settings and what Prometheus scrapes.
 
+    {{ {'monitoring_rate_window': monitoring_rate_window, ...} | sglang_monitoring_settings }}
+        the settings typed and checked (sglang_fleet/monitoring_settings.py): what templates print
     {{ hosts | sglang_monitoring_plan(monitoring_host, key_dir, ttft_ms, tpot_ms) }}
         {servers, routers, nodes, slos}: no key in it, safe to template and log
     {{ hosts | sglang_monitoring_credentials(key_dir) }}
         [{path, key}]: for a task with no_log only
+    {{ text | sglang_yaml_string }}
+        one YAML double-quoted scalar that Prometheus reads back as the same text
 
-Thin wrappers over the installed sglang_fleet package (monitoring.py, docs/MONITORING.md): an
-inventory Prometheus cannot scrape fails the task naming the server.
+Thin wrappers over the installed sglang_fleet package (monitoring.py, monitoring_settings.py,
+docs/MONITORING.md): bad input fails the task naming the variable, or the host, server and field.
 """
 
 from __future__ import annotations
@@ -16,23 +20,36 @@ from typing import Any
 
 from ansible.errors import AnsibleFilterError
 
-from sglang_fleet import monitoring
+from sglang_fleet import monitoring, monitoring_settings
 from sglang_fleet.plain import plain
+
+
+def _wrap(func: Callable[..., Any], *args: Any) -> Any:
+    """func on the arguments as plain Python values; its errors as the task's failure."""
+    try:
+        return func(*(plain(arg) for arg in args))
+    except (KeyError, TypeError, ValueError, RecursionError) as exc:
+        raise AnsibleFilterError(f"monitoring: {exc}") from exc
+
+
+def sglang_monitoring_settings(values: dict) -> dict[str, Any]:
+    return _wrap(monitoring_settings.check_settings, values)
 
 
 def sglang_monitoring_plan(
     hosts: list, monitoring_host: str, key_dir: str, ttft_ms: float, tpot_ms: float
 ) -> dict[str, Any]:
-    try:
-        return monitoring.scrape_plan(
-            plain(hosts), str(monitoring_host), str(key_dir), float(ttft_ms), float(tpot_ms)
-        )
-    except (KeyError, ValueError) as exc:
-        raise AnsibleFilterError(f"monitoring: {exc}") from exc
+    return _wrap(
+        monitoring.scrape_plan, hosts, str(monitoring_host), str(key_dir), ttft_ms, tpot_ms
+    )
 
 
 def sglang_monitoring_credentials(hosts: list, key_dir: str) -> list[dict[str, str]]:
-    return monitoring.server_credentials(plain(hosts), str(key_dir))
+    return _wrap(monitoring.server_credentials, hosts, str(key_dir))
+
+
+def sglang_yaml_string(value: Any) -> str:
+    return _wrap(monitoring.yaml_string, value)
 
 
 class FilterModule:
@@ -40,6 +57,8 @@ class FilterModule:
 
     def filters(self) -> dict[str, Callable[..., Any]]:
         return {
+            "sglang_monitoring_settings": sglang_monitoring_settings,
             "sglang_monitoring_plan": sglang_monitoring_plan,
             "sglang_monitoring_credentials": sglang_monitoring_credentials,
+            "sglang_yaml_string": sglang_yaml_string,
         }

@@ -7,11 +7,12 @@
     {{ servers | sglang_host_errors(host) }}         host: {gpu_count, ram_mib}
     {{ servers | map('sglang_server_errors', host) }}
     {{ servers | sglang_restart_decision(changed_paths, running_units, lkg_slurps) }}
-    {{ servers | sglang_server_secret_files(api_keys) }}    the secrets files: only for no_log tasks
+    {{ servers | sglang_server_secret_files(secrets) }}     the secrets files: only for no_log tasks
     {{ servers | sglang_server_records_and_routers }}       {records, routers}: sglang_host_state's
     {{ servers | sglang_restart_lines(restart_names, lkg_slurps, running_units) }}  check's words
     {{ servers | sglang_servers_on_gpus([0, 1]) }}          the servers using any of those GPUs
     {{ sglang_server_instances | sglang_server_api_keys }}   {name: key}: only for no_log tasks
+    {{ sglang_server_instances | sglang_server_secrets }}    {name: {field: secret}}: no_log only
     {{ hosts | sglang_rollout_groups(hostvars) }}    {host: [multinode, routed or direct]}
     {{ servers | sglang_node_restarts(hostvars, fact) }}  servers across hosts a node restarts
 
@@ -22,14 +23,15 @@ the task with the variable to fix.
 from __future__ import annotations
 
 import base64
-import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
+from sglang_fleet.module_utils.bounded_json import loads as bounded_loads
 
 from sglang_fleet import nodes as _nodes
 from sglang_fleet import restart_plan as _restart_plan
+from sglang_fleet import server_secrets as _server_secrets
 from sglang_fleet import servers as _servers
 from sglang_fleet import validate as _validate
 from sglang_fleet.plain import plain
@@ -87,7 +89,7 @@ def _lkg_record(read: Any) -> dict[str, Any] | None:
         return None
     try:
         text = read if isinstance(read, str) else base64.b64decode(read["content"])
-        record = json.loads(text)
+        record = bounded_loads(text, "lkg/meta.json")
     except (KeyError, TypeError, ValueError):
         return None
     return record if isinstance(record, dict) else None
@@ -118,9 +120,14 @@ def sglang_server_records_and_routers(servers: list) -> dict[str, list[dict]]:
     return _wrap(_servers.records_and_routers, servers)
 
 
-def sglang_server_secret_files(servers: list, keys: dict) -> list[dict]:
-    """sglang_fleet.servers.secret_files(): the secrets files (the API keys): no_log tasks only."""
-    return _wrap(_servers.secret_files, servers, keys)
+def sglang_server_secret_files(servers: list, secrets: dict) -> list[dict]:
+    """sglang_fleet.servers.secret_files(): the secrets files (the keys): no_log tasks only."""
+    return _wrap(_servers.secret_files, servers, secrets)
+
+
+def sglang_server_secrets(servers: Any) -> dict[str, dict[str, str]]:
+    """{name: {secret field: value}} (sglang_fleet/server_secrets.py): no_log tasks only."""
+    return _server_secrets.server_secrets(plain(servers))
 
 
 def sglang_restart_lines(
@@ -209,6 +216,7 @@ class FilterModule:
             "sglang_servers_on_gpus": sglang_servers_on_gpus,
             "sglang_server_cluster": sglang_server_cluster,
             "sglang_server_api_keys": sglang_server_api_keys,
+            "sglang_server_secrets": sglang_server_secrets,
             "sglang_rollout_groups": sglang_rollout_groups,
             "sglang_node_restarts": sglang_node_restarts,
         }

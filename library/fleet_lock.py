@@ -168,6 +168,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.bounded_json import TooDeep
+from ansible.module_utils.bounded_json import loads as bounded_loads
 
 RECORD_VERSION = 1
 DEFAULT_LEASE_S = 900
@@ -175,6 +177,9 @@ GUARD_TIMEOUT_S = 10.0
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 # Keys an owner record needs for the message; the liveness keys are the action plugin's concern.
 DISPLAY_KEYS = ("user", "controller", "pid", "playbook")
+# A time this far ahead of the host's clock cannot be a time of this clock (docs/LOCKING.md,
+# "A time in the future"): the lock's age cannot be measured.
+FUTURE_TOLERANCE_S = 2.0
 
 
 class LockError(Exception):
@@ -247,8 +252,10 @@ def parse(raw: bytes, mtime: float) -> Found:
     if not raw.strip():
         return Found(raw, mtime, None, "empty")
     try:
-        data = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
+        data = bounded_loads(raw, "the lock file")
+    except TooDeep:
+        return Found(raw, mtime, None, "JSON nested too deep to be a lock: damaged")
+    except ValueError:
         return Found(raw, mtime, None, "not JSON: truncated or damaged")
     legacy = legacy_owner(data)
     if legacy:
@@ -296,6 +303,11 @@ class Ages:
     lease_s: float
     clock: str
     note: str
+    future_s: float = 0.0  # how far the file's time lies ahead of the host's clock
+
+    @property
+    def unmeasurable(self) -> bool:
+        return self.future_s > FUTURE_TOLERANCE_S
 
     @property
     def lease_left_s(self) -> float:
@@ -322,9 +334,13 @@ def measure(found: Found, now: HostClock, fallback_lease_s: float) -> Ages:
             # clock that says "in the future" (set back at boot) cannot hold the lock forever.
             age, renewed = max(age, now.boottime), max(renewed, now.boottime)
             note = f"{note}; the host's clock went back, ages counted from this boot's start"
-    if min(age, renewed) < 0:
+    future = max(-min(age, renewed), 0.0)
+    if future > FUTURE_TOLERANCE_S:
+        what = "modification time" if rec is None else "renewal time"
+        note = f"{note}; its {what} is {human_duration(future)} in the future".lstrip("; ")
+    elif future > 0:
         note = f"{note}; the host's clock went back, ages counted as 0".lstrip("; ")
-    return Ages(max(age, 0.0), max(renewed, 0.0), float(lease), clock, note)
+    return Ages(max(age, 0.0), max(renewed, 0.0), float(lease), clock, note, future)
 
 
 def describe_owner(owner: dict[str, Any]) -> str:
@@ -342,6 +358,16 @@ def lease_text(ages: Ages) -> str:
 
 def summarize(found: Found, ages: Ages, path: str) -> str:
     clock = "by the host's clock" if not ages.note else f"by the host's clock ({ages.note})"
+    if ages.unmeasurable:
+        what = (
+            describe_owner(found.record["owner"])
+            if found.record is not None
+            else f"a lock file {path} ({len(found.raw or b'')} bytes, {found.problem or 'legacy'})"
+        )
+        return (
+            f"{what}, whose age cannot be measured {clock}: it is not judged by its lease, "
+            "which would never end"
+        )
     if found.record is not None:
         who = describe_owner(found.record["owner"])
         return f"{who}, taken {human_duration(ages.age_s)} ago {clock}, {lease_text(ages)}"
@@ -373,6 +399,8 @@ def holder_view(found: Found, now: HostClock, fallback_lease_s: float, path: str
         "lease_left_s": round(ages.lease_left_s),
         "clock": ages.clock,
         "clock_note": ages.note,
+        "future_s": round(ages.future_s),
+        "unmeasurable": ages.unmeasurable,
         "summary": summarize(found, ages, path),
     }
 

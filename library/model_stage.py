@@ -23,7 +23,10 @@ description:
   - A revision already staged (our marker with the same source and revision, every file at its
     size) is neither copied nor hashed again (changed=false).
   - Prunes, under the parent of C(path), our staged revisions beyond the C(keep) newest, never
-    C(path), a path in C(protect), or the --model-path of a running process.
+    one that C(path), a path in C(protect), a running process, a server's systemd drop-in or a
+    last-known-good record under C(state_dir) refers to (compared by device and inode).
+  - Every file operation stays inside the folders it owns (nothing inside is followed through
+    a link); only regular files are hashed, each read bounded by the manifest's size.
 version_added: "0.4.0"
 author: sglang-fleet
 options:
@@ -83,6 +86,18 @@ options:
   progress_log:
     description: File that receives the copy's progress (rsync --info=progress2) for tail -f.
     type: path
+  state_dir:
+    description: The servers' state folder; the last-known-good records under it are kept.
+    type: path
+    default: /var/lib/sglang-fleet
+  systemd_dir:
+    description: Where the servers' drop-ins (sglang@NAME.service.d) are; what they load is kept.
+    type: path
+    default: /etc/systemd/system
+  workdir:
+    description: The servers' working directory (a relative path in their configuration).
+    type: path
+    default: /var/lib/sglang
 """
 
 EXAMPLES = r"""
@@ -115,6 +130,10 @@ pruned:
   description: Staged revisions removed.
   type: list
   returned: always
+prune_skipped:
+  description: Why nothing was pruned (a record or drop-in that could not be read), or null.
+  type: str
+  returned: always
 warm_seconds:
   description: Seconds reading the files into the page cache (null when not asked).
   type: float
@@ -123,31 +142,42 @@ warm_seconds:
 
 import json
 import os
+import stat
 import subprocess
 import time
 from collections.abc import Callable
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.model_in_use import InUse, configured_references, process_references
 from ansible.module_utils.model_stage import (
     MARKER,
     PARTIAL_SUFFIX,
-    FileEntry,
     StageError,
-    bad_files,
     free_bytes,
-    manifest_digest,
     marker_for,
-    model_paths_in_use,
-    parse_manifest,
+    marker_sizes,
     present_bytes,
     prune_candidates,
-    remove_tree,
+    read_manifest,
+    read_marker,
+    remove_failed,
     space_refusal,
     staged_state,
     verify,
     warm_page_cache,
 )
+from ansible.module_utils.model_stage_args import (
+    ArgError,
+    absolute_path,
+    command,
+    endpoint,
+    file_name,
+    model_path,
+    number,
+)
+from ansible.module_utils.model_stage_args import source as checked_source
+from ansible.module_utils.owned_folder import OutsideFolder, OwnedFolder, open_log
 
 # Runs under hf_python: huggingface_hub is the servers' dependency, not the system Python's.
 # The token and endpoint arrive in the environment (HF_TOKEN, HF_ENDPOINT), never in argv.
@@ -160,8 +190,31 @@ if mode == "file":
 else:
     snapshot_download(repo_id=repo, revision=revision, local_dir=local_dir)
 """
+# rsync's and the download's own leftovers in a partial copy, removed before it is promoted.
+LEFTOVERS = (".rsync-partial", ".cache")
 
 Runner = Callable[..., "subprocess.CompletedProcess[str]"]
+
+
+def check_params(params: dict[str, Any]) -> dict[str, Any]:
+    """The arguments checked with the control node's rules (module_utils/model_stage_args.py),
+    before anything on the host is touched; ArgError names the argument."""
+    checked = dict(params)
+    checked["path"] = model_path(params["path"], "path")
+    checked["source"] = checked_source(params["source"], "source")
+    checked["manifest_name"] = file_name(params["manifest_name"], "manifest_name")
+    for key in ("free_margin_bytes", "keep", "bwlimit_kbps", "verify_workers"):
+        checked[key] = number(params[key], key, key)
+    checked["ssh_command"] = command(params["ssh_command"], "ssh_command")
+    # References, not paths we act on: any text a server's model_path holds keeps what it
+    # resolves to (a NUL names nothing).
+    checked["protect"] = [p for p in params["protect"] if "\0" not in p]
+    for key in ("hf_python", "progress_log", "state_dir", "systemd_dir", "workdir"):
+        if params.get(key):
+            checked[key] = absolute_path(params[key], key)
+    if params.get("hf_endpoint"):
+        checked["hf_endpoint"] = endpoint(params["hf_endpoint"], "hf_endpoint")
+    return checked
 
 
 def source_text(source: dict[str, Any]) -> str:
@@ -215,8 +268,21 @@ def fetch(params: dict[str, Any], partial: str, only: str | None, run: Runner) -
         )
         argv = rsync_argv(params, src, dest)
     log = params.get("progress_log")
-    with open(log or os.devnull, "a", encoding="utf-8") as out:
+    try:
+        out = open_log(log) if log else os.open(os.devnull, os.O_WRONLY)
+    except (OSError, ValueError) as exc:
+        raise StageError(f"progress_log {log}: {exc}") from None
+    try:
         done = run(argv, env=env, stdout=out, stderr=subprocess.PIPE, text=True, check=False)
+    except OSError as exc:  # rsync or hf_python missing, not executable
+        what = (
+            "model_stage_hf_python"
+            if source.get("hf_repo")
+            else "that rsync is installed (model_stage_install_rsync)"
+        )
+        raise StageError(f"cannot run {argv[0]}: {exc.strerror or exc}; check {what}") from None
+    finally:
+        os.close(out)
     if done.returncode != 0:
         what = f"the manifest {only}" if only else "the checkpoint"
         raise StageError(
@@ -225,148 +291,167 @@ def fetch(params: dict[str, Any], partial: str, only: str | None, run: Runner) -
         )
 
 
-def read_manifest(partial: str, name: str) -> tuple[dict[str, FileEntry], str]:
-    try:
-        with open(os.path.join(partial, name), "rb") as handle:
-            raw = handle.read()
-        data = json.loads(raw)
-    except (OSError, ValueError) as exc:
-        raise StageError(f"the manifest {name} cannot be read: {exc}") from exc
-    return parse_manifest(data, f"manifest {name}"), manifest_digest(raw)
-
-
-def prune(params: dict[str, Any]) -> list[str]:
-    parent = os.path.dirname(params["path"].rstrip("/"))
-    protected = [params["path"], *params["protect"], *model_paths_in_use()]
-    doomed = prune_candidates(parent, params["keep"], protected)
-    for path in doomed:
-        remove_tree(path)
-        if os.path.isfile(path + PARTIAL_SUFFIX + ".log"):
-            os.remove(path + PARTIAL_SUFFIX + ".log")
-    return doomed
+def prune(params: dict[str, Any], parent: OwnedFolder) -> tuple[list[str], str | None]:
+    """(the revisions removed, why nothing was pruned or None)."""
+    configured, unreadable = configured_references(
+        params["state_dir"], params["systemd_dir"], params["workdir"]
+    )
+    if unreadable:
+        return [], (
+            f"nothing pruned: {', '.join(unreadable[:5])} cannot be read, so what it refers "
+            "to is not known"
+        )
+    protect = [p if p.startswith("/") else os.path.join(params["workdir"], p)
+               for p in params["protect"]]  # fmt: skip
+    in_use = InUse([params["path"], *protect, *configured, *process_references()])
+    doomed = prune_candidates(parent, params["keep"], in_use)
+    for name in doomed:
+        parent.remove_entry(name)
+        log = name + PARTIAL_SUFFIX + ".log"
+        info = parent.lstat(log)
+        if info is not None and stat.S_ISREG(info.st_mode):  # its progress log, if a file
+            parent.remove_file(log)
+    return [os.path.join(parent.path, name) for name in doomed], None
 
 
 def copy_verify_promote(
-    params: dict[str, Any], path: str, name: str, result: dict[str, Any], run: Runner
+    params: dict[str, Any], parent: OwnedFolder, name: str, result: dict[str, Any], run: Runner
 ) -> None:
     """Manifest first, disk-space pre-flight, copy into the partial folder, verify, rename."""
     source = params["source"]
+    path = os.path.join(parent.path, name)
+    partial_name = name + PARTIAL_SUFFIX
     partial = path + PARTIAL_SUFFIX
-    os.makedirs(partial, exist_ok=True)
-    fetch(params, partial, name, run)
-    manifest, digest = read_manifest(partial, name)
-    result["bytes"] = total = sum(e.size for e in manifest.values())
-    present = present_bytes(partial, manifest)
-    margin = params["free_margin_bytes"]
-    refusal = space_refusal(total, present, free_bytes(partial), margin, path)
-    if refusal:
-        raise StageError(refusal)
-    started = time.monotonic()
-    fetch(params, partial, None, run)
-    result["copy_seconds"] = round(time.monotonic() - started, 2)
-    started = time.monotonic()
-    problems = verify(partial, manifest, True, params["verify_workers"])
-    result["verify_seconds"] = round(time.monotonic() - started, 2)
-    if problems:
-        for bad in bad_files(problems):
-            if os.path.isfile(os.path.join(partial, bad)):
-                os.remove(os.path.join(partial, bad))
-        raise StageError(
-            f"{source_text(source)} revision {source['revision']} failed verification against "
-            f"{name}; {path} was not touched and the failed files were removed from "
-            f"{partial}: " + "; ".join(problems)
-        )
-    marker = marker_for(source_text(source), source["revision"], digest, manifest)
-    marker["staged_at"] = time.time()
-    for hidden in (".rsync-partial", ".cache"):
-        if os.path.isdir(os.path.join(partial, hidden)):
-            remove_tree(os.path.join(partial, hidden))
-    with open(os.path.join(partial, MARKER), "w", encoding="utf-8") as handle:
-        json.dump(marker, handle, sort_keys=True)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.rename(partial, path)
+    manifest_name = source.get("manifest") or params["manifest_name"]
+    parent.make_folder(partial_name)
+    with parent.open_folder(partial_name) as folder:  # type: ignore[union-attr]
+        fetch(params, partial, manifest_name, run)
+        manifest, digest = read_manifest(folder, manifest_name)
+        result["bytes"] = total = sum(e.size for e in manifest.values())
+        present = present_bytes(folder, manifest)
+        margin = params["free_margin_bytes"]
+        refusal = space_refusal(total, present, free_bytes(partial), margin, path)
+        if refusal:
+            raise StageError(refusal)
+        started = time.monotonic()
+        fetch(params, partial, None, run)
+        result["copy_seconds"] = round(time.monotonic() - started, 2)
+        started = time.monotonic()
+        problems = verify(folder, manifest, True, params["verify_workers"])
+        result["verify_seconds"] = round(time.monotonic() - started, 2)
+        if problems:
+            kept = remove_failed(folder, problems)
+            removed = "the failed files were removed from" if not kept else "left in"
+            raise StageError(
+                f"{source_text(source)} revision {source['revision']} failed verification "
+                f"against {manifest_name}; {path} was not touched; {removed} {partial} "
+                "(a link, a folder or a device in the copy is left where it is): "
+                + "; ".join(map(str, problems))
+            )
+        marker = marker_for(source_text(source), source["revision"], digest, manifest)
+        marker["staged_at"] = time.time()
+        for hidden in LEFTOVERS:
+            folder.remove_entry(hidden)
+        folder.write_file(MARKER, json.dumps(marker, sort_keys=True).encode())
+    parent.rename(partial_name, name)
 
 
 def stage(params: dict[str, Any], check_mode: bool, run: Runner = subprocess.run) -> dict[str, Any]:
     path = params["path"].rstrip("/")
     source = params["source"]
-    partial = path + PARTIAL_SUFFIX
-    name = source.get("manifest") or params["manifest_name"]
-    state = staged_state(path, source_text(source), source["revision"])
+    parent_path, name = os.path.split(path)
+    partial_name = name + PARTIAL_SUFFIX
     result: dict[str, Any] = {
-        "changed": state != "staged",
-        "state": state,
+        "changed": False,
+        "state": "absent",
         "copy_seconds": 0.0,
         "verify_seconds": 0.0,
         "warm_seconds": None,
         "pruned": [],
+        "prune_skipped": None,
     }
-    if state == "foreign":
-        raise StageError(
-            f"{path} exists and was not staged by model_stage (no {MARKER}): left alone"
-        )
-    if state == "other":
-        raise StageError(
-            f"{path} holds another staged revision or source: give each revision its own model_path"
-        )
-    if check_mode:
+    if check_mode and not os.path.isdir(parent_path):
+        result["changed"] = True
         return result
-    if state == "broken":  # resumed from what is left: rsync replaces what changed
-        if os.path.exists(partial):
-            remove_tree(path)
-        else:
-            os.rename(path, partial)
-    if state != "staged":
-        copy_verify_promote(params, path, name, result, run)
-    if params["warm"]:
-        started = time.monotonic()
-        warm_page_cache(path, read_marker_sizes(path))
-        result["warm_seconds"] = round(time.monotonic() - started, 2)
-    result["pruned"] = prune(params)
+    os.makedirs(parent_path, mode=0o755, exist_ok=True)
+    with OwnedFolder(parent_path) as parent:
+        state = staged_state(parent, name, source_text(source), source["revision"])
+        result.update(state=state, changed=state != "staged")
+        if state == "foreign":
+            raise StageError(
+                f"{path} exists and was not staged by model_stage (no {MARKER}, or not a "
+                "folder): left alone"
+            )
+        if state == "other":
+            raise StageError(
+                f"{path} holds another staged revision or source: give each revision its own "
+                "model_path"
+            )
+        if check_mode:
+            return result
+        if state == "broken":  # resumed from what is left: rsync replaces what changed
+            if parent.lstat(partial_name) is not None:
+                parent.remove_entry(name)
+            else:
+                parent.rename(name, partial_name)
+        if state != "staged":
+            copy_verify_promote(params, parent, name, result, run)
+        if params["warm"]:
+            started = time.monotonic()
+            with parent.open_folder(name) as folder:  # type: ignore[union-attr]
+                warm_page_cache(folder, marker_sizes(read_marker(folder) or {}))
+            result["warm_seconds"] = round(time.monotonic() - started, 2)
+        result["pruned"], result["prune_skipped"] = prune(params, parent)
     result["changed"] = result["changed"] or bool(result["pruned"])
     return result
 
 
-def read_marker_sizes(path: str) -> dict[str, int]:
-    with open(os.path.join(path, MARKER), encoding="utf-8") as handle:
-        return dict(json.load(handle).get("sizes") or {})
+ARGUMENT_SPEC: dict[str, Any] = {
+    "path": {"type": "path", "required": True},
+    "source": {"type": "dict", "required": True},
+    "manifest_name": {"type": "str", "default": "model.sha256.json"},
+    "free_margin_bytes": {"type": "int", "default": 0},
+    "keep": {"type": "int", "default": 2},
+    "protect": {"type": "list", "elements": "path", "default": []},
+    "bwlimit_kbps": {"type": "int", "default": 0},
+    "ssh_command": {"type": "str", "default": "ssh -o BatchMode=yes"},
+    "hf_python": {"type": "path"},
+    "hf_endpoint": {"type": "str"},
+    "hf_token": {"type": "str", "no_log": True},
+    "verify_workers": {"type": "int", "default": 4},
+    "warm": {"type": "bool", "default": False},
+    "progress_log": {"type": "path"},
+    "state_dir": {"type": "path", "default": "/var/lib/sglang-fleet"},
+    "systemd_dir": {"type": "path", "default": "/etc/systemd/system"},
+    "workdir": {"type": "path", "default": "/var/lib/sglang"},
+}
+
+
+def run_module(
+    params: dict[str, Any], check_mode: bool, run: Runner = subprocess.run
+) -> dict[str, Any]:
+    """The module's whole run: a result, or {failed, msg} naming the input; never a traceback
+    for anything a host or an argument can hold."""
+    try:
+        checked = check_params(params)
+    except ArgError as err:
+        return {"failed": True, "changed": False, "msg": f"model_stage: {err}"}
+    try:
+        return stage(checked, check_mode, run)
+    except (StageError, OutsideFolder) as err:
+        return {"failed": True, "changed": False, "msg": str(err)}
+    except (OSError, ValueError) as err:
+        return {"failed": True, "changed": False, "msg": f"staging {checked['path']}: {err}"}
 
 
 def main() -> None:
-    module = AnsibleModule(
-        argument_spec={
-            "path": {"type": "path", "required": True},
-            "source": {"type": "dict", "required": True},
-            "manifest_name": {"type": "str", "default": "model.sha256.json"},
-            "free_margin_bytes": {"type": "int", "default": 0},
-            "keep": {"type": "int", "default": 2},
-            "protect": {"type": "list", "elements": "path", "default": []},
-            "bwlimit_kbps": {"type": "int", "default": 0},
-            "ssh_command": {"type": "str", "default": "ssh -o BatchMode=yes"},
-            "hf_python": {"type": "path"},
-            "hf_endpoint": {"type": "str"},
-            "hf_token": {"type": "str", "no_log": True},
-            "verify_workers": {"type": "int", "default": 4},
-            "warm": {"type": "bool", "default": False},
-            "progress_log": {"type": "path"},
-        },
-        supports_check_mode=True,
-    )
-    params = module.params
-    source = params["source"] or {}
-    if (
-        not os.path.isabs(params["path"])
-        or not source.get("revision")
-        or not (bool(source.get("rsync")) ^ bool(source.get("hf_repo")))
-    ):
-        module.fail_json(
-            msg="path must be absolute; source needs a revision and exactly one of rsync, hf_repo"
-        )
-    try:
-        module.exit_json(**stage(params, module.check_mode))
-    except StageError as err:
-        module.fail_json(msg=str(err))
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    outcome = run_module(module.params, module.check_mode)
+    if outcome.get("prune_skipped"):
+        module.warn(outcome["prune_skipped"])
+    if outcome.get("failed"):
+        module.fail_json(**outcome)
+    module.exit_json(**outcome)
 
 
 if __name__ == "__main__":

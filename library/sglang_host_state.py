@@ -165,7 +165,6 @@ would_write:
 
 import grp
 import hashlib
-import json
 import os
 import pwd
 import stat
@@ -175,8 +174,12 @@ import urllib.parse
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.bounded_file import read_regular
+from ansible.module_utils.bounded_json import loads as bounded_loads
 from ansible.module_utils.fleet_http import HttpError, redact_url, request
 from ansible.module_utils.host_read import read as read_host
+
+MAX_RECORD_BYTES = 1 << 20  # a last-known-good record: a few kilobytes
 
 
 def _sha1(path: str) -> str:
@@ -301,10 +304,10 @@ def check_units(units: list[str], timeout: int) -> tuple[list[str], list[str], l
 def check_record(want: dict[str, Any]) -> list[str]:
     path, key, label = want["path"], want["key"], want.get("label") or want["path"]
     try:
-        with open(path, encoding="utf-8") as handle:
-            have = json.load(handle).get(key)
-    except FileNotFoundError:
-        return [f"{label}: no record at {path}"]
+        raw = read_regular(path, MAX_RECORD_BYTES)
+        if raw is None:
+            return [f"{label}: no record at {path}"]
+        have = bounded_loads(raw, path).get(key)
     except (OSError, ValueError, AttributeError) as err:
         return [f"{label}: {path} is unreadable ({err})"]
     if have != want["value"]:
@@ -331,7 +334,8 @@ def check_router(want: dict[str, Any], key: str | None, timeout: int) -> tuple[l
         answer = request(f"{url}/workers", headers=headers, deadline_s=timeout)
         if answer.status != 200:
             raise ValueError(f"HTTP {answer.status}")
-        workers = json.loads(answer.body.decode("utf-8", errors="replace"))["workers"]
+        text = answer.body.decode("utf-8", errors="replace")
+        workers = bounded_loads(text, f"{shown}/workers")["workers"]
         listed = {_url_key(str(worker.get("url", ""))) for worker in workers}
     except (HttpError, ValueError, KeyError, TypeError) as err:
         return [], [f"{label}: router {shown} did not answer ({redact_url(err)})"]

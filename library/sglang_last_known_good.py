@@ -39,7 +39,7 @@ options:
     description:
       - C(kept) - files to keep, each {name, src}; the secrets file among them.
       - C(restored) - files to put back, each {name, dest, mode}; C(secrets.yaml) is put back
-        only when the record's api_key_set is true.
+        only when the record's api_key_set is true or its secrets_set names a secret.
     type: list
     elements: dict
     default: []
@@ -103,6 +103,7 @@ from collections.abc import Callable
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.bounded_file import inside, read_regular, write_atomic
+from ansible.module_utils.bounded_json import loads as bounded_loads
 
 META = "meta.json"
 SECRETS = "secrets.yaml"
@@ -122,7 +123,7 @@ def _folder(folder: str, check_mode: bool) -> dict | None:
         os.chmod(folder, 0o700)
     old = _read(os.path.join(folder, META)) if os.path.isdir(folder) else None
     try:
-        previous = json.loads(old) if old else None
+        previous = bounded_loads(old, f"{folder}/{META}") if old else None
     except ValueError:
         return None
     return previous if isinstance(previous, dict) else None
@@ -170,14 +171,14 @@ def restore(params: dict, check_mode: bool, reload: Callable[[], None]) -> dict:
     raw = _read(os.path.join(folder, META)) if os.path.isdir(folder) else None
     if raw is None:
         return {"changed": False, "found": False, "record": None, "written": []}
-    record = json.loads(raw)
+    record = bounded_loads(raw, f"{folder}/{META}")
     if not isinstance(record, dict):
         raise ValueError(f"{folder}/{META} is not a record")
     written = []
     for item in params["files"]:
         name = str(item["name"])
-        if name == SECRETS and not record.get("api_key_set"):
-            continue  # the kept set had no key: the secrets file is not the record's
+        if name == SECRETS and not (record.get("api_key_set") or record.get("secrets_set")):
+            continue  # the kept set had no secret: the secrets file is not the record's
         data = _read(inside(folder, name))
         if data is None:
             raise ValueError(f"{folder}/{name} is missing: the record cannot be put back")

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.bounded_json import loads as bounded_loads
 from ansible.module_utils.fleet_http import HttpError, Response, check_url, redact_url, request
 
 DOCUMENTATION = r"""
@@ -258,7 +259,7 @@ class RouterClient:
 def _decode(raw: bytes) -> Any:
     text = raw.decode("utf-8", errors="replace")
     try:
-        return json.loads(text) if text.strip() else {}
+        return bounded_loads(text, "the router's answer") if text.strip() else {}
     except ValueError:
         return text
 

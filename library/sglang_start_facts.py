@@ -100,7 +100,6 @@ store:
 """
 
 import itertools
-import json
 import os
 import re
 import selectors
@@ -110,6 +109,8 @@ from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.bounded_file import inside, read_regular
+from ansible.module_utils.bounded_json import TooDeep
+from ansible.module_utils.bounded_json import loads as bounded_loads
 from ansible.module_utils.fleet_http import HttpError, request
 from ansible.module_utils.timed_command import run_command
 
@@ -199,7 +200,9 @@ def server_info(port: int, api_key: str, paths: list[str], timeout: float) -> tu
     if answer.status != 200:
         return None, f"/server_info answered {answer.status}"
     try:
-        document = json.loads(answer.body)
+        document = bounded_loads(answer.body, "/server_info")
+    except TooDeep as exc:
+        return None, str(exc)
     except ValueError:
         return None, "/server_info did not answer JSON"
     if not isinstance(document, dict):

@@ -1,8 +1,10 @@
 """Reading and writing the small files host-side modules own, with bounds (docs/ARCHITECTURE.md).
 Runs on the GPU host: standard library only.
 
-- read_regular: a regular file's bytes, at most `limit`; never through a symlink, never a FIFO
-  or a device (opened without blocking, then refused), None when it does not exist;
+- open_regular: a regular file opened for reading (a descriptor); never through a symlink, never
+  a FIFO or a device (opened without blocking, then refused); relative to a folder's descriptor
+  when `dir_fd` is given (module_utils/owned_folder.py walks to it);
+- read_regular: a regular file's bytes, at most `limit`, None when it does not exist;
 - write_atomic: a file replaced in one rename, with its mode set before it appears;
 - inside: a file name joined to the folder it must stay in, refused when it would leave it.
 """
@@ -14,18 +16,29 @@ import stat
 import tempfile
 
 
-def read_regular(path: str, limit: int) -> bytes | None:
-    """The file's bytes; None when missing. ValueError when it is not a regular file (a
-    symlink, a FIFO, a device, a folder) or holds more than `limit` bytes."""
+def open_regular(path: str, dir_fd: int | None = None) -> int | None:
+    """A read-only descriptor of the regular file at path (the caller closes it); None when
+    missing. ValueError when it is not a regular file (a symlink, a FIFO, a device, a folder)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        fd = os.open(path, flags, dir_fd=dir_fd)
     except FileNotFoundError:
         return None
     except OSError as err:  # ELOOP: a symlink where a file must be
         raise ValueError(f"{path} is not a regular file ({err.strerror})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ValueError(f"{path} is not a regular file")
+    return fd
+
+
+def read_regular(path: str, limit: int, dir_fd: int | None = None) -> bytes | None:
+    """The file's bytes; None when missing. ValueError when it is not a regular file (a
+    symlink, a FIFO, a device, a folder) or holds more than `limit` bytes."""
+    fd = open_regular(path, dir_fd)
+    if fd is None:
+        return None
     with os.fdopen(fd, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-            raise ValueError(f"{path} is not a regular file")
         data = handle.read(limit + 1)
     if len(data) > limit:
         raise ValueError(f"{path} is over {limit} bytes")

@@ -18,13 +18,13 @@ and module_utils only. Every reader is bounded: files by size, commands by time.
 from __future__ import annotations
 
 import glob
-import json
 import os
 import pwd
 import subprocess
 from typing import Any
 
 from ansible.module_utils.bounded_file import read_regular
+from ansible.module_utils.bounded_json import loads as bounded_loads
 from ansible.module_utils.gpu_cleanup_discovery import port_holders
 from ansible.module_utils.gpu_cleanup_ownership import (
     OursRules,
@@ -54,7 +54,7 @@ def read_model(folder: str) -> dict[str, Any]:
         found["config"] = read_text(os.path.join(folder, "config.json"))
         index = read_text(os.path.join(folder, INDEX))
         if index is not None:
-            total = (json.loads(index).get("metadata") or {}).get("total_size")
+            total = (bounded_loads(index, INDEX).get("metadata") or {}).get("total_size")
             found["weight_bytes"] = total if isinstance(total, int) and total > 0 else None
         else:
             files = glob.glob(os.path.join(glob.escape(folder), "*.safetensors"))

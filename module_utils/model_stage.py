@@ -2,7 +2,9 @@
 a revision is already staged, what verification found, and what pruning removes.
 
 Standard library only, Python >= 3.10: Ansible ships it beside library/model_stage.py as
-``ansible.module_utils.model_stage``; tests reach it as ``sglang_fleet.module_utils.model_stage``.
+``ansible.module_utils.model_stage`` (with the parts it imports). Every file operation goes
+through module_utils/owned_folder.py (nothing below a folder we own is followed through a link)
+and every read is bounded (docs/STAGING.md, "Files on the host").
 
 Layout on a host, for a server whose ``model_path`` is /models/llama/rev-a:
 - /models/llama/rev-a.partial/   the copy in progress (rsync or snapshot_download write here; a
@@ -18,21 +20,28 @@ The manifest is SGLang's own (``python -m sglang.srt.utils.model_file_verifier g
 from __future__ import annotations
 
 import hashlib
-import json
+import math
 import os
 import re
-import shutil
+import stat
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
+from ansible.module_utils.bounded_json import loads as bounded_loads
+from ansible.module_utils.owned_folder import OutsideFolder, OwnedFolder
+
 MARKER = ".model-stage.json"
 PARTIAL_SUFFIX = ".partial"
 SHA256_RE = re.compile(r"[0-9a-f]{64}")
 CHUNK = 8 * 1024 * 1024
 GIB = 1024**3
+# A manifest or a marker names every file of a checkpoint: thousands of lines, not megabytes.
+MAX_LIST_BYTES = 16 * 1024 * 1024
+MAX_FILES = 100_000
+MAX_FILE_BYTES = 1 << 50  # no single checkpoint file is a pebibyte
 
 
 class StageError(Exception):
@@ -54,6 +63,8 @@ def _check_name(name: Any, where: str) -> str:
         raise StageError(f"{where}: {name!r} must be a relative path inside the checkpoint")
     if any(part.startswith(".") for part in path.parts):
         raise StageError(f"{where}: {name!r}: hidden files are not part of a checkpoint")
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+        raise StageError(f"{where}: {name!r}: control characters are not part of a file name")
     return name
 
 
@@ -65,6 +76,8 @@ def parse_manifest(data: Any, where: str = "manifest") -> dict[str, FileEntry]:
     files = data["files"]
     if not files:
         raise StageError(f"{where}: lists no files")
+    if len(files) > MAX_FILES:
+        raise StageError(f"{where}: lists {len(files)} files, more than {MAX_FILES}")
     entries: dict[str, FileEntry] = {}
     for raw_name, info in files.items():
         name = _check_name(raw_name, where)
@@ -73,10 +86,22 @@ def parse_manifest(data: Any, where: str = "manifest") -> dict[str, FileEntry]:
         digest, size = info.get("sha256"), info.get("size")
         if not isinstance(digest, str) or not SHA256_RE.fullmatch(digest):
             raise StageError(f"{where}: {name}: sha256 must be 64 lowercase hex digits")
-        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= MAX_FILE_BYTES:
             raise StageError(f"{where}: {name}: size must be a whole number of bytes >= 0")
         entries[name] = FileEntry(digest, size)
     return entries
+
+
+def read_manifest(folder: OwnedFolder, name: str) -> tuple[dict[str, FileEntry], str]:
+    """The manifest file `name` of a partial copy: (its entries, the sha256 of its bytes)."""
+    try:
+        raw = folder.read_small(name, MAX_LIST_BYTES)
+        if raw is None:
+            raise StageError(f"the manifest {name} is missing from {folder.path}")
+        data = bounded_loads(raw, f"the manifest {name}")
+    except (OSError, ValueError) as exc:
+        raise StageError(f"the manifest {name} cannot be read: {exc}") from None
+    return parse_manifest(data, f"manifest {name}"), manifest_digest(raw)
 
 
 def manifest_digest(raw: bytes) -> str:
@@ -87,15 +112,13 @@ def total_bytes(manifest: Mapping[str, FileEntry]) -> int:
     return sum(entry.size for entry in manifest.values())
 
 
-def present_bytes(directory: str, manifest: Mapping[str, FileEntry]) -> int:
+def present_bytes(folder: OwnedFolder, manifest: Mapping[str, FileEntry]) -> int:
     """Bytes of the checkpoint already in a partial copy (a resumed copy needs only the rest);
-    a file counts at most its expected size."""
+    a regular file counts at most its expected size, anything else nothing."""
     found = 0
     for name, entry in manifest.items():
-        try:
-            found += min(os.stat(os.path.join(directory, name)).st_size, entry.size)
-        except OSError:
-            continue
+        size = folder.regular_size(name)
+        found += min(size or 0, entry.size)
     return found
 
 
@@ -130,46 +153,91 @@ def space_refusal(needed: int, present: int, free: int, margin: int, path: str) 
     )
 
 
-def sha256_file(path: str) -> str:
+@dataclass(frozen=True)
+class Problem:
+    """One file that failed verification. `removable`: a regular file of the partial copy whose
+    bytes are wrong (removed so the next run fetches it again); anything else (a link, a
+    folder, a device) is left where it is and named."""
+
+    name: str
+    text: str
+    removable: bool = False
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.text}"
+
+
+_KINDS = {
+    stat.S_IFLNK: "a symbolic link, not a file (a staged checkpoint holds regular files only)",
+    stat.S_IFDIR: "a folder, not a file",
+}
+
+
+def sha256_of(folder: OwnedFolder, name: str, size: int) -> tuple[str, int]:
+    """(sha256, bytes read) of a regular file here, reading at most size + 1 bytes."""
     digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+    read = 0
+    for chunk in folder.read_chunks(name, size, CHUNK):
+        digest.update(chunk)
+        read += len(chunk)
+    return digest.hexdigest(), read
 
 
-def _check_one(directory: str, name: str, entry: FileEntry, hash_files: bool) -> str | None:
-    path = os.path.join(directory, name)
+def _check_one(
+    folder: OwnedFolder, name: str, entry: FileEntry, hash_files: bool
+) -> Problem | None:
     try:
-        size = os.stat(path).st_size
-    except OSError:
-        return f"{name}: missing (expected {entry.size} bytes)"
-    if size != entry.size:
-        return f"{name}: size {size} bytes, the manifest says {entry.size}"
-    if hash_files:
-        actual = sha256_file(path)
-        if actual != entry.sha256:
-            return f"{name}: sha256 {actual[:16]}..., the manifest says {entry.sha256[:16]}..."
+        info = folder.lstat(name)
+        if info is None:
+            return Problem(name, f"missing (expected {entry.size} bytes)")
+        if not stat.S_ISREG(info.st_mode):
+            kind = _KINDS.get(stat.S_IFMT(info.st_mode), "not a regular file (a FIFO, a device)")
+            return Problem(name, kind)
+        if info.st_size != entry.size:
+            return Problem(name, f"size {info.st_size} bytes, the manifest says {entry.size}", True)
+        return _hash_problem(folder, name, entry) if hash_files else None
+    except OutsideFolder:
+        return Problem(name, "a folder on its way is a symbolic link or a file: not followed")
+    except (OSError, ValueError) as exc:
+        return Problem(name, f"cannot be read ({exc})")
+
+
+def _hash_problem(folder: OwnedFolder, name: str, entry: FileEntry) -> Problem | None:
+    actual, read = sha256_of(folder, name, entry.size)
+    if read != entry.size:
+        return Problem(name, f"changed size while it was read ({read} bytes)", True)
+    if actual != entry.sha256:
+        text = f"sha256 {actual[:16]}..., the manifest says {entry.sha256[:16]}..."
+        return Problem(name, text, True)
     return None
 
 
 def verify(
-    directory: str,
+    folder: OwnedFolder,
     manifest: Mapping[str, FileEntry],
     hash_files: bool = True,
     workers: int = 4,
-) -> list[str]:
-    """Every problem found, one line per file (empty: the copy is the manifest's checkpoint)."""
+) -> list[Problem]:
+    """Every problem found, one per file (empty: the copy is the manifest's checkpoint)."""
     items = sorted(manifest.items())
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        found = pool.map(lambda item: _check_one(directory, item[0], item[1], hash_files), items)
+        found = pool.map(lambda item: _check_one(folder, item[0], item[1], hash_files), items)
         return [problem for problem in found if problem]
 
 
-def bad_files(problems: Iterable[str]) -> list[str]:
-    """The file names of verify()'s lines (removed from a partial copy so the next run fetches
-    them again: rsync's quick check would otherwise keep a same-size corrupt file)."""
-    return [line.split(": ", 1)[0] for line in problems]
+def remove_failed(folder: OwnedFolder, problems: Iterable[Problem]) -> list[str]:
+    """Remove the removable files of verify()'s problems from a partial copy (so the next run
+    fetches them again: rsync's quick check would otherwise keep a same-size corrupt file);
+    the names of those that could not be removed."""
+    kept = []
+    for problem in problems:
+        if not problem.removable:
+            continue
+        try:
+            folder.remove_file(problem.name)
+        except (OutsideFolder, OSError):
+            kept.append(problem.name)
+    return kept
 
 
 def marker_for(source: str, revision: str, digest: str, manifest: Mapping[str, FileEntry]) -> dict:
@@ -183,97 +251,93 @@ def marker_for(source: str, revision: str, digest: str, manifest: Mapping[str, F
     }
 
 
-def read_marker(directory: str) -> dict[str, Any] | None:
+def read_marker(folder: OwnedFolder) -> dict[str, Any] | None:
+    """Our marker in a folder (a regular file, bounded), or None when there is none or it is
+    not one of ours (not JSON, too big, a link)."""
     try:
-        with open(os.path.join(directory, MARKER), encoding="utf-8") as handle:
-            data = json.load(handle)
+        raw = folder.read_small(MARKER, MAX_LIST_BYTES)
+        data = bounded_loads(raw, MARKER) if raw is not None else None
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
 
 
-def staged_state(directory: str, source: str, revision: str) -> str:
-    """'absent', 'staged' (ours, same source and revision, every file of its manifest at its
-    size: a verified revision is never copied or hashed again), 'other' (ours, another
-    revision or source), 'broken' (ours, a file lost or resized since), or 'foreign' (a
-    directory without our marker: never overwritten)."""
-    if not os.path.lexists(directory):
-        return "absent"
-    marker = read_marker(directory)
-    if marker is None:
-        return "foreign"
-    if marker.get("source") != source or marker.get("revision") != revision:
-        return "other"
+def marker_sizes(marker: Mapping[str, Any]) -> dict[str, int]:
+    """The marker's {file: size}, only names a checkpoint may have and sizes that are sizes."""
     sizes = marker.get("sizes")
-    if isinstance(sizes, dict):
-        for name, size in sizes.items():
-            try:
-                if os.stat(os.path.join(directory, name)).st_size != size:
-                    return "broken"
-            except OSError:
-                return "broken"
-    return "staged"
+    out: dict[str, int] = {}
+    for name, size in sizes.items() if isinstance(sizes, Mapping) else []:
+        try:
+            _check_name(name, MARKER)
+        except StageError:
+            continue
+        if isinstance(size, int) and not isinstance(size, bool) and 0 <= size <= MAX_FILE_BYTES:
+            out[name] = size
+    return out
+
+
+def staged_state(parent: OwnedFolder, name: str, source: str, revision: str) -> str:
+    """'absent', 'staged' (ours, same source and revision, every file of its marker a regular
+    file at its size: a verified revision is never copied or hashed again), 'other' (ours,
+    another revision or source), 'broken' (ours, a file lost or resized since), or 'foreign' (a
+    link, a file, or a folder without our marker: never overwritten)."""
+    info = parent.lstat(name)
+    if info is None:
+        return "absent"
+    folder = parent.open_folder(name) if stat.S_ISDIR(info.st_mode) else None
+    if folder is None:
+        return "foreign"
+    with folder:
+        marker = read_marker(folder)
+        if marker is None:
+            return "foreign"
+        if marker.get("source") != source or marker.get("revision") != revision:
+            return "other"
+        sizes = marker_sizes(marker).items()
+        whole = all(folder.regular_size(file_name) == size for file_name, size in sizes)
+    return "staged" if whole else "broken"
 
 
 def prune_candidates(
-    parent: str,
-    keep: int,
-    protected: Iterable[str],
-    listdir: Callable[[str], list[str]] = os.listdir,
+    parent: OwnedFolder, keep: int, in_use: Callable[[os.stat_result], bool]
 ) -> list[str]:
-    """Directories under parent that pruning removes: only ours (with a marker), oldest first
-    by the time they were staged, beyond the `keep` newest; never a protected one (the revision
-    being staged, any server's model_path, any path a running process loads)."""
+    """Names of the folders under parent that pruning removes: only ours (a real folder with
+    our marker), oldest first by the time they were staged, beyond the `keep` newest; never one
+    in use (in_use(its status): the revision being staged, a path a server's configuration, a
+    last-known-good record or a running process refers to, compared by device and inode)."""
     keep = max(keep, 1)
-    guarded = {os.path.realpath(p) for p in protected}
     ours = []
-    for name in sorted(listdir(parent)):
-        path = os.path.join(parent, name)
-        if name.endswith(PARTIAL_SUFFIX) or not os.path.isdir(path) or os.path.islink(path):
+    guarded = 0
+    for name in parent.names():
+        if name.endswith(PARTIAL_SUFFIX):
             continue
-        marker = read_marker(path)
+        info = parent.lstat(name)
+        if info is None or not stat.S_ISDIR(info.st_mode):
+            continue
+        folder = parent.open_folder(name)
+        if folder is None:
+            continue
+        with folder:
+            marker = read_marker(folder)
         if marker is None:
             continue
-        staged_at = marker.get("staged_at")
-        ours.append((staged_at if isinstance(staged_at, (int, float)) else 0.0, path))
-    newest_first = [path for _, path in sorted(ours, reverse=True)]
-    kept = [p for p in newest_first if os.path.realpath(p) in guarded]
-    unguarded = [p for p in newest_first if os.path.realpath(p) not in guarded]
-    room = max(keep - len(kept), 0)
-    return sorted(unguarded[room:])
-
-
-def model_paths_in_use(proc: str = "/proc") -> list[str]:
-    """The --model-path (or --model-path=...) of every process running now: what a running
-    server loads is never pruned, whatever the inventory says."""
-    found = []
-    try:
-        pids = [p for p in os.listdir(proc) if p.isdigit()]
-    except OSError:
-        return found
-    for pid in pids:
-        try:
-            with open(os.path.join(proc, pid, "cmdline"), "rb") as handle:
-                argv = handle.read().split(b"\x00")
-        except OSError:
+        if in_use(info):
+            guarded += 1
             continue
-        for index, arg in enumerate(argv):
-            if arg == b"--model-path" and index + 1 < len(argv):
-                found.append(argv[index + 1].decode(errors="replace"))
-            elif arg.startswith(b"--model-path="):
-                found.append(arg.split(b"=", 1)[1].decode(errors="replace"))
-    return sorted(set(found))
+        staged_at = marker.get("staged_at")
+        finite = isinstance(staged_at, (int, float)) and math.isfinite(staged_at)
+        when = float(staged_at) if finite else 0.0
+        ours.append((when, name))
+    newest_first = [name for _, name in sorted(ours, reverse=True)]
+    room = max(keep - guarded, 0)
+    return sorted(newest_first[room:])
 
 
-def remove_tree(path: str) -> None:
-    shutil.rmtree(path)
-
-
-def warm_page_cache(directory: str, names: Iterable[str]) -> int:
-    """Read every file once so the load after the restart reads memory, not disk. Bytes read."""
+def warm_page_cache(folder: OwnedFolder, sizes: Mapping[str, int]) -> int:
+    """Read every file once so the load after the restart reads memory, not disk. Bytes read
+    (each file at most its recorded size)."""
     read = 0
-    for name in sorted(names):
-        with open(os.path.join(directory, name), "rb") as handle:
-            while chunk := handle.read(CHUNK):
-                read += len(chunk)
+    for name in sorted(sizes):
+        for chunk in folder.read_chunks(name, sizes[name], CHUNK):
+            read += len(chunk)
     return read

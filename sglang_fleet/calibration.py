@@ -36,8 +36,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from sglang_fleet import kvmath
+from sglang_fleet import kvmath, logged_run, server_secrets
 from sglang_fleet.modelcfg import ModelShape
+from sglang_fleet.module_utils import bounded_json
 from sglang_fleet.plain import finite_number
 from sglang_fleet.server_log import Calibration, parse_log
 
@@ -126,7 +127,6 @@ NO_MEMORY_EFFECT_FLAGS = frozenset(
         "config",
     }
 )
-_SECRET_WORDS = ("api_key", "secret", "password", "hf_token")
 
 
 class CalibrationError(ValueError):
@@ -142,14 +142,15 @@ def model_fingerprint(config: Mapping[str, Any], weight_bytes: int) -> str:
 
 
 def _is_secret(name: str) -> bool:
-    return any(word in name.lower() for word in _SECRET_WORDS)
+    return server_secrets.is_secret(name)
 
 
 def public_flags(flags: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """The flag set without secrets (a record is stored in clear on the host)."""
+    """The flag set without secrets (a record is stored in clear on the host): the one list
+    of secret flags is sglang_fleet/server_secrets.py's."""
     if flags is None:
         return None
-    return {str(k): v for k, v in flags.items() if not _is_secret(str(k))}
+    return server_secrets.public_flags(flags)
 
 
 # What a record reads of /server_info. The endpoint lists every server argument, the API key
@@ -271,21 +272,21 @@ def _record_key(
     cal: Calibration, info: Mapping[str, Any], key: Mapping[str, Any], measured: dict
 ) -> dict[str, Any]:
     flags = key.get("flags")
-    # assumed_flags: what the caller believes the logged run used (the planner's command
-    # line); only a fallback where neither the log nor /server_info says.
-    known = dict(key.get("assumed_flags") or {}) | dict(flags or {})
+    # logged_flags: the logged run's flags as the caller found them (sglang_fleet.logged_run:
+    # stated by the operator, or inferred from the log's own lines); the start's own flag set
+    # beats them, and what the log or /server_info says beats both.
+    known = dict(key.get("logged_flags") or {}) | dict(flags or {})
+    # Then what the lines alone show (no config.json here: the KV line's own size).
+    known = logged_run.infer(cal, stated=known).flags | known
     fingerprint = key.get("model_fingerprint")
     if fingerprint is None and key.get("model_config") is not None:
         fingerprint = model_fingerprint(key["model_config"], int(key["weight_bytes"]))
-    # The fraction SGLang reports beats the flags; a fraction derived from the KV pool's
-    # size (a log without server_args) is only the last resort: it misses the multimodal
-    # reserve.
+    # The fraction SGLang reports beats the flags.
     fraction = finite_number(
         _first(
             info.get("mem_fraction_static"),
             cal.server_args.get("mem_fraction_static"),
             known.get("mem_fraction_static"),
-            cal.mem_fraction_static,
         )
     )
     return {
@@ -356,7 +357,9 @@ def build_record(
             "lines, or /server_info internal_states[0].memory_usage)"
         )
     record_key = _record_key(cal, info, key, measured)
-    if record_key["mem_fraction_static"] is None:
+    # The CPU engine's pool does not follow the fraction (docs/CPU-SERVERS.md): a CPU record
+    # may go without one; a GPU record is its fraction's measurement.
+    if record_key["mem_fraction_static"] is None and record_key["device"] != "cpu":
         raise CalibrationError("neither /server_info nor the log says mem_fraction_static")
     tokens = int(measured["max_total_num_tokens"])
     if measured["kv_size_gib"] and tokens:
@@ -528,10 +531,15 @@ def read_store(text: str | bytes | Mapping | list | None) -> StoreRead:
         return StoreRead([], [])
     try:
         data = (
-            json.loads(text, parse_constant=_no_constant) if isinstance(text, str | bytes) else text
+            bounded_json.loads(text, "the calibration store", parse_constant=_no_constant)
+            if isinstance(text, str | bytes)
+            else text
         )
-    except (ValueError, RecursionError) as exc:
-        return _whole_file(f"not JSON ({str(exc)[:200]})", text)
+    except ValueError as exc:  # bounded_json: not JSON, or nested past its depth
+        problem = str(exc).removeprefix("the calibration store: ")
+        if not problem.startswith("not JSON"):
+            problem = f"not JSON ({problem})"
+        return _whole_file(problem[:200], text)
     if isinstance(data, Mapping) and "records" in data:
         if data.get("schema") != STORE_SCHEMA:
             return _whole_file(f"store schema {data.get('schema')!r}, not {STORE_SCHEMA!r}", text)

@@ -27,12 +27,12 @@ import math
 import statistics
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from sglang_fleet import kvmath, live
+from sglang_fleet import attndp, input_files, kvmath, live, logged_run
 from sglang_fleet.modelcfg import ModelConfigError, model_shape, read_model_dir
+from sglang_fleet.module_utils import bounded_json
 from sglang_fleet.noop_flags import noop_flag_issues
 from sglang_fleet.plan import (
     PLANNER_FLAGS,
@@ -108,6 +108,17 @@ def _client_concurrency(
     return (float(asked) if asked else None), (float(achieved) if achieved is not None else None)
 
 
+def _requests_fitting(smoke: dict[str, Any], pool: Any) -> int | None:
+    """How many of the benchmark's requests (input + output tokens each) the KV pool holds
+    whole: SGLang admits a request only when its remaining output fits beside the running
+    ones, so a small pool is full at this many running requests whatever its token usage
+    reads (bench/planner_accuracy.py: 2 of 1024 tokens at requests of 200 + 200)."""
+    size = (smoke.get("random_input_len") or 0) + (smoke.get("random_output_len") or 0)
+    if not isinstance(pool, int | float) or isinstance(pool, bool) or size <= 0 or pool <= 0:
+        return None
+    return max(1, int(pool // size))
+
+
 def _evidence(
     samples: list[Sample],
     source: str,
@@ -142,6 +153,9 @@ def _evidence(
             "mean_gen_throughput": round(statistics.fmean(s.gen_throughput for s in busy), 1),
             "peak_demand": max(s.running + s.queue for s in busy),
         }
+    fitting = _requests_fitting(smoke, ev["max_total_num_tokens"])
+    if fitting is not None:
+        ev["requests_fitting_kv"] = fitting
     slo_tpot = (smoke.get("slo") or {}).get("tpot_ms")
     if slo_tpot and smoke.get("mean_tpot_ms") is not None:
         ev["mean_tpot_ms"] = smoke["mean_tpot_ms"]
@@ -173,7 +187,11 @@ def _classify_measured(ev: dict[str, Any]) -> str:
     # Without the client's figure, the demand the server saw (running + queued) stands in.
     reference = asked / ev["schedulers"] if asked is not None else ev["peak_demand"]
     running_far_below = ev["median_running_reqs"] <= FAR_BELOW * reference
-    if queued and ev["median_token_usage"] >= HIGH_TOKEN_USAGE and running_far_below:
+    fitting = ev.get("requests_fitting_kv")
+    kv_full = ev["median_token_usage"] >= HIGH_TOKEN_USAGE or (
+        fitting is not None and ev["median_running_reqs"] / ev["schedulers"] >= fitting
+    )
+    if queued and kv_full and running_far_below:
         return "kv_cache_bound"
     never_reached = (
         asked is not None and ev["peak_demand"] < CLIENT_SHORTFALL * asked / ev["schedulers"]
@@ -424,10 +442,34 @@ def diagnose(
     ctx = _with_log_calibration(plan_context, log_text)
     verdict = _classify(ev)
     notes = [HICACHE_NOTE] if verdict == "kv_cache_bound" else []
+    levers = _levers(verdict, ev, ctx)
     if log_text:
-        notes += _noop_notes(parse_log(log_text).server_args, None)
+        stated = parse_log(log_text).server_args
+        notes += _noop_notes(stated, None)
+        if verdict == "kv_cache_bound":
+            levers = _cap_lever(stated, ev) + levers
     notes += _dropped_note(dropped)
-    return {"verdict": verdict, "evidence": ev, "levers": _levers(verdict, ev, ctx), "notes": notes}
+    return {"verdict": verdict, "evidence": ev, "levers": levers, "notes": notes}
+
+
+def _cap_lever(stated: dict[str, Any], ev: dict[str, Any]) -> list[dict[str, str]]:
+    """The pool is the run's own --max-total-tokens: that flag is the first lever."""
+    cap, pool = stated.get("max_total_tokens"), ev.get("max_total_num_tokens")
+    if not isinstance(cap, int) or isinstance(cap, bool) or pool is None or int(pool) != cap:
+        return []
+    where = (
+        " On the CPU engine the cap is what bounds host RAM: raise it within what "
+        "sglang_fleet.plan --device cpu says fits (docs/CPU-SERVERS.md)."
+        if stated.get("device") == "cpu"
+        else ""
+    )
+    return [
+        _lever(
+            "max_total_tokens",
+            f"The KV pool is the run's own --max-total-tokens {cap}, not what memory allows: "
+            f"raise it (or leave it out and let SGLang size the pool).{where}",
+        )
+    ]
 
 
 def finite_only(value: Any, where: str, dropped: list[str]) -> Any:
@@ -455,23 +497,38 @@ def _noop_notes(flags: dict[str, Any], version: str | None) -> list[str]:
     return [f"{i['code']}: {i['message']}" for i in noop_flag_issues(flags, version)]
 
 
+def _model_layout(ctx: dict) -> tuple[Any, Any]:
+    """config.json's shape and weight placement, when the context has the model (a live
+    diagnosis from the role may carry only the flags)."""
+    config, weight_bytes = ctx.get("model_config"), ctx.get("weight_bytes")
+    if not isinstance(config, dict) or not weight_bytes:
+        return None, None
+    try:
+        shape = model_shape(config)
+        return shape, attndp.weight_layout(config, shape, int(weight_bytes))
+    except (ModelConfigError, TypeError, ValueError):
+        return None, None
+
+
 def _with_log_calibration(ctx: dict | None, log_text: str | None) -> dict | None:
     if not ctx:
         return None
     args = dict(ctx.get("args") or {})
     if log_text:
         cal = parse_log(log_text)
-        # The run's own flags are what the levers compare against.
-        for key, value in (
-            ("tp_size", cal.tp_size),
-            ("dp_size", cal.dp_size),
-            ("mem_fraction_static", cal.mem_fraction_static),
-            ("kv_cache_dtype", cal.kv_cache_dtype),
-            ("attn_dp_size", cal.server_args.get("attn_dp_size")),
-            ("enable_dp_attention", cal.server_args.get("enable_dp_attention")),
-        ):
-            if value is not None:
-                args.setdefault(key, value)
+        # The run's own flags are what the levers compare against: as the log states them,
+        # or as its lines show them (sglang_fleet.logged_run), never assumed.
+        shape, weights = _model_layout(ctx)
+        run = logged_run.infer(cal, shape, weights, stated=args.get("calibration_log_flags"))
+        for key in ("tp_size", "dp_size", "mem_fraction_static", "kv_cache_dtype"):
+            if run.flags.get(key) is not None:
+                args.setdefault(key, run.flags[key])
+        if "attn_dp_size" in cal.server_args or "enable_dp_attention" in cal.server_args:
+            args.setdefault("attn_dp_size", cal.server_args.get("attn_dp_size"))
+            args.setdefault("enable_dp_attention", cal.server_args.get("enable_dp_attention"))
+        elif run.flags.get("attn_dp_size") is not None:
+            args.setdefault("attn_dp_size", run.flags["attn_dp_size"])
+        args = {k: v for k, v in args.items() if v is not None}
         if cal.has_memory:
             args.setdefault("calibration_log", log_text)
     return dict(ctx) | {"args": args}
@@ -509,7 +566,7 @@ _CHECK_SERVER = (
 
 def _as_sample(sample: dict | str) -> dict[str, Any]:
     if isinstance(sample, str):
-        sample = json.loads(sample)
+        sample = bounded_json.loads(sample, "the live sample")
     if not isinstance(sample, dict):
         raise ValueError(f"a live sample must be a JSON object, got {type(sample).__name__}")
     return sample
@@ -782,7 +839,7 @@ def _check_sources(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> N
 
 def _live_sample(ns: argparse.Namespace) -> dict[str, Any]:
     if ns.sample:
-        return _as_sample(Path(ns.sample).read_text(encoding="utf-8"))
+        return _as_sample(input_files.read_text(ns.sample, input_files.JSON_LIMIT, "--sample"))
     live.check_url(ns.url)
     live.check_window(ns.window, ns.interval)
     api_key = live.read_api_key(ns.api_key_file)
@@ -811,9 +868,12 @@ def main(argv: list[str] | None = None) -> int:
     ns = parser.parse_args(argv)
     _check_sources(parser, ns)
     try:
-        log_text = Path(ns.log).read_text(encoding="utf-8", errors="replace") if ns.log else None
+        log_text = input_files.read_text(ns.log, input_files.LOG_LIMIT, "--log") if ns.log else None
         smoke = (
-            json.loads(Path(ns.smoke_result).read_text(encoding="utf-8"))
+            bounded_json.loads(
+                input_files.read_text(ns.smoke_result, input_files.JSON_LIMIT, "--smoke-result"),
+                "--smoke-result",
+            )
             if ns.smoke_result
             else None
         )

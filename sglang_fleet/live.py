@@ -30,6 +30,8 @@ import importlib.util
 import json
 import math
 import os
+import select
+import stat
 import sys
 import time
 from typing import Any, Callable
@@ -441,18 +443,62 @@ def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+API_KEY_FILE_LIMIT = 4096
+# A pipe (the key on stdin: --api-key-file /dev/stdin) must bring its line within this.
+API_KEY_PIPE_DEADLINE_S = 10.0
+
+
 def read_api_key(path: str | None) -> str | None:
     """The key from the file, else from SGLANG_API_KEY; None when neither gives one."""
     if path is None:
         return os.environ.get("SGLANG_API_KEY") or None
     try:
-        with open(path, encoding="utf-8") as handle:
-            key = handle.readline().rstrip("\r\n")
+        data = _read_key_bytes(path)
+        key = data.decode("utf-8").split("\n", 1)[0].rstrip("\r")
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"--api-key-file {path}: cannot read it ({exc})") from exc
     if not key:
         raise UsageError(f"--api-key-file {path}: the first line is empty")
     return key
+
+
+def _read_key_bytes(path: str) -> bytes:
+    """The first line of a regular file or a pipe, bounded in size and, for a pipe, in time:
+    a device (/dev/zero) or a pipe nobody writes to never holds the tool."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISREG(mode):
+            with os.fdopen(os.dup(fd), "rb") as handle:
+                data = handle.read(API_KEY_FILE_LIMIT + 1)
+        elif stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+            data = _read_pipe_line(fd, path)
+        else:
+            raise UsageError(f"--api-key-file {path}: not a regular file or a pipe")
+    finally:
+        os.close(fd)
+    if len(data) > API_KEY_FILE_LIMIT:
+        raise UsageError(f"--api-key-file {path}: no key line within {API_KEY_FILE_LIMIT} bytes")
+    return data
+
+
+def _read_pipe_line(fd: int, path: str) -> bytes:
+    deadline = time.monotonic() + API_KEY_PIPE_DEADLINE_S
+    data = b""
+    while b"\n" not in data and len(data) <= API_KEY_FILE_LIMIT:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            raise UsageError(
+                f"--api-key-file {path}: no key line within {API_KEY_PIPE_DEADLINE_S:g} s"
+            )
+        try:
+            chunk = os.read(fd, API_KEY_FILE_LIMIT + 1 - len(data))
+        except BlockingIOError:
+            continue
+        if not chunk:
+            break  # the writer closed: what came is all there is
+        data += chunk
+    return data
 
 
 def check_window(window: float, interval: float) -> None:

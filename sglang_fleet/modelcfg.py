@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from sglang_fleet import input_files
+
 CONFIG_FILE = "config.json"
 INDEX_FILE = "model.safetensors.index.json"
 
@@ -194,13 +196,15 @@ def model_shape(config: dict[str, Any]) -> ModelShape:
 
 def _read_json(path: Path) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ModelConfigError(f"cannot read {path}: {exc.strerror}") from exc
+        raw = input_files.read_bytes(path, input_files.JSON_LIMIT, "").decode("utf-8")
+    except input_files.InputFileError as exc:  # not a regular file, unreadable, too large
+        raise ModelConfigError(f"cannot read {path}: {exc.reason}") from exc
     except UnicodeDecodeError as exc:
         raise ModelConfigError(
             f"{path} is not UTF-8 text (byte {exc.start}: {exc.reason})"
         ) from exc
+    try:
+        data = json.loads(raw)
     except RecursionError as exc:
         raise ModelConfigError(f"{path} nests too deeply to be a model description") from exc
     except ValueError as exc:  # JSONDecodeError, or a number too long to convert

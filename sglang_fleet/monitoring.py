@@ -9,25 +9,80 @@ router-size constants the alert rules compare against.
 
 A server or router that listens on loopback only can be scraped by a Prometheus on its own host
 alone: that is an error naming the server, not a target that is silently down.
+
+Everything that becomes a label value, a target or a file name is checked first, naming the host,
+the server and the field: text Prometheus can hold (UTF-8, no control characters), addresses
+that are a host name or an IP address, ports 1..65535, SLOs that are finite numbers in range
+(docs/MONITORING.md, "Settings"). A key file's name is one-to-one with its (host, server) pair
+(key_file_name()), and the templates quote every string with yaml_string().
 """
 
 from __future__ import annotations
 
+import ipaddress
 import posixpath
+import unicodedata
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import yaml
+
+from sglang_fleet.module_utils.fleet_http import HttpError, check_url
+from sglang_fleet.monitoring_settings import MAX_SLO_MS, Range, SettingError, number, port
+
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+# A file name is at most 255 bytes; the longest name key_file_name() may give.
+MAX_KEY_FILE_NAME = 255
+SLO_RANGE = Range(0, MAX_SLO_MS, low_open=True)
 
 
 class MonitoringError(ValueError):
     """An inventory that Prometheus cannot scrape as written."""
 
 
+def _text(value: Any, what: str) -> str:
+    """A label value or name as Prometheus and YAML can hold it, or MonitoringError naming it."""
+    if not isinstance(value, str | int) or isinstance(value, bool):
+        raise MonitoringError(f"{what} must be text, got a {type(value).__name__}")
+    text = str(value)
+    if not text:
+        raise MonitoringError(f"{what} is empty")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise MonitoringError(f"{what} is not valid UTF-8 text: {text!r}") from None
+    if any(unicodedata.category(c) in ("Cc", "Cs") for c in text):
+        raise MonitoringError(f"{what} holds a control character: {text!r}")
+    return text
+
+
+def _address(value: Any, what: str) -> str:
+    """A host name or IP address the monitoring host reaches, as a target writes it."""
+    text = _text(value, what)
+    try:
+        ip = ipaddress.ip_address(text.strip("[]"))
+    except ValueError:
+        ip = None
+    shown = f"[{ip}]" if ip is not None and ip.version == 6 else text
+    try:
+        check_url(f"http://{shown}:1/", what)
+    except HttpError:
+        raise MonitoringError(f"{what} {text!r} is not a host name or an IP address") from None
+    return shown
+
+
+def _port(value: Any, what: str) -> int:
+    try:
+        return port(value, what)
+    except SettingError as exc:
+        raise MonitoringError(f"{what} {exc.message}") from None
+
+
 def _reach(host: Mapping[str, Any], listen: str, monitoring_host: str, what: str) -> str:
     """The address the monitoring host uses for something listening on ``listen`` on ``host``."""
     if listen not in LOOPBACK:
-        return str(host["address"])
+        return _address(host["address"], f"host {host['name']}: monitoring_scrape_address")
     if host["name"] == monitoring_host:
         return "127.0.0.1"
     raise MonitoringError(
@@ -37,18 +92,72 @@ def _reach(host: Mapping[str, Any], listen: str, monitoring_host: str, what: str
     )
 
 
+def yaml_string(value: Any) -> str:
+    """value as one YAML double-quoted scalar, on one line: PyYAML's emitter escapes what YAML
+    cannot hold raw (\\x7F, \\L, \\U0001F600), which Prometheus's YAML reader parses back to
+    the same text (Jinja's tojson writes an emoji as a JSON surrogate pair, which it refuses).
+    Text that cannot be UTF-8 (a lone surrogate) raises ValueError."""
+    text = str(value)
+    text.encode("utf-8")  # UnicodeEncodeError, a ValueError, for a lone surrogate
+    dumped = yaml.safe_dump(text, default_style='"', allow_unicode=True, width=float("inf"))
+    return dumped.rstrip("\n")
+
+
 def _scraped_here(server: Mapping[str, Any], host: str) -> bool:
     """A server across hosts serves HTTP (and /metrics) from its node 0 only."""
     nodes = server.get("nodes") or []
     return not nodes or nodes[0] == host
 
 
-def _model(server: Mapping[str, Any]) -> str:
-    return str(server.get("served_model_name") or posixpath.basename(str(server["model_path"])))
+def _where(host: Mapping[str, Any], server: Mapping[str, Any]) -> str:
+    return f"server {server.get('name')!r} on {host['name']}"
+
+
+def _model(server: Mapping[str, Any], where: str) -> str:
+    """The model label: the served name, else the model folder's name."""
+    if server.get("served_model_name"):
+        return _text(server["served_model_name"], f"{where}: served_model_name")
+    path = _text(server.get("model_path"), f"{where}: model_path")
+    return _text(posixpath.basename(path.rstrip("/")) or path, f"{where}: model_path")
+
+
+def key_file_name(host: str, server: str) -> str:
+    """The key file of (host, server): `<host>@<server>`, the host percent-encoded (RFC 3986:
+    letters, digits and -._~ stay as they are, everything else, '@' and '%' included, becomes
+    %XX). No two pairs share a name: the encoded host holds no '@', so the first '@' splits the
+    name back into its pair; and no name is '.', '..' or holds a '/'."""
+    name = f"{urllib.parse.quote(host, safe='-._~')}@{urllib.parse.quote(server, safe='-._~')}"
+    if len(name.encode()) > MAX_KEY_FILE_NAME:
+        raise MonitoringError(
+            f"host {host!r}: its name is too long for a key file name ({len(name)} > "
+            f"{MAX_KEY_FILE_NAME} bytes once encoded)"
+        )
+    return name
 
 
 def _key_file(key_dir: str, host: str, server: str) -> str:
-    return posixpath.join(key_dir, f"{host}--{server}")
+    return posixpath.join(key_dir, key_file_name(host, server))
+
+
+def _check_hosts(hosts: Sequence[Mapping[str, Any]]) -> None:
+    """Host names are label values and key file names: text, and each one once."""
+    if not isinstance(hosts, Sequence) or isinstance(hosts, str):
+        raise MonitoringError("the scraped hosts must be a list")
+    seen = set()
+    for host in hosts:
+        if not isinstance(host, Mapping):
+            raise MonitoringError("each scraped host must be a mapping")
+        name = _text(host.get("name"), "a scraped host's name")
+        if name in seen:
+            raise MonitoringError(f"host {name} is listed twice in monitoring_scrape_hosts")
+        seen.add(name)
+        servers = host.get("servers") or []
+        if not isinstance(servers, list) or not all(isinstance(s, Mapping) for s in servers):
+            raise MonitoringError(
+                f"host {name}: sglang_server_instances must be a list of mappings"
+            )
+        for server in servers:
+            _text(server.get("name"), f"a server on {name}: name")
 
 
 def server_targets(
@@ -59,20 +168,22 @@ def server_targets(
     ``credentials_file`` is the path of the file holding the server's key ("" without a key);
     the key itself never appears here, so this list may be logged and templated freely.
     """
+    _check_hosts(hosts)
     targets = []
     for host in hosts:
         for server in host.get("servers") or []:
             if not _scraped_here(server, host["name"]):
                 continue
             what = f"server {server['name']!r}"
+            where = _where(host, server)
             address = _reach(host, str(server.get("host") or "127.0.0.1"), monitoring_host, what)
             has_key = bool(server.get("api_key"))
             targets.append(
                 {
                     "host": host["name"],
                     "server": str(server["name"]),
-                    "model": _model(server),
-                    "target": f"{address}:{server['port']}",
+                    "model": _model(server, where),
+                    "target": f"{address}:{_port(server.get('port'), f'{where}: port')}",
                     "credentials_file": (
                         _key_file(key_dir, host["name"], str(server["name"])) if has_key else ""
                     ),
@@ -83,6 +194,7 @@ def server_targets(
 
 def server_credentials(hosts: Sequence[Mapping[str, Any]], key_dir: str) -> list[dict[str, str]]:
     """[{path, key}] for the servers with a key: only for a task with no_log."""
+    _check_hosts(hosts)
     return [
         {
             "path": _key_file(key_dir, host["name"], str(server["name"])),
@@ -105,10 +217,11 @@ def router_targets(
             continue
         listen = str(router.get("prometheus_host") or "127.0.0.1")
         address = _reach(host, listen, monitoring_host, "the router's metrics endpoint")
+        where = f"host {host['name']}: sglang_router_prometheus_port"
         targets.append(
             {
                 "host": host["name"],
-                "target": f"{address}:{router['prometheus_port']}",
+                "target": f"{address}:{_port(router.get('prometheus_port'), where)}",
                 "workers": len(router["workers"]),
             }
         )
@@ -121,12 +234,17 @@ def slo_seconds(
     """Per scraped server its TTFT and TPOT objectives in seconds: {host, server, ttft, tpot}.
 
     A host's smoke-gate SLO (smoke_gate_workload.slo_ttft_ms / slo_tpot_ms) wins over the
-    monitoring defaults, so the alert and the rollout gate hold the server to one number.
+    monitoring defaults, so the alert and the rollout gate hold the server to one number. Unset
+    (null or "") means the default; any other value must be a finite number of milliseconds in
+    (0, 3600000]: 0, -5 and NaN are refused, not read as the default, "always" or "never".
     """
+    ttft_default = _slo(default_ttft_ms, "monitoring_slo_ttft_ms")
+    tpot_default = _slo(default_tpot_ms, "monitoring_slo_tpot_ms")
     rows = []
     for host in hosts:
-        ttft = host.get("slo_ttft_ms") or default_ttft_ms
-        tpot = host.get("slo_tpot_ms") or default_tpot_ms
+        field = f"host {host['name']}: smoke_gate_workload"
+        ttft = _slo(host.get("slo_ttft_ms"), f"{field}.slo_ttft_ms", ttft_default)
+        tpot = _slo(host.get("slo_tpot_ms"), f"{field}.slo_tpot_ms", tpot_default)
         for server in host.get("servers") or []:
             if _scraped_here(server, host["name"]):
                 rows.append(
@@ -140,6 +258,15 @@ def slo_seconds(
     return rows
 
 
+def _slo(value: Any, what: str, default: float | None = None) -> float:
+    if value in (None, "") and default is not None:
+        return default
+    try:
+        return float(number(value, what, SLO_RANGE))
+    except SettingError as exc:
+        raise MonitoringError(f"{what} {exc.message} (unset: the default)") from None
+
+
 def scrape_plan(
     hosts: Sequence[Mapping[str, Any]],
     monitoring_host: str,
@@ -148,11 +275,16 @@ def scrape_plan(
     default_tpot_ms: float,
 ) -> dict[str, Any]:
     """What the Prometheus configuration and the rules print: servers, routers, nodes, SLOs."""
+    _check_hosts(hosts)
     return {
         "servers": server_targets(hosts, monitoring_host, key_dir),
         "routers": router_targets(hosts, monitoring_host),
         "nodes": [
-            {"host": h["name"], "address": str(h["address"]), "dcgm": bool(h.get("dcgm"))}
+            {
+                "host": h["name"],
+                "address": _address(h["address"], f"host {h['name']}: monitoring_scrape_address"),
+                "dcgm": bool(h.get("dcgm")),
+            }
             for h in hosts
         ],
         "slos": slo_seconds(hosts, default_ttft_ms, default_tpot_ms),

@@ -13,6 +13,8 @@ import math
 from collections.abc import Mapping
 from typing import Any, Literal, overload
 
+from sglang_fleet.module_utils.bounded_json import loads as bounded_loads
+
 
 def _key(key: Any) -> str:
     """A mapping key as JSON names it (1 -> "1", True -> "true", None -> "null")."""
@@ -43,9 +45,9 @@ def plain_mapping(value: Any, what: str, optional: bool = False) -> dict[str, An
         return None
     if isinstance(value, str):
         try:
-            value = json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{what} is not valid JSON: {exc}") from exc
+            value = bounded_loads(value, what)
+        except ValueError as exc:
+            raise ValueError(f"{what} is not valid JSON: {exc}") from None
     if not isinstance(value, Mapping):
         raise ValueError(f"{what} must be a mapping, got {type(value).__name__}")
     return plain(value)

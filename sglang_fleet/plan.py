@@ -45,11 +45,10 @@ import math
 import re
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from sglang_fleet import attndp, calibration, kvmath
-from sglang_fleet.modelcfg import ModelConfigError, model_shape, read_model_dir
+from sglang_fleet import attndp, calibration, input_files, kvmath, logged_run
+from sglang_fleet.modelcfg import ModelConfigError, ModelShape, model_shape, read_model_dir
 from sglang_fleet.noop_flags import noop_flag_issues
 from sglang_fleet.server_log import Calibration, parse_log
 
@@ -107,6 +106,9 @@ ARG_DEFAULTS: dict[str, Any] = {
     "avg_output_len": DEFAULT_AVG_OUTPUT_LEN,
     "per_request_tok_s": None,
     "calibration_log": None,
+    # The calibration log's run's flags where its log does not say them (logged_run.STATABLE):
+    # never taken from the flags being planned.
+    "calibration_log_flags": None,
     "min_free_after_graph_gib": MIN_FREE_AFTER_GRAPH_GIB,
     # Calibration records (sglang_fleet.calibration): one, a list, the host's store file as
     # parsed or as JSON text. server_flags: the server's whole flag set, so that every flag
@@ -148,10 +150,13 @@ def _issue(code: str, message: str) -> dict[str, str]:
 # The upper bounds lie beyond any real machine or setting and keep the arithmetic finite.
 _MAX_COUNT = 2**31 - 1
 _MAX_AMOUNT = 1e12
+# Parallel sizes as sglang_fleet.validate bounds them (MAX_PARALLEL: far past any cluster):
+# a tp of 2**31 - 1 would have the layout table walk every divisor candidate for minutes.
+_MAX_PARALLEL = 4096
 _INT_RANGES: dict[str, tuple[int, int]] = {
-    "tp_size": (1, _MAX_COUNT),
-    "dp_size": (1, _MAX_COUNT),
-    "attn_dp_size": (1, _MAX_COUNT),
+    "tp_size": (1, _MAX_PARALLEL),
+    "dp_size": (1, _MAX_PARALLEL),
+    "attn_dp_size": (1, _MAX_PARALLEL),
     "page_size": (1, _MAX_COUNT),
     "chunked_prefill_size": (-1, _MAX_COUNT),  # -1 (and 0) disable chunked prefill
     "max_running_requests": (1, _MAX_COUNT),
@@ -267,6 +272,28 @@ def _as_structure(key: str, value: Any) -> Any:
     return value
 
 
+def _as_logged_flags(value: Any) -> dict[str, Any]:
+    """calibration_log_flags: the logged run's flags, typed as the planner's own."""
+    key = "calibration_log_flags"
+    if not isinstance(value, dict):
+        raise PlanInputError(f"must be a mapping of flag to value, got {_shown(value)}", key)
+    unknown = sorted(str(name) for name in value if name not in logged_run.STATABLE)
+    if unknown:
+        raise PlanInputError(
+            f"unknown flag(s) {', '.join(unknown)}: one of {', '.join(logged_run.STATABLE)}", key
+        )
+    try:
+        typed = _typed(dict(value))
+    except PlanInputError as exc:
+        raise PlanInputError(f"{exc.argument}: {exc.message}", key) from None
+    if "kv_cache_dtype" in typed:
+        try:
+            kvmath.elem_bytes(typed["kv_cache_dtype"])
+        except ValueError as exc:
+            raise PlanInputError(str(exc), key) from None
+    return typed
+
+
 def _as_choice(key: str, value: Any) -> str:
     if value not in calibration.MODES:
         raise PlanInputError(
@@ -282,6 +309,8 @@ def _typed(values: dict[str, Any]) -> dict[str, Any]:
             continue
         if key in ("calibration", "server_flags"):
             out[key] = _as_structure(key, value)
+        elif key == "calibration_log_flags":
+            out[key] = _as_logged_flags(value)
         elif key == "calibration_mode":
             out[key] = _as_choice(key, value)
         elif key == "device":
@@ -351,47 +380,55 @@ def _log_calibration(a: dict[str, Any]) -> Calibration | None:
     return parse_log(a["calibration_log"]) if a["calibration_log"] else None
 
 
-# What a log without SGLang's `server_args=` line is taken to have run with: the planner's
-# own flags (the command line describes the logged run; docs/CALIBRATION.md).
-_ASSUMED_LOG_FLAGS = (
-    "tp_size",
-    "dp_size",
-    "attn_dp_size",
-    "mem_fraction_static",
-    "kv_cache_dtype",
-    "page_size",
-    "chunked_prefill_size",
-)
-
-
-def _assumed_log_flags(a: dict[str, Any], warnings: list[dict[str, str]]) -> dict[str, Any]:
-    """The planner's flags as the logged run's, when the log does not say (no server_args)."""
-    if parse_log(a["calibration_log"]).server_args:
-        return {}
-    assumed = {k: a[k] for k in _ASSUMED_LOG_FLAGS if a.get(k) is not None}
-    words = ", ".join(f"{k} {v}" for k, v in assumed.items())
-    warnings.append(
-        _issue(
-            "calibration_flags_assumed",
-            "The calibration log has no server_args= line: the command line's flags "
-            f"({words}) are taken to be the logged run's.",
+def _logged_run_flags(
+    a: dict[str, Any],
+    shape: ModelShape,
+    weights: attndp.WeightLayout,
+    warnings: list[dict[str, str]],
+    described: list[str],
+) -> dict[str, Any]:
+    """The logged run's own flags (sglang_fleet.logged_run): what the log or the operator
+    states (`calibration_log_flags`), checked against its lines, the rest inferred from them;
+    never the flags being planned. A flag that matters and that nothing fixes refuses the log."""
+    cal = parse_log(a["calibration_log"])
+    if not cal.has_memory:
+        return {}  # build_record names what is missing
+    run = logged_run.infer(cal, shape, weights, stated=a["calibration_log_flags"] or {})
+    if run.unknown:
+        names = ", ".join(run.unknown)
+        raise PlanInputError(
+            f"the calibration log does not say which {names} it ran with, and its lines cannot "
+            "fix it: give the logged run's value with --logged-flag NAME=VALUE (the planner's "
+            "own flags describe the plan, not the log)",
+            "calibration_log",
         )
-    )
-    return assumed
+    for problem in run.disagreements:
+        warnings.append(
+            _issue("calibration_flags_disagree", f"The calibration log disagrees: {problem}.")
+        )
+    described += run.describe()
+    return run.flags
 
 
 def _calibration_records(
-    a: dict[str, Any], warnings: list[dict[str, str]], set_aside: list[str]
+    a: dict[str, Any],
+    shape: ModelShape,
+    weights: attndp.WeightLayout,
+    warnings: list[dict[str, str]],
+    notes: dict[str, list[str]],
 ) -> list[dict]:
     """Records given as data, plus one built from the calibration log; the entries of the
-    store no plan may use are named in set_aside (calibration.read_store)."""
+    store no plan may use are named in notes["set_aside"] (calibration.read_store), the
+    logged run's flags with their sources in notes["logged_flags"]."""
     read = calibration.read_store(a["calibration"])
     records = read.records
-    set_aside += [entry.describe() for entry in read.set_aside]
+    notes["set_aside"] += [entry.describe() for entry in read.set_aside]
     if a["calibration_log"]:
-        assumed = {"assumed_flags": _assumed_log_flags(a, warnings)}
+        flags = _logged_run_flags(a, shape, weights, warnings, notes["logged_flags"])
         try:
-            records.append(calibration.build_record(a["calibration_log"], None, assumed))
+            records.append(
+                calibration.build_record(a["calibration_log"], None, {"logged_flags": flags})
+            )
         except calibration.CalibrationError as exc:
             warnings.append(
                 _issue(
@@ -421,6 +458,8 @@ class _Planner:
         # Store entries no plan may use (damaged, or no calibration): named, not a warning,
         # so a damaged store never blocks a deploy whose warnings are fatal.
         self.calibration_set_aside: list[str] = []
+        # The calibration log's own flags, each with the line it came from.
+        self.calibration_log_flags: list[str] = []
         self.layout = self._layout()
         self.tp = self.layout.tp_size
         self.dp = self.layout.dp_size
@@ -496,7 +535,11 @@ class _Planner:
     def _apply_calibration(
         self, config: dict[str, Any], weight_bytes: int
     ) -> calibration.Applied | None:
-        records = _calibration_records(self.a, self.warnings, self.calibration_set_aside)
+        notes = {
+            "set_aside": self.calibration_set_aside,
+            "logged_flags": self.calibration_log_flags,
+        }
+        records = _calibration_records(self.a, self.shape, self.weights, self.warnings, notes)
         if not records:
             return None
         host = {
@@ -818,6 +861,7 @@ class _Planner:
                 "calibration": None if self.calibration is None else self.calibration.reason,
                 "calibration_notes": [] if self.prediction is None else self.prediction.notes,
                 "calibration_set_aside": self.calibration_set_aside,
+                "calibration_log_flags": self.calibration_log_flags,
                 "free_after_graph_margin_gib": None
                 if self.prediction is None
                 else round(self.prediction.margin_gib, 2),
@@ -1099,27 +1143,45 @@ def add_plan_arguments(parser: argparse.ArgumentParser, *, model_required: bool)
         default=None,
         help="calibration record(s) or the host's store file (sglang_fleet.calibration)",
     )
+    parser.add_argument(
+        "--logged-flag",
+        metavar="NAME=VALUE",
+        action="append",
+        default=None,
+        help="a flag the --calibrate-from run used that its log does not say (repeatable; "
+        f"one of {', '.join(logged_run.STATABLE)}); the flags above describe the plan",
+    )
     parser.add_argument("--calibration-mode", choices=calibration.MODES, default=None)
     parser.add_argument("--sglang-version", default=None)
     parser.add_argument("--min-free-after-graph-gib", type=float, default=None)
+
+
+def _logged_flag_words(words: list[str]) -> dict[str, str]:
+    flags = {}
+    for word in words:
+        name, sep, value = word.partition("=")
+        name = name.strip().lstrip("-").replace("-", "_")
+        if not sep or not name or not value.strip():
+            raise PlanInputError(f"must be NAME=VALUE, got {_shown(word)}", "calibration_log_flags")
+        flags[name] = value.strip()
+    return flags
 
 
 def split_namespace(ns: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
     """(planner args, host facts) from parsed flags; reads the calibration log file."""
     values = vars(ns)
     args = {k: values[k] for k in ARG_DEFAULTS if k in values and values[k] is not None}
-    if values.get("calibrate_from"):
-        path = Path(values["calibrate_from"])
-        try:
-            args["calibration_log"] = path.read_text(encoding="utf-8", errors="replace")
-        except OSError as exc:
-            raise PlanInputError(f"cannot read {path}: {exc.strerror}", "calibration_log") from exc
-    if values.get("calibration"):
-        path = Path(values["calibration"])
-        try:
-            args["calibration"] = path.read_text(encoding="utf-8", errors="replace")
-        except OSError as exc:
-            raise PlanInputError(f"cannot read {path}: {exc.strerror}", "calibration") from exc
+    for option, key, limit in (
+        ("calibrate_from", "calibration_log", input_files.LOG_LIMIT),
+        ("calibration", "calibration", input_files.JSON_LIMIT),
+    ):
+        if values.get(option):
+            try:
+                args[key] = input_files.read_text(values[option], limit, "")
+            except ValueError as exc:
+                raise PlanInputError(str(exc).strip(), key) from None
+    if values.get("logged_flag"):
+        args["calibration_log_flags"] = _logged_flag_words(values["logged_flag"])
     host = {k: values[k] for k in HOST_KEYS if values.get(k) is not None}
     return args, host
 
@@ -1194,6 +1256,7 @@ def _roofline_line(roof: dict[str, Any]) -> str:
 # The command-line option behind each PlanInputError.argument that is not `--<name>`.
 _CLI_OPTIONS = {
     "calibration_log": "--calibrate-from",
+    "calibration_log_flags": "--logged-flag",
     "model_config": "--model-path",
     "weight_bytes": "--model-path",
 }

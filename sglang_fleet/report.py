@@ -11,7 +11,6 @@ their median and p99 marked. The headline carries the numbers the gate judges.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from pathlib import Path
@@ -21,6 +20,12 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import StrMethodFormatter
+
+from sglang_fleet.module_utils.bounded_file import read_regular
+from sglang_fleet.module_utils.bounded_json import loads as bounded_loads
+
+# A smoke result: its distributions are capped at 10000 entries each (docs/CONTRACTS.md).
+MAX_RESULT_BYTES = 64 * 1024 * 1024
 
 PANEL_THROUGHPUT = "Output tokens/s over the run"
 PANEL_SERVER = "Server load, sampled from /metrics"
@@ -217,7 +222,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("result", type=Path, help="result JSON from sglang_fleet.smoke --json")
     parser.add_argument("png", type=Path, help="where to write the picture")
     args = parser.parse_args(argv)
-    result = json.loads(args.result.read_text(encoding="utf-8"))
+    try:
+        raw = read_regular(str(args.result), MAX_RESULT_BYTES)
+        if raw is None:
+            raise ValueError(f"{args.result} does not exist")
+        result = bounded_loads(raw, str(args.result))
+        if not isinstance(result, dict):
+            raise ValueError(f"{args.result} is not a smoke result (a JSON object)")
+    except (OSError, ValueError) as exc:
+        parser.error(str(exc))
     render_report(result, args.png)
     return 0
 

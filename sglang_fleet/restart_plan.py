@@ -13,21 +13,27 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sglang_fleet.flags import to_argv
+from sglang_fleet.server_secrets import redact
 
 
 def _flag_words(flags: Mapping[str, Any]) -> dict[str, list[str]]:
-    """{--flag: its value words} as the launch line renders each flag (omitted ones left out)."""
+    """{--flag: its value words} as the launch line renders each flag (omitted ones left out).
+    A flag named like a secret (an old record may hold one) reads <redacted>, nested ones too."""
     words: dict[str, list[str]] = {}
-    for key, value in flags.items():
-        argv = to_argv({key: value})
+    for key, value in redact(dict(flags)).items():
+        try:
+            argv = to_argv({key: value})
+        except ValueError:  # a record edited by hand: say so rather than fail the check
+            argv = [f"--{key}", "(a value no launch line can hold)"]
         if argv:
             words[argv[0]] = argv[1:]
     return words
 
 
 def flag_changes(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> list[str]:
-    """`- --flag old` / `+ --flag new` lines, in launch-line order; [] when the flags match."""
-    before = _flag_words(old or {})
+    """`- --flag old` / `+ --flag new` lines, in launch-line order; [] when the flags match.
+    Secrets never show (sglang_fleet/server_secrets.py)."""
+    before = _flag_words(old if isinstance(old, Mapping) else {})
     after = _flag_words(new)
     lines = []
     for flag in sorted(before.keys() | after.keys(), key=lambda f: (f != "--model-path", f)):

@@ -42,11 +42,15 @@ _LOAD_BEGIN = re.compile(rf"Load weight begin\. avail mem={_NUM} GB")
 _LOAD_END = re.compile(rf"Load weight end\..*?avail mem={_NUM} GB, mem usage=(-?\d+(?:\.\d+)?) GB")
 _LOAD_TYPE = re.compile(r"Load weight end\..*?type=(\w+)")
 _KV_ALLOC = re.compile(
-    rf"KV Cache is allocated\..*?#tokens: (\d+), "
+    rf"KV Cache is allocated\.(?:.*?dtype: ([\w.]+),)?.*?#tokens: (\d+), "
     rf"(?:KV size: {_NUM} GB|K size: {_NUM} GB, V size: {_NUM} GB)"
 )
+# SGLang keeps part of the KV budget back for a multimodal model's own pools (0.5.23).
+_MM_RESERVE = re.compile(rf"Reserving {_NUM} GB of the KV budget")
 _POOL_END = re.compile(rf"Memory pool end\. avail mem={_NUM} GB")
 _GRAPH_END = re.compile(rf"Capture .*graph end\..*?avail mem={_NUM} GB", re.IGNORECASE)
+# The decode graphs' batch sizes: the largest is --cuda-graph-max-bs(-decode) as SGLang resolved it.
+_GRAPH_BS = re.compile(r"Capture (?:target )?decode .*graph end\. bs=\[([\d, ]+)\]", re.IGNORECASE)
 _SCHED = re.compile(
     r"max_total_num_tokens=(\d+), chunked_prefill_size=(-?\d+), max_prefill_tokens=(\d+), "
     r"max_running_requests=(\d+), context_len=(\d+)"
@@ -107,6 +111,16 @@ class Calibration:
     dp_size: int | None = None
     model_path: str | None = None
     decode_samples: list[DecodeSample] = field(default_factory=list)
+    # What the lines themselves show of the run (sglang_fleet.logged_run infers its flags
+    # from them): the KV pool's torch dtype, the largest decode graph batch, every rank tag
+    # seen ("TP3", "DP1", "PP0"), whether the lines carry SGLang's "[time ranks]" prefix at
+    # all, and the first line of each kind, to say where an inferred flag came from.
+    kv_torch_dtype: str | None = None
+    multimodal_reserve_gib: float | None = None
+    decode_graph_max_bs: int | None = None
+    rank_tags: set[str] = field(default_factory=set)
+    prefixed: bool = False
+    lines: dict[str, str] = field(default_factory=dict)
 
     @property
     def has_memory(self) -> bool:
@@ -173,9 +187,33 @@ def _literal_args(msg: str) -> dict[str, object]:
 
 def _memory_line(cal: Calibration, msg: str) -> bool:
     """Record a start-up memory line; False when the line is none of them."""
+    kind = _memory_kind(cal, msg)
+    if kind is None:
+        return False
+    cal.lines.setdefault(kind, msg[:MAX_QUOTED_LINE])
+    return True
+
+
+# A line quoted as a figure's source is cut here (a graph line lists every batch size).
+MAX_QUOTED_LINE = 200
+
+
+def _memory_kind(cal: Calibration, msg: str) -> str | None:
+    """Record a start-up memory line; its kind, or None when the line is none of them."""
+    for kind, record in _MEMORY_LINES:
+        if record(cal, msg):
+            return kind
+    return None
+
+
+def _load_begin(cal: Calibration, msg: str) -> bool:
     if m := _LOAD_BEGIN.search(msg):
         cal.pre_gib = _min(cal.pre_gib, float(m[1]))
-    elif m := _LOAD_END.search(msg):
+    return m is not None
+
+
+def _load_end(cal: Calibration, msg: str) -> bool:
+    if m := _LOAD_END.search(msg):
         cal.post_gib = _min(cal.post_gib, float(m[1]))
         # A negative usage is free memory that rose during the load (something else freed
         # memory meanwhile): it measures no weights, so the weights stay unknown.
@@ -183,25 +221,57 @@ def _memory_line(cal: Calibration, msg: str) -> bool:
             cal.weight_gib = _max(cal.weight_gib, float(m[2]))
         if kind := _LOAD_TYPE.search(msg):
             cal.architecture = kind[1]
-    elif m := _KV_ALLOC.search(msg):
-        cal.kv_tokens = int(_min(cal.kv_tokens, int(m[1])))
-        size = float(m[2]) if m[2] else float(m[3]) + float(m[4])
+    return m is not None
+
+
+def _kv_alloc(cal: Calibration, msg: str) -> bool:
+    if m := _KV_ALLOC.search(msg):
+        cal.kv_torch_dtype = m[1] or cal.kv_torch_dtype
+        cal.kv_tokens = int(_min(cal.kv_tokens, int(m[2])))
+        size = float(m[3]) if m[3] else float(m[4]) + float(m[5])
         cal.kv_size_gib = _min(cal.kv_size_gib, size)
-    elif m := _POOL_END.search(msg):
+    return m is not None
+
+
+def _multimodal_reserve(cal: Calibration, msg: str) -> bool:
+    if m := _MM_RESERVE.search(msg):
+        cal.multimodal_reserve_gib = float(m[1])
+    return m is not None
+
+
+def _pool_end(cal: Calibration, msg: str) -> bool:
+    if m := _POOL_END.search(msg):
         cal.pool_end_avail_gib = _min(cal.pool_end_avail_gib, float(m[1]))
-    elif m := _GRAPH_END.search(msg):
+    return m is not None
+
+
+def _graph_end(cal: Calibration, msg: str) -> bool:
+    if m := _GRAPH_END.search(msg):
         # Decode and prefill graphs are captured one after the other: the lowest figure is
         # what is left once every graph is resident.
         cal.graph_end_avail_gib = _min(cal.graph_end_avail_gib, float(m[1]))
-    else:
-        return False
-    return True
+        if bs := _GRAPH_BS.search(msg):
+            sizes = [int(n) for n in bs[1].replace(" ", "").split(",") if n]
+            if sizes:
+                cal.decode_graph_max_bs = max(sizes)
+    return m is not None
+
+
+_MEMORY_LINES = (
+    ("load_begin", _load_begin),
+    ("load_end", _load_end),
+    ("kv_alloc", _kv_alloc),
+    ("multimodal_reserve", _multimodal_reserve),
+    ("pool_end", _pool_end),
+    ("graph_end", _graph_end),
+)
 
 
 def _scheduler_line(cal: Calibration, msg: str) -> bool:
     m = _SCHED.search(msg)
     if not m:
         return False
+    cal.lines.setdefault("scheduler", msg[:MAX_QUOTED_LINE])
     cal.max_total_num_tokens = int(m[1])
     cal.chunked_prefill_size = int(m[2])
     cal.max_running_requests = int(m[4])
@@ -232,22 +302,14 @@ def parse_decode_lines(lines: Iterable[str]) -> list[DecodeSample]:
     return [s for s in map(parse_decode_line, lines) if s is not None]
 
 
-def _derive_fraction(cal: Calibration) -> None:
-    """Without a server_args line, recover the fraction the run used from the KV pool size.
-
-    rest = post - pre * (1 - f) and the pool takes (just under) rest, so
-    f = 1 - (post - kv_size) / pre.
-    """
-    if cal.mem_fraction_static is None and cal.has_memory and cal.kv_size_gib is not None:
-        assert cal.pre_gib is not None and cal.post_gib is not None  # has_memory
-        cal.mem_fraction_static = round(1 - (cal.post_gib - cal.kv_size_gib) / cal.pre_gib, 3)
-
-
 def parse_log(text: str) -> Calibration:
     """Parse a whole server log."""
     cal = Calibration()
     for line in text.splitlines():
-        _rank, msg = _split(line)
+        rank, msg = _split(line)
+        if msg != line.strip():
+            cal.prefixed = True
+            cal.rank_tags.update(rank.split())
         if "server_args=" in msg:
             _server_args(cal, msg)
         elif _memory_line(cal, msg) or _scheduler_line(cal, msg):
@@ -256,5 +318,4 @@ def parse_log(text: str) -> Calibration:
             cal.post_capture_kv_sizing = True
         elif sample := parse_decode_line(line):
             cal.decode_samples.append(sample)
-    _derive_fraction(cal)
     return cal

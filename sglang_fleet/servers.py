@@ -14,6 +14,8 @@ A server in `sglang_server_instances`::
       host: 127.0.0.1                 # optional: loopback unless the inventory opens it
       api_key: "{{ vault_kimi_api_key }}"   # optional secret: never in flags, argv or the result
                                       # (leave it out to serve without a key; '' is an error)
+      admin_api_key: "{{ vault_kimi_admin_key }}"  # optional, like each secret flag of
+                                      # server_secrets.SECRET_FLAGS: a field, never a flag
       router:                         # optional: a replica behind SGLang's router (docs/ROUTER.md)
         url: http://gateway-01:30000  # the router's API as this host reaches it
         worker_url: http://gpu-node-01:8000   # optional: this server as the router lists it;
@@ -59,8 +61,11 @@ for an input the renderers or systemd would mangle:
   integers fit in 64 bits;
 - environment values are strings or numbers without control characters other than TAB
   (an EnvironmentFile line cannot hold a newline, and systemd drops other control bytes);
-- api_key, when present, is a non-empty string of printable ASCII without surrounding spaces
-  or a leading dash, at most MAX_API_KEY_CHARS long; messages about it never quote it;
+- api_key and every other secret field (sglang_fleet.server_secrets.SECRET_FLAGS: each secret
+  flag of SGLang is a field of the server, never a flag), when present, is a non-empty string of
+  printable ASCII without surrounding spaces or a leading dash, at most MAX_API_KEY_CHARS long;
+  messages about it never quote it. A flag or environment variable named like a secret is
+  refused in every layer (docs/ARCHITECTURE.md, "Secrets");
 - router.url and router.worker_url are http(s)://host[:port] with no path and no trailing slash
   (sglang-router 0.3.2 compares worker URLs as written, docs/ROUTER.md), and worker_url names
   the server's own port. The router is no flag: it changes neither argv nor the config hash.
@@ -79,6 +84,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sglang_fleet import nodes as _nodes
+from sglang_fleet import server_secrets as _secrets
 from sglang_fleet.flags import env_file_line, exec_start, normalize_key, to_argv
 from sglang_fleet.module_utils.fleet_http import HttpError, check_url, redact_url
 from sglang_fleet.plan import PLANNER_FLAGS
@@ -115,7 +121,7 @@ SERVER_KEYS = (
     "flags",
     "env",
     "host",
-    "api_key",
+    *_secrets.SECRET_FLAGS,
     "router",
     # Where the weights come from, staged to model_path before a stop (sglang_fleet/staging.py).
     "model_source",
@@ -134,7 +140,10 @@ MANAGED_FLAGS = {
     "port": "port",
     "host": "host",
     "served_model_name": "served_model_name",
-    "api_key": "api_key (a secret: it goes to a root-only config file, never to argv)",
+    **{
+        flag: f"the server's {flag} (a secret: it goes to a root-only config file, never to argv)"
+        for flag in _secrets.SECRET_FLAGS
+    },
     "config": "nothing (the role passes --config for the secrets file itself)",
     "device": "device (cuda or cpu; a CPU server gets the CPU engine's environment too)",
 }
@@ -148,6 +157,13 @@ CPU_BIND_ENV = "SGLANG_CPU_OMP_THREADS_BIND"
 # needs an sgl-kernel CPU build, which PyPI does not have.
 CPU_ATTENTION_BACKEND = "torch_native"
 OVERRIDE_KEYS = ("flags", "env")
+# A flag or variable named like a secret in a flag or env layer (sglang_fleet/server_secrets.py).
+_SECRET_NAME_RULE = (
+    "is named like a secret, which never goes in flags or env (they reach argv, the unit's "
+    "files and the printed description): give SGLang's secret flags as the server's own "
+    f"fields ({', '.join(_secrets.SECRET_FLAGS)}), which go to a root-only config file; "
+    "a hub token belongs to weight staging (model_stage_hf_token)"
+)
 DEFAULTS_KEYS = ("flags", "env", "host")
 
 
@@ -263,6 +279,8 @@ def _flag_layer(value: Any, variable: str) -> dict[str, Any]:
             raise ServerConfigError(
                 f"{variable}.{key}", f"is set by the server's own field: use {MANAGED_FLAGS[norm]}"
             )
+        if _secrets.is_secret(norm):
+            raise ServerConfigError(f"{variable}.{key}", _SECRET_NAME_RULE)
         if norm in layer:
             raise ServerConfigError(f"{variable}.{key}", f"repeats flag {norm} (same flag)")
         problem = _flag_value_problem(item)
@@ -299,6 +317,8 @@ def _env_layer(value: Any, variable: str) -> dict[str, Any]:
             raise ServerConfigError(
                 f"{variable}.{key}", f"is set from the server's {MANAGED_ENV[key]}"
             )
+        if _secrets.is_secret(key):
+            raise ServerConfigError(f"{variable}.{key}", _SECRET_NAME_RULE)
         problem = _env_value_problem(item)
         if problem:
             raise ServerConfigError(f"{variable}.{key}", problem)
@@ -337,17 +357,22 @@ def _check_keys(
         )
 
 
-def _check_api_key(server: Mapping[str, Any], where: str) -> bool:
-    """Whether the server has an API key; a present key must be usable (never quoted back)."""
-    if "api_key" not in server:
+def _check_secrets(server: Mapping[str, Any], where: str) -> list[str]:
+    """The secret fields the server sets (sorted); each present one must be usable."""
+    return sorted(field for field in _secrets.SECRET_FLAGS if _check_secret(server, where, field))
+
+
+def _check_secret(server: Mapping[str, Any], where: str, field: str) -> bool:
+    """Whether the server sets this secret; a present one must be usable (never quoted back)."""
+    if field not in server:
         return False
-    variable = f"{where}.api_key"
-    key = server["api_key"]
+    variable = f"{where}.{field}"
+    key = server[field]
     if key is None or key == "":
         raise ServerConfigError(
             variable,
-            "is empty (an unset vault variable or environment lookup?); set a key, or leave "
-            "api_key out to serve without authentication",
+            "is empty (an unset vault variable or environment lookup?); set it, or leave "
+            f"{field} out" + (" to serve without authentication" if field == "api_key" else ""),
         )
     if not isinstance(key, str):
         raise ServerConfigError(variable, f"must be a string, got a {type(key).__name__}")
@@ -672,7 +697,7 @@ def resolve_server(
     name = _check_name(server, index)
     where = f"{SERVERS_VAR}[{name}]"
     _check_keys(server, where, SERVER_KEYS, " (SGLang flags go in flags:)")
-    api_key_set = _check_api_key(server, where)
+    secrets_set = _check_secrets(server, where)
     model_path = _check_text(server.get("model_path"), f"{where}.model_path", required=True)
     try:
         model_source = check_model_source(server.get("model_source"), where, str(model_path))
@@ -765,8 +790,9 @@ def resolve_server(
         "flag_origins": origins,
         "env": env,
         "environment": {**env, **device_env},
-        # The key itself stays out of the description, which Ansible prints and diffs.
-        "api_key_set": api_key_set,
+        # The keys themselves stay out of the description, which Ansible prints and diffs.
+        "api_key_set": "api_key" in secrets_set,
+        "secrets_set": secrets_set,
         "router": router,
         # Multi-node servers: every node in order (node 0 first) and this host's rank in it.
         "nodes": list(node_layout.nodes) if node_layout else [],
@@ -830,7 +856,7 @@ def resolve_servers(
 
 
 def config_hash(server: Mapping[str, Any]) -> str:
-    """A short, stable name for what a server runs: flags, environment and whether a key is set.
+    """A short, stable name for what a server runs: flags, environment and which secrets are set.
 
     The fleet summary and the last-known-good record use it to say which configuration passed.
     """
@@ -839,6 +865,9 @@ def config_hash(server: Mapping[str, Any]) -> str:
         "environment": server.get("environment", {}),
         "api_key_set": bool(server.get("api_key_set")),
     }
+    others = [name for name in server.get("secrets_set") or [] if name != "api_key"]
+    if others:  # absent otherwise: servers with an API key alone keep their hash
+        identity["secrets_set"] = sorted(others)
     text = json.dumps(identity, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
@@ -940,17 +969,34 @@ def _server_files(name: str, paths: Mapping[str, str], rendered: Mapping[str, An
     return [{"server": name, **file} for file in files]
 
 
-def secret_files(servers: list[Mapping[str, Any]], keys: Mapping[str, str]) -> list[dict]:
-    """The root-only secrets file of each server with an API key, with its content: read by
+def _has_secrets(server: Mapping[str, Any]) -> bool:
+    """Whether the server has a secrets file (any secret field, the API key among them)."""
+    return bool(server.get("secrets_set") or server.get("api_key_set"))
+
+
+def secret_files(
+    servers: list[Mapping[str, Any]], secrets: Mapping[str, Mapping[str, str]]
+) -> list[dict]:
+    """The root-only secrets file of each server with a secret, with its content: read by
     SGLang's --config, which turns each key into "--<key> <value>" as written (dashed keys).
-    keys: api_keys() of the inventory. Only no_log tasks call this."""
+    secrets: server_secrets.server_secrets() of the inventory ({name: {field: value}}). Only
+    no_log tasks call this."""
     import yaml  # noqa: PLC0415 (the control node's Ansible brings PyYAML; the hosts need none)
 
     files = []
     for server in servers:
-        if not server.get("api_key_set"):
+        if not _has_secrets(server):
             continue
-        key = {"api-key": keys[server["name"]]}
+        given = secrets.get(server["name"])
+        given = given if isinstance(given, Mapping) else {}
+        fields = sorted(server.get("secrets_set") or ["api_key"])
+        missing = [field for field in fields if not given.get(field)]
+        if missing:
+            raise ServerConfigError(
+                f"{SERVERS_VAR}[{server['name']}]",
+                f"the description names {', '.join(missing)} but no value was handed over",
+            )
+        key = {_secrets.secrets_file_key(field): given[field] for field in fields}
         body = yaml.safe_dump(key, indent=4, allow_unicode=True, default_flow_style=False)
         content = (
             f"{MANAGED_HEADER}# Read by SGLang's --config, which turns each key into"
@@ -1002,12 +1048,13 @@ def _rendered(server: dict[str, Any], runtime: Mapping[str, str]) -> dict[str, A
         argv = [runtime["python"], "-m", runtime["launch_module"], *flag_argv]
         exec_line = exec_start(argv)
         environment = dict(server["environment"])
-        if server["api_key_set"]:
+        if _has_secrets(server):
             environment[LOGGING_CONFIG_ENV] = paths["logging_file"]
         env_lines = [env_file_line(key, environment[key]) for key in sorted(environment)]
     except ValueError as exc:
         raise ServerConfigError(f"{SERVERS_VAR}[{name}]", str(exc)) from None
-    if server["api_key_set"]:
+    keyed = _has_secrets(server)
+    if keyed:
         argv += ["--config", f"%d/{SECRETS_CREDENTIAL}"]
         exec_line += f" --config %d/{SECRETS_CREDENTIAL}"
     rendered = {
@@ -1015,10 +1062,8 @@ def _rendered(server: dict[str, Any], runtime: Mapping[str, str]) -> dict[str, A
         "argv": argv,
         "exec_start": exec_line,
         "env_lines": env_lines,
-        "logging_config": _logging_config(server["flags"]) if server["api_key_set"] else None,
-        "load_credential": f"{SECRETS_CREDENTIAL}:{paths['secrets_file']}"
-        if server["api_key_set"]
-        else None,
+        "logging_config": _logging_config(server["flags"]) if keyed else None,
+        "load_credential": f"{SECRETS_CREDENTIAL}:{paths['secrets_file']}" if keyed else None,
         "paths": paths,
         "plan_args": {key: server["flags"][key] for key in PLANNER_FLAGS if key in server["flags"]},
         "config_hash": config_hash(server),
@@ -1049,10 +1094,11 @@ def describe_servers(
     (sglang_server_device: cuda or cpu), under each server's own `device`. Each server is
     resolve_server()'s description plus flag_argv (the flags as SGLang's parser reads them),
     argv (the whole command), exec_start (the ExecStart= value), env_lines (the EnvironmentFile),
-    logging_config and load_credential (servers with an API key), paths, files (each file the
+    logging_config and load_credential (servers with a secret), paths, files (each file the
     role writes or removes for it, with its content: configure.yml writes exactly these, check.yml
-    compares exactly these), directories, plan_args (the planner's flags) and config_hash. No API
-    key is in the result (secret_files() renders the secrets files).
+    compares exactly these), directories, plan_args (the planner's flags) and config_hash. No
+    secret is in the result, only secrets_set, their names (secret_files() renders the secrets
+    files).
     """
     defaults = dict(_mapping(defaults, DEFAULTS_VAR))
     base_env = _env_layer(nccl_env, "sglang_server_nccl_env")
@@ -1065,8 +1111,8 @@ def describe_servers(
 
 
 def api_keys(servers: Any) -> dict[str, str]:
-    """{server name: API key} of the servers that have one: what the secrets file and the smoke
-    client need. Kept out of describe_servers() so the key never lands in a printed fact."""
+    """{server name: API key} of the servers that have one: what the smoke client, the probes and
+    the router need. Kept out of describe_servers() so the key never lands in a printed fact."""
     if not isinstance(servers, list):
         return {}
     return {

@@ -48,6 +48,7 @@ import os
 import random
 import re
 import ssl
+import stat
 import statistics
 import sys
 import time
@@ -80,6 +81,16 @@ _MAX_DOCUMENT_BYTES = 16 * 1024 * 1024
 _MAX_ERROR_BODY_BYTES = 4096
 # Limits on the workload, far above any real one, so a typo fails here, not as a MemoryError.
 _MAX_TOKENS_PER_REQUEST = 1 << 21
+# A stream's bookkeeping (one gap per token) follows what the request asked for, never what the
+# server claims: a count beyond the tokens asked plus this allowance fails the request at once
+# as a long output. A count has at most this many digits, and a prompt at most this many tokens
+# (SGLang's own context limit is a 32-bit count).
+_TOKEN_ALLOWANCE = 16
+_MAX_COUNT_DIGITS = 12
+_MAX_PROMPT_TOKENS = 1 << 31
+# JSON from a server nests a few levels; deeper is not what it claims to be (the project's
+# readers bound it with module_utils/bounded_json.py; this file runs alone, so it has its own).
+_MAX_JSON_DEPTH = 32
 _MAX_DISTRIBUTION_SAMPLES = 10000
 _MAX_ERRORS = 10
 _ERROR_TEXT_LIMIT = 300
@@ -206,10 +217,13 @@ def _bodies(
 def _read_json_file(path: str) -> Any:
     """A model file as JSON, or None when it is absent, unreadable, too big or not JSON."""
     try:
-        if os.path.getsize(path) > _MODEL_FILE_LIMIT_BYTES:
-            return None
-        with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
+        # Without blocking, then only a regular file: a FIFO or a device never holds the run.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as handle:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
+            data = handle.read(_MODEL_FILE_LIMIT_BYTES + 1)
+        return _json(data) if len(data) <= _MODEL_FILE_LIMIT_BYTES else None
     except (OSError, ValueError):
         return None
 
@@ -269,7 +283,29 @@ def _number_after(payload: bytes, key: int) -> int:
     brace = payload.find(b"}", start)
     if end < 0 or 0 <= brace < end:
         end = brace
-    return int(payload[start:end])
+    digits = payload[start:end].strip()
+    if len(digits) > _MAX_COUNT_DIGITS:
+        raise ValueError(f"a token count of {len(digits)} characters")
+    return int(digits)
+
+
+def _json(payload: bytes | bytearray | str) -> Any:
+    """A server's JSON, nested at most _MAX_JSON_DEPTH levels; ValueError for anything else
+    (json itself ends deeper nesting in RecursionError)."""
+    try:
+        value = json.loads(payload)
+    except RecursionError:
+        raise ValueError(f"JSON nested deeper than {_MAX_JSON_DEPTH} levels") from None
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = (
+            item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        )
+        if children and depth > _MAX_JSON_DEPTH:
+            raise ValueError(f"JSON nested deeper than {_MAX_JSON_DEPTH} levels")
+        stack.extend((child, depth + 1) for child in children)
+    return value
 
 
 class _Exchange:
@@ -791,7 +827,18 @@ class _SseStream(_Exchange):
         raise NotImplementedError
 
     def add_tokens(self, new: int, t: float) -> None:
-        """Record ``new`` tokens that arrived at ``t`` (TTFT, then ITL like bench_serving)."""
+        """Record ``new`` tokens that arrived at ``t`` (TTFT, then ITL like bench_serving).
+        More than the request asked for (plus _TOKEN_ALLOWANCE) fails it as a long output
+        before anything is recorded: the bookkeeping never follows the server's claim."""
+        if self.error is not None:
+            return
+        if self.tokens + new > self.expected + _TOKEN_ALLOWANCE:
+            self.on_error(
+                f"long output: the server counts {self.tokens + new} completion tokens, "
+                f"{self.expected} asked for",
+                LONG_OUTPUT,
+            )
+            return
         record = self.record
         if self.tokens == 0:
             record.ttft = t - record.start
@@ -810,8 +857,8 @@ class _SseStream(_Exchange):
         if b'"error"' not in payload:
             return False
         try:
-            obj = json.loads(payload)
-        except (ValueError, RecursionError):
+            obj = _json(payload)
+        except ValueError:
             return False
         if isinstance(obj, dict) and obj.get("error"):
             self.fail_with_server_error(obj["error"])
@@ -837,7 +884,10 @@ class _SseStream(_Exchange):
         except _NoFinalRecord as missing:
             self.on_error(str(missing), NO_FINAL_RECORD)
             return
-        if count < self.expected:
+        prompt = self.record.prompt_tokens
+        if not 0 <= prompt <= _MAX_PROMPT_TOKENS:
+            self.on_error(f"prompt_tokens {prompt} is not a token count", MALFORMED)
+        elif count < self.expected:
             self.on_error(
                 f"short output: {count} of the {self.expected} completion tokens asked for",
                 SHORT_OUTPUT,
@@ -915,8 +965,8 @@ class _GenerateStream(_SseStream):
         end = last.find(b"\n", key)
         line = last[last.rfind(b"\n", 0, key) + 1 : end if end >= 0 else len(last)]
         try:
-            final = json.loads(line[5:] if line.startswith(b"data:") else line)
-        except (ValueError, RecursionError):
+            final = _json(line[5:] if line.startswith(b"data:") else line)
+        except ValueError:
             raise _NoFinalRecord("the last meta_info record is not JSON") from None
         meta = final.get("meta_info") if isinstance(final, dict) else None
         count = _count_in(meta, "completion_tokens") if isinstance(meta, dict) else None
@@ -950,8 +1000,8 @@ class _CompletionsStream(_SseStream):
 
     def on_event(self, payload: bytes, t: float) -> None:
         try:
-            obj = json.loads(payload)
-        except (ValueError, RecursionError):
+            obj = _json(payload)
+        except ValueError:
             obj = None
         if not isinstance(obj, dict):
             self.on_error(f"malformed stream chunk: {payload[:100]!r}", MALFORMED)
@@ -978,7 +1028,7 @@ class _CompletionsStream(_SseStream):
         # Chunks can carry several tokens: put the ones the server counted beyond the chunks at
         # the last arrival so the timeline adds up to the server's count.
         extra = count - self.tokens
-        if extra > 0 and self.timeline is not None:
+        if 0 < extra <= self.expected and self.timeline is not None:
             self.timeline.add(self.last_t, extra)
         return count
 
@@ -1015,20 +1065,33 @@ def parse_series(text: str) -> list[tuple[str, dict[str, str], float]]:
     return series
 
 
-def parse_prometheus(text: str) -> dict[str, float]:
-    """Finite sample values by metric name, summed over label sets (one per tp/dp rank)."""
+def parse_prometheus(text: str, left_out: set[str] | None = None) -> dict[str, float]:
+    """Finite sample values by metric name, summed over label sets (one per tp/dp rank). A
+    name whose sum runs past the largest float is left out (and added to left_out): a sum of
+    finite counters must not reach a result as infinity, nor a difference of two as NaN."""
     totals: dict[str, float] = {}
+    overflowed: set[str] = set()
     for name, _labels, value in parse_series(text):
-        totals[name] = totals.get(name, 0.0) + value
+        total = totals.get(name, 0.0) + value
+        if math.isfinite(total):
+            totals[name] = total
+        else:
+            overflowed.add(name)
+    for name in overflowed:
+        totals.pop(name, None)
+    if left_out is not None:
+        left_out.update(overflowed)
     return totals
 
 
-async def read_metrics(client: HttpClient) -> dict[str, float] | None:
+async def read_metrics(
+    client: HttpClient, left_out: set[str] | None = None
+) -> dict[str, float] | None:
     """The server's metrics, or None when /metrics is not served (no --enable-metrics)."""
     status, body = await client.get("/metrics")
     if status != 200:
         return None
-    return parse_prometheus(body.decode("utf-8", "replace"))
+    return parse_prometheus(body.decode("utf-8", "replace"), left_out)
 
 
 class MetricsSampler:
@@ -1041,6 +1104,7 @@ class MetricsSampler:
         self.t0 = t0
         self.samples: list[dict[str, float]] = []
         self.max_total_num_tokens: float | None = None
+        self.left_out: set[str] = set()
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -1050,7 +1114,7 @@ class MetricsSampler:
 
     async def sample(self) -> None:
         try:
-            values = await read_metrics(self.client)
+            values = await read_metrics(self.client, self.left_out)
         except (OSError, asyncio.TimeoutError):
             return  # a missed sample is not worth failing the run for
         if values is None:
@@ -1074,10 +1138,16 @@ def _server_summary(
     after = after or before
     samples = sampler.samples
 
+    left_out = set(sampler.left_out)
+
     def delta(name: str) -> float | None:
         if name not in before or name not in after:
             return None
-        return after[name] - before[name]
+        difference = after[name] - before[name]
+        if not math.isfinite(difference):  # two finite sums far apart
+            left_out.add(name)
+            return None
+        return difference
 
     def peak(key: str) -> float | None:
         return max((s[key] for s in samples), default=None)
@@ -1093,6 +1163,7 @@ def _server_summary(
         "peak_token_usage": peak("token_usage"),
         "max_total_num_tokens": max_tokens,
         "samples": samples,
+        "left_out": sorted(left_out),
     }
 
 
@@ -1129,7 +1200,8 @@ class Benchmark:
 
     async def _run(self) -> dict[str, Any]:
         cfg = self.cfg
-        metrics_before = await self._first_contact("/metrics", read_metrics(self.client))
+        left_out: set[str] = set()
+        metrics_before = await self._first_contact("/metrics", read_metrics(self.client, left_out))
         model = await self._first_contact("/v1/models", self._model_name())
         ids_from = await self._first_contact("/model_info", self._token_ids())
         if cfg.warmup_requests > 0:
@@ -1138,12 +1210,13 @@ class Benchmark:
             if metrics_before is not None:
                 # The warm-up can take a server down (a bad request, out of memory).
                 metrics_before = await self._first_contact(
-                    "/metrics after the warm-up", read_metrics(self.client)
+                    "/metrics after the warm-up", read_metrics(self.client, left_out)
                 )
 
         t0 = self.clock()
         timeline = Timeline(t0)
         sampler = MetricsSampler(self.client, cfg.metrics_interval, self.clock, t0)
+        sampler.left_out = left_out
         stop = asyncio.Event()
         sampling = None
         if metrics_before is not None:
@@ -1159,7 +1232,7 @@ class Benchmark:
             stop.set()
             await sampling
             try:
-                metrics_after = await read_metrics(self.client)
+                metrics_after = await read_metrics(self.client, left_out)
             except (OSError, asyncio.TimeoutError):
                 metrics_after = None
             server = _server_summary(metrics_before, metrics_after, sampler)
@@ -1185,7 +1258,7 @@ class Benchmark:
         info: Any = None
         if status == 200:
             with contextlib.suppress(*_PARSE_ERRORS):
-                info = json.loads(body)
+                info = _json(body)
         paths = []
         if isinstance(info, dict):
             paths = [info.get(k) for k in ("tokenizer_path", "model_path")]
@@ -1214,7 +1287,7 @@ class Benchmark:
         if status != 200:
             return "default"
         try:
-            models = json.loads(body).get("data") or []
+            models = _json(body).get("data") or []
             return str(models[0].get("id", "default"))
         except _PARSE_ERRORS:
             return "default"  # a list the server cannot describe: its default model answers
@@ -1425,6 +1498,8 @@ def format_summary(result: dict[str, Any]) -> str:
             )
         )
         rows.append(("Peak token usage", server["peak_token_usage"]))
+        if server.get("left_out"):
+            rows.append(("Left out (sum past the float maximum)", ", ".join(server["left_out"])))
     if result["failure_reasons"]:
         reasons = ", ".join(f"{k} {v}" for k, v in result["failure_reasons"].items())
         rows.append(("Failure reasons", reasons))

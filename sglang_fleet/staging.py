@@ -14,19 +14,22 @@ once, however many of its servers load it.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
+from sglang_fleet.module_utils import model_stage_args as checks
+
 SERVERS_VAR = "sglang_server_instances"
-SOURCE_KEYS = ("rsync", "hf_repo", "revision", "manifest")
-# [user@]host:/path over SSH, or an absolute path (shared storage mounted on the host).
-RSYNC_REMOTE_RE = re.compile(r"(?:[A-Za-z0-9._-]+@)?[A-Za-z0-9][A-Za-z0-9.-]*:(/.*)")
-HF_REPO_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
-# A pinned Hugging Face revision is a commit: a branch or tag could move under a rollout.
-HF_COMMIT_RE = re.compile(r"[0-9a-f]{40}")
-REVISION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-MANIFEST_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+SOURCE_KEYS = checks.SOURCE_KEYS
+# What the model_stage role's settings may hold (its variable for each module argument).
+SETTINGS = {
+    "model_stage_free_margin_gb": None,
+    "model_stage_keep": "keep",
+    "model_stage_bwlimit_kbps": "bwlimit_kbps",
+    "model_stage_verify_workers": "verify_workers",
+    "model_stage_timeout": "timeout",
+    "model_stage_poll": "poll",
+}
 
 
 class StageConfigError(ValueError):
@@ -38,71 +41,48 @@ class StageConfigError(ValueError):
         self.message = message
 
 
-def _text(value: Any, variable: str) -> str:
-    if not isinstance(value, str) or not value:
-        raise StageConfigError(variable, "must be a non-empty string")
-    if any(ord(c) < 32 or ord(c) == 127 for c in value):
-        raise StageConfigError(variable, "holds a control character")
-    return value
-
-
-def _check_rsync(value: Any, variable: str) -> str:
-    text = _text(value, variable)
-    remote = RSYNC_REMOTE_RE.fullmatch(text)
-    path = remote.group(1) if remote else text
-    if not path.startswith("/") or "/../" in path + "/" or text.startswith("-"):
-        raise StageConfigError(
-            variable,
-            f"{text!r} is not an absolute path or [user@]host:/absolute/path (no '..')",
-        )
-    return text.rstrip("/") or "/"
-
-
 def check_model_source(value: Any, where: str, model_path: str) -> dict[str, str] | None:
-    """The server's model_source, checked; None when it has none (its model_path is used as is)."""
+    """The server's model_source, checked; None when it has none (its model_path is used as is).
+    The rules are module_utils/model_stage_args.py's, which the module applies again on the
+    host."""
     if value is None:
         return None
-    variable = f"{where}.model_source"
-    if not isinstance(value, Mapping):
-        raise StageConfigError(variable, "must be a mapping: {rsync|hf_repo, revision, manifest?}")
-    unknown = sorted(str(k) for k in value if k not in SOURCE_KEYS)
-    if unknown:
-        raise StageConfigError(
-            f"{variable}.{unknown[0]}", f"unknown key; allowed: {', '.join(SOURCE_KEYS)}"
-        )
-    if bool(value.get("rsync")) == bool(value.get("hf_repo")):
-        raise StageConfigError(variable, "needs one of rsync (a path or host:/path), hf_repo")
-    if not model_path.startswith("/"):
-        raise StageConfigError(
-            f"{where}.model_path", f"{model_path!r}: a staged model_path must be an absolute path"
-        )
-    revision = _text(value.get("revision"), f"{variable}.revision")
-    source: dict[str, str] = {"revision": revision}
-    if value.get("hf_repo"):
-        repo = _text(value["hf_repo"], f"{variable}.hf_repo")
-        if not HF_REPO_RE.fullmatch(repo):
-            raise StageConfigError(f"{variable}.hf_repo", f"{repo!r} is not an org/name repo id")
-        if not HF_COMMIT_RE.fullmatch(revision):
-            raise StageConfigError(
-                f"{variable}.revision",
-                f"{revision!r}: pin a Hugging Face source to a commit (40 hex digits); a branch "
-                "or tag can move between two hosts' copies",
-            )
-        source["hf_repo"] = repo
-    else:
-        source["rsync"] = _check_rsync(value["rsync"], f"{variable}.rsync")
-        if not REVISION_RE.fullmatch(revision):
-            raise StageConfigError(
-                f"{variable}.revision", f"{revision!r}: letters, digits, '.', '_' and '-' only"
-            )
-    if value.get("manifest") is not None:
-        manifest = _text(value["manifest"], f"{variable}.manifest")
-        if not MANIFEST_RE.fullmatch(manifest):
-            raise StageConfigError(
-                f"{variable}.manifest", f"{manifest!r}: a file name in the checkpoint's folder"
-            )
-        source["manifest"] = manifest
+    try:
+        source = checks.source(value, f"{where}.model_source")
+        checks.model_path(model_path, f"{where}.model_path")
+    except checks.ArgError as exc:
+        raise StageConfigError(exc.variable, exc.message) from None
     return source
+
+
+def check_settings(settings: Any) -> dict[str, Any]:
+    """The model_stage role's settings, checked on the control node before any host is
+    touched: numbers in range (a negative bandwidth limit never reaches rsync), the manifest's
+    file name, the ssh command, the Hugging Face interpreter and endpoint. Returns them typed."""
+    if not isinstance(settings, Mapping):
+        raise StageConfigError("model_stage settings", "must be a mapping")
+    out: dict[str, Any] = {}
+    try:
+        for variable, key in SETTINGS.items():
+            if key is None:  # GiB, fractions allowed
+                out[variable] = checks.gib(settings.get(variable), variable)
+            else:
+                out[variable] = checks.number(settings.get(variable), variable, key)
+        out["model_stage_manifest_name"] = checks.file_name(
+            settings.get("model_stage_manifest_name"), "model_stage_manifest_name"
+        )
+        out["model_stage_ssh_command"] = checks.command(
+            settings.get("model_stage_ssh_command"), "model_stage_ssh_command"
+        )
+        for variable, check in (
+            ("model_stage_hf_python", checks.absolute_path),
+            ("model_stage_hf_endpoint", checks.endpoint),
+        ):
+            value = settings.get(variable)
+            out[variable] = check(value, variable) if value not in (None, "") else ""
+    except checks.ArgError as exc:
+        raise StageConfigError(exc.variable, exc.message) from None
+    return out
 
 
 def stage_plan(servers: Any) -> list[dict[str, Any]]:

@@ -8,6 +8,9 @@ gives the numbers and the allowed values, e.g.::
     at most 52 GB per rank fits
 
 Rules (SGLang checks some of them only after loading weights, or per rank, or not at all):
+- tp_size, pp_size, dp_size and nnodes are whole numbers from 1 to MAX_PARALLEL (4096: far
+  above any machine, and small enough that the planner's layouts of a flag set stay quick; a
+  tp_size of 2**31 - 1 used to keep the pre-flight busy for minutes).
 - (tp_size * pp_size) % nnodes == 0 (SGLang's own assertion).
 - enable_hierarchical_cache excludes disable_radix_cache (HiCache extends the radix cache).
 - HiCache host pool: hicache_size is GB (1e9 bytes) PER RANK; every rank on the host allocates it
@@ -40,6 +43,7 @@ GIB = 2**30
 MIB = 2**20
 HICACHE_RESERVE_BYTES = 10 * GIB  # SGLang's memory_pool_host.py keeps this much RAM free
 PORT_RANGE = (1, 65535)
+MAX_PARALLEL = 4096
 
 Problem = dict[str, str]
 
@@ -61,7 +65,9 @@ def _where_set(server: Mapping[str, Any], key: str) -> str:
 
 def _int_value(value: Any) -> int | None:
     if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        return int(value)
+        # int() of thousands of digits is slow (and refused by Python >= 3.11): no count here
+        # has more than 18.
+        return int(value) if len(value.strip()) <= 18 else None
     if isinstance(value, bool) or not isinstance(value, int):
         return None
     return value
@@ -84,12 +90,13 @@ def _parallel_sizes(server: Mapping[str, Any], problems: list[Problem]) -> dict[
     sizes: dict[str, int] = {}
     for key in ("tp_size", "pp_size", "dp_size", "nnodes"):
         value = _int_value(flags.get(key, 1))
-        if value is None or value < 1:
+        if value is None or not 1 <= value <= MAX_PARALLEL:
             problems.append(
                 _problem(
                     "parallel_size",
                     _flag_var(server, key),
-                    f"{flags.get(key)!r}{_where_set(server, key)} must be an integer >= 1",
+                    f"{flags.get(key)!r}{_where_set(server, key)} must be a whole number from "
+                    f"1 to {MAX_PARALLEL}",
                 )
             )
         else:

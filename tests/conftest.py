@@ -24,8 +24,33 @@ from typing import Any
 
 import pytest
 from gpusim_helpers import Server, collect_servers, make_state_dir
+from hypothesis import HealthCheck, settings
+from hypothesis.database import DirectoryBasedExampleDatabase
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# Property-based tests (tests/test_props_*.py, Hypothesis; docs/TESTING.md). Two profiles:
+# `short`, the default: few examples, the same ones every run (derandomized, no example
+# database), so that `make check` stays fast and never flakes; `long`
+# (HYPOTHESIS_PROFILE=long, what `make bench` runs): many random examples, the failures it finds
+# kept in .cache/hypothesis and tried first next time. No deadline in either: on 2 shared cores
+# one example's time says nothing.
+settings.register_profile(
+    "short",
+    max_examples=20,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile(
+    "long",
+    max_examples=1000,
+    database=DirectoryBasedExampleDatabase(str(ROOT / ".cache" / "hypothesis")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "short"))
 
 
 def _load(name: str, path: Path) -> ModuleType:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
-KIMI_LOG = (FIXTURES / "logs" / "kimi-k2.5-tp8-mf085-bf16.log").read_text()
+KIMI_LOG = (FIXTURES / "logs" / "constructed-kimi-k2.5-tp8-mf085-bf16.log").read_text()
 GPU = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
 # The flags of the run KIMI_LOG records.
 KIMI_RUN_FLAGS = {

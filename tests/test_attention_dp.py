@@ -25,7 +25,7 @@ from sglang_fleet.plan import PlanInputError, main, plan
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
 KIMI_DIR = FIXTURES / "models" / "kimi-k2.5-int4"
-EXCERPT_088 = FIXTURES / "logs" / "kimi-k2.5-tp8-mf088-bf16-excerpt.log"
+EXCERPT_088 = FIXTURES / "logs" / "constructed-kimi-k2.5-tp8-mf088-bf16-excerpt.log"
 CONFIG, WEIGHTS = read_model_dir(KIMI_DIR)
 SHAPE = model_shape(CONFIG)
 HOST = {"gpu_memory_mib": 97887, "host_ram_gib": 400, "gpu_count": 8, "gpu_name": GPU}
@@ -213,8 +213,8 @@ def test_no_layout_table_for_one_gpu_or_replicas():
 
 # --- regression: a log excerpt without server_args= -------------------------------------
 def test_excerpt_of_the_088_start_plans_what_sglang_reported():
-    """The job's 0.88 start (an excerpt without server_args=): the command line's flags
-    describe it, so the plan is calibrated and exact, not a tp-1 mismatch."""
+    """The job's 0.88 start (an excerpt without server_args=): its own lines say it ran at
+    tp 8, 0.88, bf16 KV (sglang_fleet.logged_run), so the plan is calibrated and exact."""
     text = EXCERPT_088.read_text()
     assert "server_args=" not in text
     reported = int(text.split("max_total_num_tokens=")[1].split(",")[0])
@@ -227,18 +227,20 @@ def test_excerpt_of_the_088_start_plans_what_sglang_reported():
     )
     codes = {w["code"] for w in result["warnings"]}
     assert "calibration_mismatch" not in codes
-    assert "calibration_flags_assumed" in codes
+    assert "calibration_flags_assumed" not in codes
     assert result["details"]["calibrated"] is True
     assert result["max_total_num_tokens"] == reported
     assert result["details"]["free_after_graph_gib"] == pytest.approx(8.17, abs=0.005)
+    inferred = " | ".join(result["details"]["calibration_log_flags"])
+    assert "mem_fraction_static 0.88 (from: KV Cache is allocated" in inferred
+    assert "tp_size 8 (from: Load weight end" in inferred
 
 
-def test_excerpt_record_takes_tp_from_the_command_line():
+def test_excerpt_record_takes_tp_from_the_logged_flags():
     text = EXCERPT_088.read_text()
-    record = calibration.build_record(text, None, {"assumed_flags": {"tp_size": 8}})
+    record = calibration.build_record(text, None, {"logged_flags": {"tp_size": 8}})
     assert record["key"]["tp_size"] == 8
-    # Without the command line the log says nothing about tp: SGLang's default 1.
-    assert calibration.build_record(text, None, {})["key"]["tp_size"] == 1
+    assert record["key"]["mem_fraction_static"] == pytest.approx(0.879, abs=0.001)
 
 
 # --- the decode roofline ----------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Calibration records: building, storing, matching, predicting (sglang_fleet.calibration).
 
-The Kimi job's start-up log (docs/THE-JOB.md; fixtures/logs/kimi-k2.5-tp8-mf085-bf16.log, built in
-SGLang 0.5.23's formats) measured pre = 94.19 GiB, post = 24.03 GiB, 149800 KV tokens at
+A start-up log constructed from the Kimi job's figures (docs/THE-JOB.md;
+fixtures/logs/constructed-kimi-k2.5-tp8-mf085-bf16.log, in SGLang 0.5.23's formats) shows
+pre = 94.19 GiB, post = 24.03 GiB, 149800 KV tokens at
 0.85 with bf16 KV (MLA cell 576 x 61 x 2 = 70272 B) and 11.00 GiB free after CUDA graph
 capture (14.13 GiB at "Memory pool end": 3.13 GiB of graphs). The last test starts the
 gpusim double for real and compares a prediction with what the next start reports.
@@ -194,7 +195,7 @@ def test_store_round_trips_as_json_and_sets_aside_what_is_no_store():
 
 # --- the store: one rule for writing and reading (issue: the store refused its own records) --
 REAL_CPU = FIXTURES / "real-sglang-0.5.23-cpu"
-LATE_RELEASE_LOG = (FIXTURES / "logs" / "llama-3.1-8b-tp1-late-release.log").read_text()
+LATE_RELEASE_LOG = (FIXTURES / "logs" / "constructed-llama-3.1-8b-tp1-late-release.log").read_text()
 LLAMA_KEY = {
     "model_path": "/models/llama-3.1-8b",
     "model_config": LLAMA_CONFIG,

@@ -19,7 +19,7 @@ from sglang_fleet.diagnose import diagnose, samples_from_log
 from sglang_fleet.modelcfg import read_model_dir
 
 ROOT = Path(__file__).resolve().parent.parent
-KIMI_LOG = ROOT / "tests" / "fixtures" / "logs" / "kimi-k2.5-tp8-mf085-bf16.log"
+KIMI_LOG = ROOT / "tests" / "fixtures" / "logs" / "constructed-kimi-k2.5-tp8-mf085-bf16.log"
 KIMI_DIR = ROOT / "tests" / "fixtures" / "models" / "kimi-k2.5-int4"
 MAX_TOKENS = 149800
 

@@ -250,6 +250,36 @@ def test_unreadable_lock_is_held_until_its_file_time_passes_the_lease(
     assert take(lock, clock, run_id="run-b", lease_s=300)["holder"]["lease_left_s"] == -100
 
 
+def test_an_unreadable_lock_with_a_future_time_is_refused_naming_the_file(lock: Path) -> None:
+    """Issue 33: its age cannot be measured, so its lease would never end. It is neither
+    counted as a normal held lock ("lease ends in 5 min", forever) nor taken over: the acquire
+    fails naming the file and what to do (docs/LOCKING.md, "A time in the future")."""
+    clock = Clock()
+    lock.write_bytes(b"garbage")
+    os.utime(lock, (clock.wall + 86400 * 365, clock.wall + 86400 * 365))
+    for _ in range(2):  # the same on every try: no lease runs out
+        got = take(lock, clock, run_id="run-b", lease_s=300)
+        holder = got["holder"]
+        assert got["outcome"] == "held" and holder["unmeasurable"] is True
+        assert f"a lock file {lock} (7 bytes, not JSON" in holder["summary"]
+        assert "cannot be measured" in holder["summary"] and "lease ends" not in holder["summary"]
+        assert re.search(r"modification time is 36\d d .*in the future", holder["clock_note"])
+        verdict = act.judge(holder, _me(9999), {}, str(lock), "gpu-1")
+        assert not verdict.stale and "neither taken over nor waited for" in verdict.reason
+        assert f"remove {lock} on gpu-1 by hand" in verdict.advice
+        clock.advance(3600)
+
+
+def test_a_record_renewed_in_the_future_of_this_boot_is_refused_too(lock: Path) -> None:
+    clock = Clock()
+    take(lock, clock, lease_s=300)
+    clock.boottime -= 500  # the same boot cannot go back: the record is not of this clock
+    holder = take(lock, clock, run_id="run-b")["holder"]
+    assert holder["unmeasurable"] is True and "renewal time is 8 min 20 s" in holder["clock_note"]
+    verdict = act.judge(holder, _me(9999, boot="a-different-boot"), {}, str(lock), "gpu-1")
+    assert not verdict.stale and "neither taken over nor waited for" in verdict.reason
+
+
 def test_a_fifo_in_the_locks_place_is_an_error_not_a_hang(lock: Path) -> None:
     os.mkfifo(lock)
     with pytest.raises(mod.LockError, match="is not a regular file"):

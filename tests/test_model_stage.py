@@ -16,9 +16,11 @@ from typing import Any
 
 import pytest
 from conftest import load_plugin
-from sglang_fleet.module_utils import model_stage as ms
 
 mod = load_plugin("library/model_stage.py")
+ms = load_plugin("module_utils/model_stage.py")
+owned = load_plugin("module_utils/owned_folder.py")
+in_use = load_plugin("module_utils/model_in_use.py")
 
 
 def _checkpoint(folder: Path, files: dict[str, bytes]) -> Path:
@@ -46,6 +48,13 @@ class FakeRsync:
         if src.endswith("/"):
             for item in Path(src).iterdir():
                 target = Path(dest) / item.name
+                if item.is_symlink():  # --links: a link is copied as a link
+                    if not target.is_symlink():
+                        os.symlink(os.readlink(item), target)
+                    continue
+                if item.is_dir():  # --recursive
+                    shutil.copytree(item, target, symlinks=True, dirs_exist_ok=True)
+                    continue
                 # rsync's quick check: same size and mtime is skipped
                 if target.exists() and target.stat().st_size == item.stat().st_size:
                     continue
@@ -71,9 +80,23 @@ def _params(tmp_path: Path, source: Path, **extra: Any) -> dict[str, Any]:
         "verify_workers": 2,
         "warm": False,
         "progress_log": None,
+        "state_dir": str(tmp_path / "state"),
+        "systemd_dir": str(tmp_path / "systemd"),
+        "workdir": str(tmp_path / "workdir"),
     }
     params.update(extra)
     return params
+
+
+@pytest.fixture(autouse=True)
+def _no_host_processes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pruning reads /proc: these tests give it the processes they mean (none by default)."""
+    monkeypatch.setattr(mod, "process_references", list)
+
+
+def stage(params: dict[str, Any], check_mode: bool, run: Any) -> dict[str, Any]:
+    """The module's staging with its arguments checked first, as main() runs it."""
+    return mod.stage(mod.check_params(params), check_mode, run)
 
 
 FILES = {"config.json": b'{"model_type": "llama"}', "model.safetensors": b"w" * 50_000}
@@ -83,7 +106,7 @@ def test_a_revision_is_copied_verified_and_renamed_then_never_copied_again(tmp_p
     source = _checkpoint(tmp_path / "shared" / "rev-a", FILES)
     params = _params(tmp_path, source, warm=True)
     rsync = FakeRsync()
-    first = mod.stage(params, False, rsync)
+    first = stage(params, False, rsync)
     final = Path(params["path"])
     assert first["changed"] is True and first["state"] == "absent"
     assert first["bytes"] == sum(len(c) for c in FILES.values())
@@ -98,7 +121,7 @@ def test_a_revision_is_copied_verified_and_renamed_then_never_copied_again(tmp_p
     def no_copy(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("a staged revision must not be copied again")
 
-    second = mod.stage({**params, "warm": False}, False, no_copy)
+    second = stage({**params, "warm": False}, False, no_copy)
     assert second["changed"] is False and second["state"] == "staged"
     assert second["copy_seconds"] == 0.0
 
@@ -108,7 +131,7 @@ def test_a_corrupt_file_fails_verification_and_never_reaches_the_final_name(tmp_
     (source / "model.safetensors").write_bytes(b"x" * 50_000)  # same size, other bytes
     params = _params(tmp_path, source)
     with pytest.raises(mod.StageError) as err:
-        mod.stage(params, False, FakeRsync())
+        stage(params, False, FakeRsync())
     assert "model.safetensors: sha256" in str(err.value)
     assert "failed verification" in str(err.value)
     assert not Path(params["path"]).exists()
@@ -118,7 +141,7 @@ def test_a_corrupt_file_fails_verification_and_never_reaches_the_final_name(tmp_
     assert (partial / "config.json").exists()
     # the source is repaired: the next run copies only what is missing and passes
     (source / "model.safetensors").write_bytes(FILES["model.safetensors"])
-    assert mod.stage(params, False, FakeRsync())["changed"] is True
+    assert stage(params, False, FakeRsync())["changed"] is True
     assert Path(params["path"], "model.safetensors").read_bytes() == FILES["model.safetensors"]
 
 
@@ -129,7 +152,7 @@ def test_the_disk_space_preflight_refuses_with_numbers_before_the_checkpoint_is_
     params = _params(tmp_path, source, free_margin_bytes=10**18)
     rsync = FakeRsync()
     with pytest.raises(mod.StageError) as err:
-        mod.stage(params, False, rsync)
+        stage(params, False, rsync)
     message = str(err.value)
     assert message.startswith("not enough disk space for")
     assert "(50023 bytes)" in message and "model_stage_free_margin_gb" in message
@@ -186,16 +209,16 @@ def test_a_directory_not_staged_by_us_is_never_overwritten(tmp_path: Path) -> No
     Path(params["path"]).mkdir(parents=True)
     (Path(params["path"]) / "weights.bin").write_bytes(b"operator's own")
     with pytest.raises(mod.StageError, match="not staged by model_stage"):
-        mod.stage(params, False, FakeRsync())
+        stage(params, False, FakeRsync())
     assert (Path(params["path"]) / "weights.bin").read_bytes() == b"operator's own"
 
 
 def test_a_staged_file_that_changed_size_is_copied_again(tmp_path: Path) -> None:
     source = _checkpoint(tmp_path / "shared" / "rev-a", FILES)
     params = _params(tmp_path, source)
-    mod.stage(params, False, FakeRsync())
+    stage(params, False, FakeRsync())
     Path(params["path"], "model.safetensors").write_bytes(b"short")
-    again = mod.stage(params, False, FakeRsync())
+    again = stage(params, False, FakeRsync())
     assert again["state"] == "broken" and again["changed"] is True
     assert Path(params["path"], "model.safetensors").read_bytes() == FILES["model.safetensors"]
 
@@ -204,7 +227,7 @@ def test_check_mode_says_it_would_stage_and_copies_nothing(tmp_path: Path) -> No
     source = _checkpoint(tmp_path / "shared" / "rev-a", FILES)
     params = _params(tmp_path, source)
     rsync = FakeRsync()
-    assert mod.stage(params, True, rsync)["changed"] is True
+    assert stage(params, True, rsync)["changed"] is True
     assert rsync.calls == [] and not Path(params["path"] + ".partial").exists()
 
 
@@ -215,15 +238,16 @@ def _staged(parent: Path, name: str, staged_at: float) -> Path:
     return folder
 
 
-def test_prune_keeps_the_newest_and_never_a_protected_or_foreign_one(tmp_path: Path) -> None:
+def test_prune_keeps_the_newest_and_never_one_in_use_or_foreign(tmp_path: Path) -> None:
     for index, name in enumerate(["r1", "r2", "r3", "r4"]):
         _staged(tmp_path, name, 100.0 + index)
     (tmp_path / "operator-copy").mkdir()  # no marker: not ours
     (tmp_path / "r5.partial").mkdir()  # a copy in progress
-    doomed = ms.prune_candidates(str(tmp_path), 2, [str(tmp_path / "r1")])
-    # r1 is in use and counts toward the two kept; r4 is the newest of the rest
-    assert doomed == [str(tmp_path / "r2"), str(tmp_path / "r3")]
-    assert ms.prune_candidates(str(tmp_path), 10, []) == []
+    with owned.OwnedFolder(str(tmp_path)) as parent:
+        doomed = ms.prune_candidates(parent, 2, in_use.InUse([str(tmp_path / "r1")]))
+        # r1 is in use and counts toward the two kept; r4 is the newest of the rest
+        assert doomed == ["r2", "r3"]
+        assert ms.prune_candidates(parent, 10, in_use.InUse([])) == []
 
 
 def test_prune_removes_old_revisions_after_staging_and_keeps_the_one_in_use(
@@ -232,22 +256,28 @@ def test_prune_removes_old_revisions_after_staging_and_keeps_the_one_in_use(
     parent = tmp_path / "models" / "llama"
     _staged(parent, "rev-0", 1.0)
     _staged(parent, "rev-old", 2.0)
-    monkeypatch.setattr(mod, "model_paths_in_use", lambda: [str(parent / "rev-0")])
+    monkeypatch.setattr(mod, "process_references", lambda: [str(parent / "rev-0")])
     source = _checkpoint(tmp_path / "shared" / "rev-a", FILES)
-    result = mod.stage(_params(tmp_path, source, keep=2), False, FakeRsync())
+    result = stage(_params(tmp_path, source, keep=2), False, FakeRsync())
     assert result["pruned"] == [str(parent / "rev-old")]
     assert (parent / "rev-0").exists() and (parent / "rev-a").exists()
 
 
-def test_model_paths_in_use_reads_running_processes(tmp_path: Path) -> None:
-    for pid, argv in {
-        "10": ["python", "--model-path", "/m/a"],
-        "11": ["x", "--model-path=/m/b"],
-    }.items():
-        (tmp_path / pid).mkdir()
-        (tmp_path / pid / "cmdline").write_bytes(b"\x00".join(a.encode() for a in argv) + b"\x00")
-    (tmp_path / "self").mkdir()
-    assert ms.model_paths_in_use(str(tmp_path)) == ["/m/a", "/m/b"]
+def _process(proc: Path, pid: str, argv: list[str], cwd: Path | None = None) -> None:
+    (proc / pid).mkdir(parents=True)
+    (proc / pid / "cmdline").write_bytes(b"\x00".join(a.encode() for a in argv) + b"\x00")
+    if cwd is not None:
+        (proc / pid / "cwd").symlink_to(cwd)
+
+
+def test_process_references_read_running_processes(tmp_path: Path) -> None:
+    proc = tmp_path / "proc"
+    _process(proc, "10", ["python", "--model-path", "/m/a"])
+    _process(proc, "11", ["x", "--model-path=/m/b"])
+    _process(proc, "12", ["python", "--model", "rev-c"], cwd=tmp_path / "models")
+    (proc / "self").mkdir()
+    found = in_use.process_references(str(proc))
+    assert {"/m/a", "/m/b", str(tmp_path / "models" / "rev-c")} <= set(found)
 
 
 def test_rsync_argv_is_resumable_bounded_and_ends_options_before_paths(tmp_path: Path) -> None:
@@ -265,7 +295,7 @@ def test_a_failed_copy_names_the_source_and_rsync_s_error(tmp_path: Path) -> Non
         return SimpleNamespace(returncode=23, stderr="rsync: link_stat failed: No such file")
 
     with pytest.raises(mod.StageError, match=r"exit 23\): rsync: link_stat failed"):
-        mod.stage(_params(tmp_path, source), False, broken)
+        stage(_params(tmp_path, source), False, broken)
 
 
 FAKE_HUB = """
@@ -312,7 +342,7 @@ def test_the_hugging_face_path_passes_token_and_endpoint_in_the_environment_only
         hf_token="hf_secret_token",
     )
     params["source"] = {"hf_repo": "org/llama", "revision": revision}
-    result = mod.stage(params, False, run)
+    result = stage(params, False, run)
     assert result["changed"] is True
     assert Path(params["path"], "model.safetensors").read_bytes() == FILES["model.safetensors"]
     calls = [json.loads(line) for line in log.read_text().splitlines()]

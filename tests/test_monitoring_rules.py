@@ -17,8 +17,9 @@ from typing import Any
 import jinja2
 import pytest
 import yaml
+from conftest import load_plugin
 
-from sglang_fleet import monitoring
+from sglang_fleet import monitoring, monitoring_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 ROLE = ROOT / "roles" / "monitoring"
@@ -28,6 +29,7 @@ needs_promtool = pytest.mark.skipif(
     PROMTOOL is None, reason="promtool missing: run scripts/ensure-host-tools.sh (make host)"
 )
 KEY = "sk-test-never-in-config-7f3a"
+FILTERS = load_plugin("filter_plugins/sglang_monitoring.py").FilterModule().filters()
 
 INVENTORY: list[dict[str, Any]] = [
     {
@@ -63,20 +65,35 @@ INVENTORY += [
 ]
 
 
-def role_vars(key_dir: str = "/etc/keys") -> dict[str, Any]:
+def role_vars(key_dir: str = "/etc/keys", **change: Any) -> dict[str, Any]:
+    """The role's defaults (with `change`) as its pre-flight leaves them: the settings typed
+    (_monitoring_settings, as both entry points set it) and the scrape plan."""
     values = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text(encoding="utf-8"))
     values.update(yaml.safe_load((ROLE / "vars" / "main.yml").read_text(encoding="utf-8")))
+    values.update(change)
     values["monitoring_host"] = "gw1"
-    values["_monitoring_plan"] = monitoring.scrape_plan(INVENTORY, "gw1", key_dir, 2000, 100)
+    settings = monitoring_settings.check_settings(
+        {name: values[name] for name in monitoring_settings.KNOWN}
+    )
+    values["_monitoring_settings"] = values["_monitoring_exporter_settings"] = settings
+    values["_monitoring_plan"] = monitoring.scrape_plan(
+        values.get("_inventory", INVENTORY),
+        "gw1",
+        key_dir,
+        settings["monitoring_slo_ttft_ms"],
+        settings["monitoring_slo_tpot_ms"],
+    )
     return values
 
 
 def render(template: str, values: dict[str, Any]) -> str:
+    """A template of the role as Ansible renders it: strict, with the role's filters."""
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(ROLE / "templates"),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
     )
+    env.filters.update(FILTERS)
     return env.get_template(template).render(**values)
 
 
@@ -160,7 +177,7 @@ def test_scrape_config_passes_promtool_and_holds_no_key(tmp_path: Path) -> None:
     assert KEY not in text
     config = yaml.safe_load(text)
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}
-    assert jobs["sglang/gpu1/b"]["authorization"] == {"credentials_file": f"{tmp_path}/gpu1--b"}
+    assert jobs["sglang/gpu1/b"]["authorization"] == {"credentials_file": f"{tmp_path}/gpu1@b"}
     assert "authorization" not in jobs["sglang/gpu1/a"]
     assert jobs["sglang/gpu1/b"]["static_configs"][0] == {
         "targets": ["gpu1:30001"],

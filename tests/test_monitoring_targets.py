@@ -56,9 +56,9 @@ def test_keys_go_to_files_and_never_into_the_plan() -> None:
     keyed = dict(SERVER, api_key="sk-secret")
     plan = monitoring.scrape_plan([host("gpu1", keyed)], "gw", "/k", 2000, 100)
     assert "sk-secret" not in repr(plan)
-    assert plan["servers"][0]["credentials_file"] == "/k/gpu1--llama"
+    assert plan["servers"][0]["credentials_file"] == "/k/gpu1@llama"
     assert monitoring.server_credentials([host("gpu1", keyed)], "/k") == [
-        {"path": "/k/gpu1--llama", "key": "sk-secret"}
+        {"path": "/k/gpu1@llama", "key": "sk-secret"}
     ]
 
 
@@ -67,7 +67,7 @@ def test_a_server_across_hosts_is_scraped_on_its_node_0_only() -> None:
     hosts = [host("gpu1", big), host("gpu2", big)]
     plan = monitoring.scrape_plan(hosts, "gw", "/k", 2000, 100)
     assert [s["host"] for s in plan["servers"]] == ["gpu1"]
-    assert [c["path"] for c in monitoring.server_credentials(hosts, "/k")] == ["/k/gpu1--llama"]
+    assert [c["path"] for c in monitoring.server_credentials(hosts, "/k")] == ["/k/gpu1@llama"]
 
 
 def test_routers_count_their_workers_and_the_host_slo_wins() -> None:
@@ -85,6 +85,16 @@ def fake_proc(tmp_path: Path, cgroups: dict[str, str]) -> Path:
     return tmp_path
 
 
+def gpu(index: int, uuid: str, used: float | None, util: float | None) -> dict:
+    """A GPU row as module_utils/nvidia_smi.parse_csv gives it (None: nvidia-smi's [N/A])."""
+    return {"index": index, "uuid": uuid, "memory.used": used, "memory.total": 97887,
+            "utilization.gpu": util}  # fmt: skip
+
+
+def app(pid: int, name: str, uuid: str, used: int) -> dict:
+    return {"pid": pid, "process_name": name, "gpu_uuid": uuid, "used_memory": used}
+
+
 def test_memory_outside_our_units_is_unowned(tmp_path: Path) -> None:
     reader = load_reader()
     proc = fake_proc(
@@ -94,8 +104,8 @@ def test_memory_outside_our_units_is_unowned(tmp_path: Path) -> None:
             "200": "/user.slice/user-0.slice/session-4.scope",
         },
     )
-    gpus = [["0", "GPU-0", "60000", "97887", "87"], ["1", "GPU-1", "20000", "97887", "[N/A]"]]
-    apps = [["100", "python", "GPU-0", "60000"], ["200", "train", "GPU-1", "20000"]]
+    gpus = [gpu(0, "GPU-0", 60000, 87), gpu(1, "GPU-1", 20000, None)]
+    apps = [app(100, "python", "GPU-0", 60000), app(200, "train", "GPU-1", 20000)]
     text = reader.render(gpus, apps, proc, ["sglang@*.service"])
     assert 'sglang_fleet_gpu_unowned_memory_mib{gpu="0",uuid="GPU-0"} 0.0' in text
     assert 'sglang_fleet_gpu_unowned_memory_mib{gpu="1",uuid="GPU-1"} 20000.0' in text
@@ -111,7 +121,7 @@ def test_memory_outside_our_units_is_unowned(tmp_path: Path) -> None:
 def test_memory_no_process_accounts_for_is_unowned(tmp_path: Path) -> None:
     """A zombie's memory whose process nvidia-smi no longer lists still counts."""
     reader = load_reader()
-    text = reader.render([["0", "GPU-0", "5000", "97887", "0"]], [], tmp_path, ["sglang@*"])
+    text = reader.render([gpu(0, "GPU-0", 5000, 0)], [], tmp_path, ["sglang@*"])
     assert 'sglang_fleet_gpu_unowned_memory_mib{gpu="0",uuid="GPU-0"} 5000.0' in text
 
 

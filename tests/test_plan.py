@@ -1,8 +1,8 @@
 """The capacity planner, with the Kimi job as the main worked example.
 
 The Kimi job: Kimi-K2.5 int4 (MLA) on 8 x RTX PRO 6000 (nvidia-smi: 97887 MiB each), 400 GiB host
-RAM. The calibration log (tests/fixtures/logs/kimi-k2.5-tp8-mf085-bf16.log) is a start-up of
-that model at --mem-fraction-static 0.85, bf16 KV, tp 8, in SGLang 0.5.23's log format:
+RAM. The calibration log (tests/fixtures/logs/constructed-kimi-k2.5-tp8-mf085-bf16.log) is a
+start-up of that model at --mem-fraction-static 0.85, bf16 KV, tp 8, in SGLang 0.5.23's log format:
 pre = 94.19 GiB (min over ranks), post = 24.03 GiB, 149800 KV tokens, and 11.00 GiB free
 after CUDA graph capture (min over ranks). Its numbers are constructed to match the Kimi job's
 outcomes (docs/THE-JOB.md), not measured on hardware.
@@ -23,6 +23,7 @@ import pytest
 from ansible.errors import AnsibleFilterError
 from conftest import load_plugin
 
+from sglang_fleet import logged_run
 from sglang_fleet import plan as plan_mod
 from sglang_fleet.modelcfg import read_model_dir
 from sglang_fleet.plan import PlanInputError, plan
@@ -32,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
 KIMI_DIR = FIXTURES / "models" / "kimi-k2.5-int4"
 LLAMA_DIR = FIXTURES / "models" / "llama-3.1-8b"
-KIMI_LOG = FIXTURES / "logs" / "kimi-k2.5-tp8-mf085-bf16.log"
+KIMI_LOG = FIXTURES / "logs" / "constructed-kimi-k2.5-tp8-mf085-bf16.log"
 GIB = 2**30
 KIMI_HOST = {"gpu_memory_mib": 97887, "host_ram_gib": 400, "gpu_count": 8}
 REQUIRED_KEYS = {
@@ -344,8 +345,11 @@ def test_parse_older_log_forms_and_derives_the_fraction():
     cal = parse_log(log)
     assert cal.kv_size_gib == pytest.approx(52.86)  # K + V
     assert cal.graph_end_avail_gib == 9.06
-    # No server_args line: f = 1 - (post - kv) / pre = 1 - (63.54 - 52.86) / 78.50 = 0.864
-    assert cal.mem_fraction_static == round(1 - (63.54 - 52.86) / 78.50, 3) == 0.864
+    # No server_args line: the parser states nothing; the lines fix the fraction
+    # (sglang_fleet.logged_run): f = 1 - (post - kv) / pre = 1 - (63.54 - 52.86) / 78.50.
+    assert cal.mem_fraction_static is None
+    run = logged_run.infer(cal)
+    assert run.flags["mem_fraction_static"] == round(1 - (63.54 - 52.86) / 78.50, 3) == 0.864
 
 
 def test_log_without_memory_lines_is_not_a_calibration():

@@ -18,7 +18,7 @@ from sglang_fleet.plan_verdict import OVERRULE_HINT, verdict
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 KIMI_CONFIG, KIMI_WEIGHTS = read_model_dir(FIXTURES / "models" / "kimi-k2.5-int4")
-KIMI_LOG = (FIXTURES / "logs" / "kimi-k2.5-tp8-mf085-bf16.log").read_text()
+KIMI_LOG = (FIXTURES / "logs" / "constructed-kimi-k2.5-tp8-mf085-bf16.log").read_text()
 KIMI_HOST = {"gpu_memory_mib": 97887, "host_ram_gib": 400, "gpu_count": 8}
 WORKLOAD = {"avg_input_len": 1024, "avg_output_len": 1024}
 

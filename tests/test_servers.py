@@ -445,7 +445,7 @@ def test_each_server_carries_its_files_with_their_content() -> None:
 
 def test_secrets_files_render_only_for_servers_with_a_key() -> None:
     servers = describe([kimi(api_key="x"), kimi(name="b", port=30001)])
-    [secret] = FILTERS["sglang_server_secret_files"](servers, {"kimi": "sk-é'\"x: y"})
+    [secret] = FILTERS["sglang_server_secret_files"](servers, {"kimi": {"api_key": "sk-é'\"x: y"}})
     assert secret["path"] == "/etc/sglang/kimi.secrets.yaml" and secret["mode"] == "0600"
     assert secret["content"] == KIMI_SECRETS
 

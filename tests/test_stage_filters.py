@@ -51,3 +51,43 @@ def test_the_stop_filters_take_ansible_s_values() -> None:
     assert REGISTERED["sglang_stop_notes"](["a"], {"a": downtime}, {}) == [
         "a: down 12.0 s (stop to healthy)"
     ]
+
+
+SETTINGS = {
+    "model_stage_free_margin_gb": 50,
+    "model_stage_keep": 2,
+    "model_stage_bwlimit_kbps": 0,
+    "model_stage_verify_workers": 4,
+    "model_stage_timeout": 86400,
+    "model_stage_poll": 10,
+    "model_stage_manifest_name": "model.sha256.json",
+    "model_stage_ssh_command": "ssh -o BatchMode=yes",
+    "model_stage_hf_python": "",
+    "model_stage_hf_endpoint": "",
+}
+
+
+def test_the_settings_filter_types_the_role_s_defaults() -> None:
+    checked = REGISTERED["model_stage_settings"]({**SETTINGS, "model_stage_keep": "3"})
+    assert checked["model_stage_keep"] == 3 and checked["model_stage_free_margin_gb"] == 50.0
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("model_stage_bwlimit_kbps", -5),
+        ("model_stage_keep", 0),
+        ("model_stage_verify_workers", 0),
+        ("model_stage_free_margin_gb", float("nan")),
+        ("model_stage_free_margin_gb", -1),
+        ("model_stage_timeout", "1e400"),
+        ("model_stage_ssh_command", "-oProxyCommand=sh"),
+        ("model_stage_hf_python", "venv/bin/python"),
+        ("model_stage_hf_endpoint", "http://user:pw@mirror/"),
+        ("model_stage_manifest_name", "../m.json"),
+    ],
+)
+def test_a_bad_setting_fails_naming_its_variable(variable: str, value: object) -> None:
+    """Issue 33: a negative bandwidth limit reached rsync on the host."""
+    with pytest.raises(AnsibleFilterError, match=rf"^{variable}: "):
+        REGISTERED["model_stage_settings"]({**SETTINGS, variable: value})

@@ -135,3 +135,28 @@ def test_multithreaded_loading_is_a_server_flag_that_reaches_the_launch_line() -
     argv = to_argv(flags)
     index = argv.index("--model-loader-extra-config")
     assert json.loads(argv[index + 1]) == {"enable_multithread_load": True, "num_threads": 8}
+
+
+@pytest.mark.parametrize(
+    ("model_path", "source", "variable"),
+    [
+        ("/models/llama/rev-a\n", {"rsync": "/s/a", "revision": "r"}, "model_path"),
+        ("/models/llama/rev\x00a", {"rsync": "/s/a", "revision": "r"}, "model_path"),
+        ("/", {"rsync": "/s/a", "revision": "r"}, "model_path"),
+        ("/rev-a", {"rsync": "/s/a", "revision": "r"}, "model_path"),
+        ("/models/./rev-a", {"rsync": "/s/a", "revision": "r"}, "model_path"),
+        ("/models/a", {"rsync": "rsync://store/srv/a", "revision": "r"}, "model_source.rsync"),
+        ("/models/a", {"rsync": "store::models/a", "revision": "r"}, "model_source.rsync"),
+        ("/models/a", {"rsync": "/", "revision": "r"}, "model_source.rsync"),
+        ("/models/a", {"rsync": "store:/", "revision": "r"}, "model_source.rsync"),
+        ("/models/a", {"rsync": "//store/a", "revision": "r"}, "model_source.rsync"),
+    ],
+)
+def test_what_used_to_reach_the_host_is_refused_naming_the_variable(
+    model_path: str, source: dict, variable: str
+) -> None:
+    """Issue 33: a model_path with a newline or a NUL, '/', rsync's daemon forms and a source
+    of '/' reached the host."""
+    with pytest.raises(StageConfigError) as err:
+        stage_plan([_server("a", model_path, source)])
+    assert err.value.variable == f"sglang_server_instances[a].{variable}", str(err.value)

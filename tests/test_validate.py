@@ -201,3 +201,21 @@ def test_a_replica_on_loopback_cannot_be_reached_by_a_remote_router(host: str) -
 def test_a_router_on_the_same_host_may_reach_a_loopback_replica() -> None:
     router = {"url": "http://127.0.0.1:30000", "worker_url": "http://127.0.0.1:8000"}
     assert one(routed(host="127.0.0.1", router=router)) == []
+
+
+@pytest.mark.parametrize("key", ["tp_size", "pp_size", "dp_size", "nnodes"])
+def test_parallel_sizes_past_4096_are_refused_before_the_planner(key: str) -> None:
+    """Issue 33: tp_size 2147483647 with nnodes 2147483647 is one GPU per node, which the GPU
+    set check passes; the pre-flight's planner then ran for minutes over its layouts."""
+    flags = {"tp_size": 2147483647, "nnodes": 2147483647, key: 2147483647}
+    problems = one({"gpus": [0], "flags": flags})
+    messages = [p["message"] for p in problems if p["code"] == "parallel_size"]
+    assert (
+        f"sglang_server_instances[kimi].flags.{key}: 2147483647 must be a whole number "
+        "from 1 to 4096" in messages
+    )
+
+
+def test_a_parallel_size_of_thousands_of_digits_is_refused_not_a_traceback() -> None:
+    problems = one({"gpus": [0], "flags": {"tp_size": "9" * 5000}})
+    assert "parallel_size" in codes(problems)

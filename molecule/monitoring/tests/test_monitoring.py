@@ -137,9 +137,9 @@ def test_the_key_is_nowhere_prometheus_serves() -> None:
     ):
         assert API_KEY not in http_get(f"http://127.0.0.1:9090{path}"), path
     config = prometheus("/api/v1/status/config")["yaml"]
-    assert "credentials_file: /etc/prometheus/sglang-keys/monitoring-gpu2--llama" in config
+    assert "credentials_file: /etc/prometheus/sglang-keys/monitoring-gpu2@llama" in config
     gateway = on(GATEWAY)
-    key_file = gateway.file("/etc/prometheus/sglang-keys/monitoring-gpu2--llama")
+    key_file = gateway.file("/etc/prometheus/sglang-keys/monitoring-gpu2@llama")
     assert (key_file.user, key_file.group, key_file.mode) == ("prometheus", "prometheus", 0o400)
     assert API_KEY not in gateway.file("/etc/prometheus/prometheus.yml").content_string
     assert API_KEY not in gateway.check_output("ps -eo args")
