@@ -42,7 +42,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from sglang_fleet import attndp, calibration, kvmath
+from sglang_fleet import attndp, calibration, input_files, kvmath
+from sglang_fleet.module_utils import bounded_json
 from sglang_fleet.noop_flags import NOOP_FLAGS
 from sglang_fleet.plan import MIN_FREE_AFTER_GRAPH_GIB, PLANNER_FLAGS, PlanInputError, plan
 
@@ -971,7 +972,12 @@ def write_report(state: Mapping[str, Any], out_dir: str | Path, stamp: str) -> d
 
 # --- command line -------------------------------------------------------------------------
 def _read_json(path: str) -> Any:
-    return json.loads(Path(path).read_text(encoding="utf-8"))
+    """A JSON file the role wrote: a regular file, bounded in size and nesting."""
+    try:
+        raw = input_files.read_bytes(path, input_files.JSON_LIMIT, "")
+        return bounded_json.loads(raw, str(path))
+    except ValueError as exc:
+        raise AutotuneInputError(str(exc).strip()) from None
 
 
 def _no_constant(name: str) -> Any:
@@ -1031,9 +1037,10 @@ def load_state(path: str | Path, digest_may_differ: bool = False) -> dict[str, A
     what its inputs give) but replaces it as a search of other inputs, as it does a state an
     older sglang-fleet wrote with a digest that covered less."""
     try:
-        state = json.loads(Path(path).read_text(encoding="utf-8"), parse_constant=_no_constant)
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        state, problem = None, f"not JSON ({exc})"
+        raw = input_files.read_bytes(path, input_files.JSON_LIMIT, "")
+        state = bounded_json.loads(raw, "the state file", parse_constant=_no_constant)
+    except ValueError as exc:  # not a regular file, too large, not JSON, nested too deep
+        state, problem = None, f"not JSON ({str(exc).strip()})"
     else:
         problem = _state_problem(state)
     if problem == _DIGEST_MISMATCH and digest_may_differ:

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from kimi_job import GPU, KIMI_LOG
 
-from sglang_fleet import diagnose, live, logged_run
+from sglang_fleet import autotune, diagnose, live, logged_run
 from sglang_fleet import plan as plan_mod
 from sglang_fleet.modelcfg import read_model_dir
 from sglang_fleet.plan import PlanInputError, plan
@@ -344,3 +344,18 @@ def test_model_config_that_is_a_fifo_is_refused(tmp_path):
     os.mkfifo(model / "config.json")
     with pytest.raises(plan_mod.ModelConfigError, match="not a regular file"):
         run_with_deadline(lambda: read_model_dir(model))
+
+
+@pytest.mark.parametrize("kind", ["fifo", "deep"])
+def test_autotune_reads_its_json_bounded(tmp_path, capsys, kind):
+    """autotune's command line read its spec with no bound: a FIFO held it, deep JSON was a
+    RecursionError traceback."""
+    spec = tmp_path / "spec.json"
+    if kind == "fifo":
+        os.mkfifo(spec)
+    else:
+        spec.write_text("[" * 100000 + "]" * 100000)
+    argv = ["init", "--spec", str(spec), "--context", str(spec), "--state", str(tmp_path / "s")]
+    assert run_with_deadline(lambda: autotune.main(argv)) == 2
+    err = capsys.readouterr().err
+    assert "not a regular file" in err if kind == "fifo" else "nested deeper" in err
