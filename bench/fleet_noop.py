@@ -165,6 +165,9 @@ def main() -> None:
     args = parser.parse_args()
     if shutil.which("docker") is None:
         sys.exit("docker is not installed (make host)")
+    if args.connection == "ssh" and not Path(f"{KEY}.pub").is_file():
+        # docker would mount a new empty folder there and every host would refuse the key.
+        sys.exit(f"no test-host key at {KEY}.pub: make image (scripts/build-test-image.sh)")
     names = host_names(args.hosts)
     with tempfile.TemporaryDirectory(prefix="fleet-bench-") as tmp:
         if args.reuse:

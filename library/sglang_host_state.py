@@ -19,7 +19,7 @@ description:
     wanted value, and that routers list the wanted workers.
   - Returns every difference found, in words. An empty list means a rollout would change
     nothing on this host (playbooks/deploy.yml's first play then leaves it out of the rollout;
-    README.md, "From one host to a fleet").
+    docs/FLEET.md).
   - One call instead of one task per file: on a fleet, the check of a host that needs nothing
     costs one module run.
 version_added: "0.3.0"

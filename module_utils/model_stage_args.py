@@ -150,42 +150,37 @@ def source(value: Any, variable: str) -> dict[str, str]:
     return checked
 
 
+def _finite(value: Any) -> float | None:
+    """value, or its text, as a finite number; None for anything else (booleans included)."""
+    if isinstance(value, str):
+        try:
+            value = float(value.strip())
+        except ValueError:
+            return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:  # an int past the float range
+        return None
+    return number if math.isfinite(number) else None
+
+
 def number(value: Any, variable: str, key: str) -> int:
     """A whole number in NUMBER_RANGES[key] (a whole float or its text is accepted)."""
     low, high = NUMBER_RANGES[key]
-    number_value: Any = value
-    if isinstance(value, str):
-        try:
-            number_value = float(value.strip())
-        except ValueError:
-            number_value = None
-    if (
-        isinstance(number_value, bool)
-        or not isinstance(number_value, (int, float))
-        or not math.isfinite(number_value)
-        or number_value != int(number_value)
-        or not low <= number_value <= high
-    ):
+    found = _finite(value)
+    if found is None or found != int(found) or not low <= found <= high:
         raise ArgError(variable, f"{value!r}: a whole number from {low} to {high}")
-    return int(number_value)
+    return int(found)
 
 
 def gib(value: Any, variable: str) -> float:
     """A finite number of GiB from 0 to 2**30 (fractions allowed; a number's text too)."""
-    number_value: Any = value
-    if isinstance(value, str):
-        try:
-            number_value = float(value.strip())
-        except ValueError:
-            number_value = None
-    if (
-        isinstance(number_value, bool)
-        or not isinstance(number_value, (int, float))
-        or not math.isfinite(number_value)
-        or not 0 <= number_value <= 1 << 30
-    ):
+    found = _finite(value)
+    if found is None or not 0 <= found <= 1 << 30:
         raise ArgError(variable, f"{value!r}: a number of GiB from 0 to {1 << 30}")
-    return float(number_value)
+    return found
 
 
 def command(value: Any, variable: str) -> str:

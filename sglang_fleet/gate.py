@@ -311,7 +311,7 @@ def compact(
 # "refused (calibrated)": the pre-flight refused the flag set on the host's calibration
 # (docs/CALIBRATION.md); the running server was not touched.
 REFUSED = "refused (calibrated)"
-# "would restart": --check, where nothing restarts (README.md, "Describing servers").
+# "would restart": --check, where nothing restarts (docs/INVENTORY.md).
 WOULD_RESTART = "would restart"
 OUTCOMES = ("passed", "rolled back", REFUSED, "failed", WOULD_RESTART, "unchanged", "not reached")
 

@@ -1,5 +1,5 @@
-"""Which servers a rollout restarts, and what it would do to each, flag by flag (README.md,
-"Describing servers").
+"""Which servers a rollout restarts, and what it would do to each, flag by flag
+(docs/INVENTORY.md).
 
 restart_decision() is the rollout's decision (the sglang_server role's configure.yml results in,
 server names out); restart_lines() says it in words for the operator: which servers would
