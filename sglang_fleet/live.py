@@ -259,7 +259,7 @@ def read_server_info(
             return None, [f"{path} answered HTTP {status}: levers without the server's flags"]
         try:
             info = json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested past Python's stack
             return None, [f"{path} is not JSON: levers without the server's flags"]
         return pick_server_info(info), []
     return None, ["the server has no /server_info: levers without the server's flags"]

@@ -359,3 +359,12 @@ def test_autotune_reads_its_json_bounded(tmp_path, capsys, kind):
     assert run_with_deadline(lambda: autotune.main(argv)) == 2
     err = capsys.readouterr().err
     assert "not a regular file" in err if kind == "fifo" else "nested deeper" in err
+
+
+def test_live_server_info_nested_past_the_stack_is_no_traceback():
+    """live.py runs alone on a host (no bounded_json beside it): a /server_info of 100000
+    nested lists was a RecursionError traceback."""
+    deep = b"[" * 100000 + b"]" * 100000
+    info, warnings = live.read_server_info(lambda path: (200, deep), "http://127.0.0.1:1", False)
+    assert info is None
+    assert "is not JSON" in warnings[0]
