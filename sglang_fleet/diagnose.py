@@ -519,16 +519,12 @@ def _with_log_calibration(ctx: dict | None, log_text: str | None) -> dict | None
         # The run's own flags are what the levers compare against: as the log states them,
         # or as its lines show them (sglang_fleet.logged_run), never assumed.
         shape, weights = _model_layout(ctx)
+        # logged_run resolves the deprecated `--dp-size N --enable-dp-attention` to
+        # attn_dp_size N, dp_size 1, as SGLang does.
         run = logged_run.infer(cal, shape, weights, stated=args.get("calibration_log_flags"))
-        for key in ("tp_size", "dp_size", "mem_fraction_static", "kv_cache_dtype"):
+        for key in ("tp_size", "dp_size", "attn_dp_size", "mem_fraction_static", "kv_cache_dtype"):
             if run.flags.get(key) is not None:
                 args.setdefault(key, run.flags[key])
-        if "attn_dp_size" in cal.server_args or "enable_dp_attention" in cal.server_args:
-            args.setdefault("attn_dp_size", cal.server_args.get("attn_dp_size"))
-            args.setdefault("enable_dp_attention", cal.server_args.get("enable_dp_attention"))
-        elif run.flags.get("attn_dp_size") is not None:
-            args.setdefault("attn_dp_size", run.flags["attn_dp_size"])
-        args = {k: v for k, v in args.items() if v is not None}
         if cal.has_memory:
             args.setdefault("calibration_log", log_text)
     return dict(ctx) | {"args": args}

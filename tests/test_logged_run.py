@@ -368,3 +368,18 @@ def test_live_server_info_nested_past_the_stack_is_no_traceback():
     info, warnings = live.read_server_info(lambda path: (200, deep), "http://127.0.0.1:1", False)
     assert info is None
     assert "is not JSON" in warnings[0]
+
+
+def test_a_logs_deprecated_attention_dp_spelling_keeps_its_layout():
+    """`--dp-size 4 --enable-dp-attention` in a log's server_args is attention DP 4. The
+    first version of the log reading handed the planner dp_size 1 beside enable_dp_attention,
+    which it read as attention DP 1."""
+    log = (
+        "[2026-12-04 10:00:00] server_args={'tp_size': 8, 'dp_size': 4, "
+        "'enable_dp_attention': True, 'mem_fraction_static': 0.85}\n"
+    )
+    args = diagnose._with_log_calibration({"args": {}}, log)["args"]
+    layout = plan_mod.attndp.resolve_layout(
+        args["tp_size"], args["dp_size"], args.get("attn_dp_size"), args.get("enable_dp_attention")
+    )
+    assert (layout.attn_dp_size, layout.dp_size) == (4, 1)
