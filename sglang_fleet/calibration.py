@@ -333,11 +333,12 @@ _REQUIRED = ("pre_gib", "post_gib", "max_total_num_tokens", "free_after_graph_gi
 
 
 def build_record(
-    log_text: str | None,
+    log_text: str | Calibration | None,
     server_info: Mapping[str, Any] | None,
     key: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A calibration record from one start's log lines and/or its /server_info.
+    """A calibration record from one start's log lines (or the log already parsed, as the
+    planner has it) and/or its /server_info.
 
     key: what the start depends on that neither source says: model_path,
     model_fingerprint (or model_config + weight_bytes to compute it), gpu_name,
@@ -347,7 +348,7 @@ def build_record(
     """
     key = dict(key or {})
     info = dict(server_info or {})
-    cal = parse_log(log_text or "")
+    cal = log_text if isinstance(log_text, Calibration) else parse_log(log_text or "")
     measured = _measured(cal, info)
     missing = [name for name in _REQUIRED if measured[name] is None]
     if missing:

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sglang_fleet import attndp, calibration, input_files, kvmath, logged_run
-from sglang_fleet.modelcfg import ModelConfigError, ModelShape, model_shape, read_model_dir
+from sglang_fleet.modelcfg import ModelConfigError, model_shape, read_model_dir
 from sglang_fleet.noop_flags import noop_flag_issues
 from sglang_fleet.server_log import Calibration, parse_log
 
@@ -380,65 +380,6 @@ def _log_calibration(a: dict[str, Any]) -> Calibration | None:
     return parse_log(a["calibration_log"]) if a["calibration_log"] else None
 
 
-def _logged_run_flags(
-    a: dict[str, Any],
-    shape: ModelShape,
-    weights: attndp.WeightLayout,
-    warnings: list[dict[str, str]],
-    described: list[str],
-) -> dict[str, Any]:
-    """The logged run's own flags (sglang_fleet.logged_run): what the log or the operator
-    states (`calibration_log_flags`), checked against its lines, the rest inferred from them;
-    never the flags being planned. A flag that matters and that nothing fixes refuses the log."""
-    cal = parse_log(a["calibration_log"])
-    if not cal.has_memory:
-        return {}  # build_record names what is missing
-    run = logged_run.infer(cal, shape, weights, stated=a["calibration_log_flags"] or {})
-    if run.unknown:
-        names = ", ".join(run.unknown)
-        raise PlanInputError(
-            f"the calibration log does not say which {names} it ran with, and its lines cannot "
-            "fix it: give the logged run's value with --logged-flag NAME=VALUE (the planner's "
-            "own flags describe the plan, not the log)",
-            "calibration_log",
-        )
-    for problem in run.disagreements:
-        warnings.append(
-            _issue("calibration_flags_disagree", f"The calibration log disagrees: {problem}.")
-        )
-    described += run.describe()
-    return run.flags
-
-
-def _calibration_records(
-    a: dict[str, Any],
-    shape: ModelShape,
-    weights: attndp.WeightLayout,
-    warnings: list[dict[str, str]],
-    notes: dict[str, list[str]],
-) -> list[dict]:
-    """Records given as data, plus one built from the calibration log; the entries of the
-    store no plan may use are named in notes["set_aside"] (calibration.read_store), the
-    logged run's flags with their sources in notes["logged_flags"]."""
-    read = calibration.read_store(a["calibration"])
-    records = read.records
-    notes["set_aside"] += [entry.describe() for entry in read.set_aside]
-    if a["calibration_log"]:
-        flags = _logged_run_flags(a, shape, weights, warnings, notes["logged_flags"])
-        try:
-            records.append(
-                calibration.build_record(a["calibration_log"], None, {"logged_flags": flags})
-            )
-        except calibration.CalibrationError as exc:
-            warnings.append(
-                _issue(
-                    "calibration_incomplete",
-                    f"The calibration log is incomplete: {exc}; using estimates instead.",
-                )
-            )
-    return records
-
-
 class _Planner:
     """One planning run; collects warnings and errors while it computes."""
 
@@ -532,14 +473,54 @@ class _Planner:
         flags["mem_fraction_static"] = self.fraction
         return flags
 
+    def _calibration_records(self) -> list[dict]:
+        """Records given as data, plus one built from the calibration log (parsed once, in
+        self.cal); the entries of the store no plan may use are named in
+        calibration_set_aside (calibration.read_store)."""
+        read = calibration.read_store(self.a["calibration"])
+        records = read.records
+        self.calibration_set_aside += [entry.describe() for entry in read.set_aside]
+        if self.cal is not None:
+            logged = {"logged_flags": self._logged_run_flags(self.cal)}
+            try:
+                records.append(calibration.build_record(self.cal, None, logged))
+            except calibration.CalibrationError as exc:
+                self.warnings.append(
+                    _issue(
+                        "calibration_incomplete",
+                        f"The calibration log is incomplete: {exc}; using estimates instead.",
+                    )
+                )
+        return records
+
+    def _logged_run_flags(self, cal: Calibration) -> dict[str, Any]:
+        """The logged run's own flags (sglang_fleet.logged_run): what the log or the operator
+        states (`calibration_log_flags`), checked against its lines, the rest inferred from
+        them, each named with its source in calibration_log_flags; never the flags being
+        planned. A flag that matters and that nothing fixes refuses the log."""
+        if not cal.has_memory:
+            return {}  # build_record names what is missing
+        stated = self.a["calibration_log_flags"] or {}
+        run = logged_run.infer(cal, self.shape, self.weights, stated=stated)
+        if run.unknown:
+            names = ", ".join(run.unknown)
+            raise PlanInputError(
+                f"the calibration log does not say which {names} it ran with, and its lines "
+                "cannot fix it: give the logged run's value with --logged-flag NAME=VALUE (the "
+                "planner's own flags describe the plan, not the log)",
+                "calibration_log",
+            )
+        for problem in run.disagreements:
+            self.warnings.append(
+                _issue("calibration_flags_disagree", f"The calibration log disagrees: {problem}.")
+            )
+        self.calibration_log_flags += run.describe()
+        return run.flags
+
     def _apply_calibration(
         self, config: dict[str, Any], weight_bytes: int
     ) -> calibration.Applied | None:
-        notes = {
-            "set_aside": self.calibration_set_aside,
-            "logged_flags": self.calibration_log_flags,
-        }
-        records = _calibration_records(self.a, self.shape, self.weights, self.warnings, notes)
+        records = self._calibration_records()
         if not records:
             return None
         host = {
