@@ -122,21 +122,32 @@ class _Inference:
     # --- each flag --------------------------------------------------------------------
     def kv_dtype(self) -> None:
         dtype = TORCH_KV_DTYPES.get(self.cal.kv_torch_dtype or "")
-        if dtype is None and self.cell_per_token() and self.shape is not None:
-            dtype = self._dtype_from_cell()
+        if dtype is None:  # uint8 (packed fp4) or a dtype not listed: the cell size says
+            tp, attn = self.out.flags.get("tp_size"), self.out.flags.get("attn_dp_size")
+            dtype = next(
+                (d for d in ("auto", "fp8_e4m3", "fp4_e2m1") if self._cell_matches(d, tp, attn)),
+                None,
+            )
         self.take("kv_cache_dtype", dtype, self.line("kv_alloc"))
 
-    def _dtype_from_cell(self) -> str | None:
-        attn_tp = int(finite_number(self.out.flags.get("tp_size")) or 1) // int(
-            finite_number(self.out.flags.get("attn_dp_size")) or 1
-        )
-        measured = self.cell_per_token()
-        for dtype in ("auto", "fp8_e4m3", "fp4_e2m1"):
-            assert self.shape is not None
-            cell = kvmath.cell_size_bytes(self.shape, dtype, max(1, attn_tp))
-            if measured and abs(measured - cell) <= 0.02 * cell:
-                return dtype
-        return None
+    def _cell(self, dtype: Any, tp: Any, attn: Any) -> int | None:
+        """config.json's bytes per token for a dtype and layout (MHA: heads split over
+        attention TP); None without config.json or for an unknown dtype."""
+        if self.shape is None:
+            return None
+        attn_tp = int(finite_number(tp) or 1) // int(finite_number(attn) or 1)
+        try:
+            return kvmath.cell_size_bytes(self.shape, str(dtype), max(1, attn_tp))
+        except ValueError:
+            return None
+
+    def _cell_matches(self, dtype: Any, tp: Any, attn: Any) -> bool:
+        """Whether the KV line's bytes per token are this dtype and layout's (within 2 % of
+        the smaller of the two)."""
+        measured, cell = self.cell_per_token(), self._cell(dtype, tp, attn)
+        if measured is None or cell is None:
+            return False
+        return abs(cell - measured) <= 0.02 * min(cell, measured)
 
     def cell_per_token(self) -> float | None:
         """Bytes per token the KV line shows (its GB figure is rounded: None when too small)."""
@@ -174,17 +185,10 @@ class _Inference:
         return out
 
     def _by_cell(self, candidates: list[tuple[int, int]]) -> list[tuple[int, int]]:
-        """The layouts whose cell size is the one the KV line shows (MHA: heads split over
-        attention TP); all of them when the line cannot tell."""
-        measured, dtype = self.cell_per_token(), TORCH_KV_DTYPES.get(self.cal.kv_torch_dtype or "")
-        if self.shape is None or measured is None or dtype is None:
-            return candidates
-        shape = self.shape
-        kept = [
-            (tp, attn)
-            for tp, attn in candidates
-            if abs(kvmath.cell_size_bytes(shape, dtype, tp // attn) - measured) <= 0.02 * measured
-        ]
+        """The layouts whose cell size is the one the KV line shows; all of them when the
+        line cannot tell."""
+        dtype = TORCH_KV_DTYPES.get(self.cal.kv_torch_dtype or "")
+        kept = [(tp, attn) for tp, attn in candidates if self._cell_matches(dtype, tp, attn)]
         return kept or candidates
 
     def _by_weights(self, candidates: list[tuple[int, int]]) -> tuple[Any, str]:
@@ -225,15 +229,11 @@ class _Inference:
         if not cal.kv_tokens:
             return None
         flags = self.out.flags
-        dtype, tp, attn = (flags.get(k) for k in ("kv_cache_dtype", "tp_size", "attn_dp_size"))
-        if self.shape is not None and dtype is not None and tp is not None:
-            try:
-                cell = kvmath.cell_size_bytes(self.shape, str(dtype), int(tp) // int(attn or 1))
-            except ValueError:
-                cell = None
-            if cell:
-                # The pool is floored to whole tokens: half a cell more on average.
-                return (cal.kv_tokens + 0.5) * cell / kvmath.GIB
+        dtype, tp = flags.get("kv_cache_dtype"), flags.get("tp_size")
+        cell = self._cell(dtype, tp, flags.get("attn_dp_size")) if None not in (dtype, tp) else None
+        if cell:
+            # The pool is floored to whole tokens: half a cell more on average.
+            return (cal.kv_tokens + 0.5) * cell / kvmath.GIB
         return cal.kv_size_gib
 
     def _reserve_gib(self) -> float:

@@ -185,25 +185,18 @@ def _literal_args(msg: str) -> dict[str, object]:
     return dict(value) if isinstance(value, dict) else {}
 
 
-def _memory_line(cal: Calibration, msg: str) -> bool:
-    """Record a start-up memory line; False when the line is none of them."""
-    kind = _memory_kind(cal, msg)
-    if kind is None:
-        return False
-    cal.lines.setdefault(kind, msg[:MAX_QUOTED_LINE])
-    return True
-
-
 # A line quoted as a figure's source is cut here (a graph line lists every batch size).
 MAX_QUOTED_LINE = 200
 
 
-def _memory_kind(cal: Calibration, msg: str) -> str | None:
-    """Record a start-up memory line; its kind, or None when the line is none of them."""
+def _memory_line(cal: Calibration, msg: str) -> bool:
+    """Record a start-up memory line, and the first line of its kind; False when the line
+    is none of them."""
     for kind, record in _MEMORY_LINES:
         if record(cal, msg):
-            return kind
-    return None
+            cal.lines.setdefault(kind, msg[:MAX_QUOTED_LINE])
+            return True
+    return False
 
 
 def _load_begin(cal: Calibration, msg: str) -> bool:
