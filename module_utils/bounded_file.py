@@ -16,15 +16,19 @@ import stat
 import tempfile
 
 
-def open_regular(path: str, dir_fd: int | None = None) -> int | None:
+def open_regular(path: str, dir_fd: int | None = None, follow_links: bool = False) -> int | None:
     """A read-only descriptor of the regular file at path (the caller closes it); None when
-    missing. ValueError when it is not a regular file (a symlink, a FIFO, a device, a folder)."""
+    missing. ValueError when it is not a regular file (a symlink, a FIFO, a device, a folder).
+    follow_links: a path an operator names (the control node's command lines): a link to a
+    regular file is taken, and an error opening it (permissions) is the OSError itself."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_links else os.O_NOFOLLOW)
     try:
-        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
         fd = os.open(path, flags, dir_fd=dir_fd)
     except FileNotFoundError:
         return None
     except OSError as err:  # ELOOP: a symlink where a file must be
+        if follow_links:
+            raise
         raise ValueError(f"{path} is not a regular file ({err.strerror})") from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)

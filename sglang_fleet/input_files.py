@@ -2,15 +2,18 @@
 "Bounded readers").
 
 A path on the command line may name anything: a FIFO that never ends, a device that never
-stops, a log of many GiB. read_text() takes a regular file only (opened without blocking, so a
-FIFO is refused rather than waited on) and at most `limit` bytes of it; anything else is a
+stops, a log of many GiB. read_text() takes a regular file only (module_utils/bounded_file.py's
+open_regular, following the operator's links: opened without blocking, so a FIFO is refused
+rather than waited on) and at most `limit` bytes of it; anything else is a
 ValueError whose message names the option, for the tool to print as a usage error.
 """
 
 from __future__ import annotations
 
+import errno
 import os
-import stat
+
+from sglang_fleet.module_utils import bounded_file
 
 # A start-up log with its Decode lines: a week of a busy server is tens of MiB.
 LOG_LIMIT = 256 << 20
@@ -35,12 +38,13 @@ def read_text(path: str | os.PathLike[str], limit: int, option: str) -> str:
 def read_bytes(path: str | os.PathLike[str], limit: int, option: str) -> bytes:
     """The file's bytes, on read_text's terms."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        fd = bounded_file.open_regular(os.fspath(path), follow_links=True)
+    except ValueError:
+        raise InputFileError(option, path, "not a regular file") from None
     except OSError as exc:
         raise InputFileError(option, path, f"cannot read it ({exc.strerror})") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise InputFileError(option, path, "not a regular file")
+    if fd is None:
+        raise InputFileError(option, path, f"cannot read it ({os.strerror(errno.ENOENT)})")
     with os.fdopen(fd, "rb") as handle:
         try:
             data = handle.read(limit + 1)
