@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import re
@@ -53,7 +54,7 @@ from gpusim import state as gpusim_state
 from sglang_fleet import diagnose
 from sglang_fleet.modelcfg import read_model_dir
 from sglang_fleet.plan import PlanInputError, plan
-from sglang_fleet.server_log import parse_log
+from sglang_fleet.server_log import Calibration, parse_log
 
 REPO = Path(__file__).resolve().parent.parent
 LOGS = REPO / "tests" / "fixtures" / "logs"
@@ -104,6 +105,10 @@ class Log:
     host: dict[str, Any]
     why: str = ""  # what the table says when this group's error is not a GPU's
 
+    @functools.cached_property
+    def parsed(self) -> Calibration:
+        return parse_log(self.text)
+
 
 def excerpt(text: str) -> str:
     """What an operator pastes: the memory lines of ranks 0 and 5, no server_args line."""
@@ -120,31 +125,26 @@ def excerpt(text: str) -> str:
     return "\n".join(out) + "\n"
 
 
-def target_args(log: Log) -> dict[str, Any]:
-    args = log_flags(log.text)
-    if args.get("device") == "cpu":
-        args |= {"host_ram_gib": None}
-    return {k: v for k, v in args.items() if v is not None}
-
-
-def log_flags(text: str) -> dict[str, Any]:
-    stated = parse_log(text).server_args
+def log_flags(cal: Calibration) -> dict[str, Any]:
+    """The flags a log states, as the planner takes them (the question a target asks)."""
+    stated = cal.server_args
     args = {k: stated.get(k) for k in PLANNED_FLAGS}
     if stated.get("enable_dp_attention") and not args.get("attn_dp_size"):
         args["attn_dp_size"] = stated.get("dp_size")
-    return {k: v for k, v in args.items() if v is not None and k != "host_ram_gib"}
+    return {k: v for k, v in args.items() if v is not None}
 
 
-def logged_tokens(text: str) -> int | None:
-    return parse_log(text).kv_tokens
+@functools.cache
+def model_of(model_dir: Path) -> tuple[dict[str, Any], int]:
+    return read_model_dir(model_dir)
 
 
 def plan_pair(source: Log, target: Log, form: str) -> dict[str, Any]:
-    config, weight_bytes = read_model_dir(source.model_dir)
-    args = target_args(target)
+    config, weight_bytes = model_of(source.model_dir)
+    args = log_flags(target.parsed)
     args["calibration_log"] = excerpt(source.text) if form == "excerpt" else source.text
     row = {"calibration": source.name, "form": form, "target": target.name}
-    row["logged"] = logged_tokens(target.text)
+    row["logged"] = target.parsed.kv_tokens
     try:
         result = plan(config, weight_bytes, args, dict(target.host))
     except PlanInputError as exc:
@@ -340,17 +340,18 @@ def kv_bound_run(model: Path, workdir: Path, cap: int) -> dict[str, Any]:
         watcher.join()
     finally:
         server.stop()
-    config, weight_bytes = read_model_dir(model)
+    text = server.text()
+    config, weight_bytes = model_of(model)
     planned = plan(
         config,
         weight_bytes,
-        log_flags(server.text()) | {"avg_input_len": KV_BOUND_IN, "avg_output_len": KV_BOUND_OUT},
+        log_flags(parse_log(text)) | {"avg_input_len": KV_BOUND_IN, "avg_output_len": KV_BOUND_OUT},
         cpu_host(),
     )
     verdict = None
     if result_path.exists():
         smoke_result = json.loads(result_path.read_text())
-        verdict = diagnose.diagnose(smoke_result, server.text(), KV_BOUND_CLIENTS, None)
+        verdict = diagnose.diagnose(smoke_result, text, KV_BOUND_CLIENTS, None)
     return {
         "max_total_tokens": cap,
         "planned_concurrent": planned["max_concurrent_requests"],
@@ -369,7 +370,7 @@ def pairs(logs: list[Log]) -> list[dict[str, Any]]:
         for target in logs:
             if source is target or source.group != target.group:
                 continue
-            if not parse_log(target.text).server_args:
+            if not target.parsed.server_args:
                 continue  # a target must state its flags: they are the question
             for form in ("whole", "excerpt"):
                 rows.append(plan_pair(source, target, form) | {"group": source.group})
