@@ -41,7 +41,7 @@ from sglang_fleet.plan import (
     plan,
     split_namespace,
 )
-from sglang_fleet.server_log import parse_decode_lines, parse_log
+from sglang_fleet.server_log import Calibration, parse_decode_lines, parse_log
 
 # A run is KV-bound when, over the busy samples, requests waited in the queue at least this
 # share of the time ...
@@ -437,17 +437,17 @@ def diagnose(
     ev = _evidence(samples, source if samples else "none", smoke, asked, achieved)
     # Each data-parallel scheduler sees its share of the client's requests.
     ev["schedulers"] = schedulers
-    if log_text and ev["max_total_num_tokens"] is None:
-        ev["max_total_num_tokens"] = parse_log(log_text).max_total_num_tokens
-    ctx = _with_log_calibration(plan_context, log_text)
+    cal = parse_log(log_text) if log_text else None  # parsed once for all that follows
+    if cal is not None and ev["max_total_num_tokens"] is None:
+        ev["max_total_num_tokens"] = cal.max_total_num_tokens
+    ctx = _with_log_calibration(plan_context, log_text, cal)
     verdict = _classify(ev)
     notes = [HICACHE_NOTE] if verdict == "kv_cache_bound" else []
     levers = _levers(verdict, ev, ctx)
-    if log_text:
-        stated = parse_log(log_text).server_args
-        notes += _noop_notes(stated, None)
+    if cal is not None:
+        notes += _noop_notes(cal.server_args, None)
         if verdict == "kv_cache_bound":
-            levers = _cap_lever(stated, ev) + levers
+            levers = _cap_lever(cal.server_args, ev) + levers
     notes += _dropped_note(dropped)
     return {"verdict": verdict, "evidence": ev, "levers": levers, "notes": notes}
 
@@ -510,12 +510,15 @@ def _model_layout(ctx: dict) -> tuple[Any, Any]:
         return None, None
 
 
-def _with_log_calibration(ctx: dict | None, log_text: str | None) -> dict | None:
+def _with_log_calibration(
+    ctx: dict | None, log_text: str | None, cal: Calibration | None = None
+) -> dict | None:
+    """ctx with the logged run's flags (and the log as calibration); cal: the log parsed."""
     if not ctx:
         return None
     args = dict(ctx.get("args") or {})
     if log_text:
-        cal = parse_log(log_text)
+        cal = cal or parse_log(log_text)
         # The run's own flags are what the levers compare against: as the log states them,
         # or as its lines show them (sglang_fleet.logged_run), never assumed.
         shape, weights = _model_layout(ctx)
