@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 ALL_SCENARIOS := $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/molecule.yml))))
 # Longest first, so that the parallel slots finish together (each one's time in a fresh-clone
 # `make test`: docs/TESTING.md); any scenario not named here runs last.
-LONGEST_FIRST := real_sglang fleet deploy rollout tuning staging monitoring provision gpu_cleanup
+LONGEST_FIRST := real_sglang fleet deploy upgrade rollout tuning staging monitoring provision gpu_cleanup
 # Scenarios left out of `make test` until they have passed a whole run (check, converge,
 # idempotence, verify) on these machines; run one by name: make molecule SCENARIOS=<name>.
 OPT_IN :=
@@ -25,7 +25,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 # source without it (docs/TESTING.md, "Bytecode").
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: help check test test-checks demo lint pytest molecule host image wheelhouse cpu-image double-image monitoring-debs staging-debs sglang-ref resolve-gpu-deps bench clean
+.PHONY: help check test test-checks demo lint pytest molecule host image wheelhouse cpu-image double-image monitoring-debs staging-debs driver-debs sglang-ref resolve-gpu-deps bench clean
 help:
 	@echo "make check  - the quick loop, no containers: yamllint, ansible-lint, ruff and the unit tests"
 	@echo "make test   - set up, then yamllint, ansible-lint, ruff, pytest and every Molecule scenario"
@@ -70,6 +70,11 @@ monitoring-debs: image
 staging-debs: image
 	@scripts/build-debs.sh staging-debs rsync
 
+# python3-apt, which Ansible's apt module needs and the test image lacks: the upgrade scenario's
+# driver change installs a stand-in branch package with the nvidia_driver role (molecule/upgrade).
+driver-debs: image
+	@scripts/build-debs.sh driver-debs python3-apt
+
 lint: $(BIN)/.stamp
 	@echo "==> yamllint"; $(BIN)/yamllint --strict .
 	@echo "==> ansible-lint (production profile)"; $(BIN)/ansible-lint --profile production
@@ -102,7 +107,8 @@ check: lint $(BIN)/.stamp wheelhouse
 
 MOLECULE_SETUP := $(BIN)/.stamp image wheelhouse $(if $(filter real_sglang,$(SCENARIOS)),cpu-image) \
   $(if $(filter $(DOUBLE_LAYER_SCENARIOS),$(SCENARIOS)),double-image) \
-  $(if $(filter monitoring,$(SCENARIOS)),monitoring-debs) $(if $(filter staging,$(SCENARIOS)),staging-debs)
+  $(if $(filter monitoring,$(SCENARIOS)),monitoring-debs) $(if $(filter staging,$(SCENARIOS)),staging-debs) \
+  $(if $(filter upgrade,$(SCENARIOS)),driver-debs)
 molecule: $(MOLECULE_SETUP)
 	@scripts/molecule-all.sh $(SCENARIOS)
 

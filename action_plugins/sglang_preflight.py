@@ -295,6 +295,16 @@ class ActionModule(VerbAction):
                 "are checked against the installed SGLang on the real run, before anything stops."
             )
             return None, None, []
+        wanted = next((s.get("sglang_version") for s in servers if s.get("sglang_version")), None)
+        if not installed:
+            # Before sglang_flags_check would only say that the interpreter is missing.
+            missing = (
+                f"sglang_server_sglang_version {wanted or '(not set)'}: {python} does not "
+                "exist, so that version is not installed on this host; run "
+                "playbooks/provision.yml with ml_env_sglang_version set to it first "
+                "(docs/UPGRADES.md)"
+            )
+            return None, None, [missing]
         problems: list[str] = []
         version = None
         for server in servers:
@@ -311,6 +321,10 @@ class ActionModule(VerbAction):
             if done.get("failed"):
                 problems.append(str(done.get("msg")))
         self._step(f"flag sets checked by SGLang's parser: {len(problems)} refused")
+        if wanted and version and version != wanted:
+            problems.append(
+                f"sglang_server_sglang_version is {wanted}, but {python} holds SGLang {version}"
+            )
         return (key if installed and not problems else None), version, problems
 
     def _ports(self, servers: list[dict], found: dict[str, Any]) -> list[str]:

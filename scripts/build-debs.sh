@@ -5,7 +5,8 @@
 # the mirror is the one in that image's apt sources. Does nothing when the folder is complete.
 #   scripts/build-debs.sh <folder> <package>...
 # make monitoring-debs: Prometheus, Alertmanager and the node exporter (the monitoring role's
-# monitoring_deb_dir, molecule/monitoring); make staging-debs: rsync (molecule/staging).
+# monitoring_deb_dir, molecule/monitoring); make staging-debs: rsync (molecule/staging); make
+# driver-debs: python3-apt (molecule/upgrade).
 set -euo pipefail
 if [ $# -lt 2 ]; then
   echo "usage: $0 <folder under .cache> <package>..." >&2

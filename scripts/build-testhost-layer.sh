@@ -25,7 +25,8 @@ case "$layer" in
     payloads=("$repo/.cache/testhost-payload.tar" "$repo/.cache/testhost-router-payload.tar")
     settings="$repo/molecule/shared/inventory/group_vars/all/simulated_host.yml"
     playbook="$repo/molecule/shared/testhost_layer.yml"
-    inputs=("$repo/molecule/shared/install_double.yml" "$repo"/roles/ml_env/*/*.yml)
+    inputs=("$repo/molecule/shared/install_double.yml" "$repo"/roles/ml_env/*/*.yml
+            "$repo/library/ml_env_versions.py")
     copy_in=false  # install_double.yml unpacks them, as on a plain test host
     ;;
   cpu)
@@ -36,7 +37,8 @@ case "$layer" in
     # downloaded only when the layer is built: a fresh clone on a machine that has the layer
     # skips the download (docs/TESTING.md, "The suite's order").
     inputs=("$repo/gpusim/tools/sglang-0.5.23-cpu.lock"
-            "$repo/roles/ml_env/defaults/main.yml" "$repo/roles/ml_env/vars/main.yml")
+            "$repo/roles/ml_env/defaults/main.yml" "$repo/roles/ml_env/vars/main.yml"
+            "$repo/library/ml_env_versions.py")
     copy_in=true
     ;;
   *) echo "usage: $0 double|cpu" >&2; exit 2 ;;

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Build .cache/wheelhouse: what the test hosts' ml-env installs, offline, through the ml_env
-# role's wheelhouse variable (as an air-gapped GPU host would): the pinned SGLang wheel (installed
-# --no-deps on GPU-less hosts) and the GPU-less double with its dependencies; and
+# role's wheelhouse variable (as an air-gapped GPU host would): the pinned SGLang wheel and the
+# previous release's (installed --no-deps on GPU-less hosts), the GPU-less double with its
+# dependencies, a stand-in "<pinned>+regressed" (the upgrade scenario's slow version; see
+# below); and
 # .cache/router-wheelhouse: the pinned sglang-router with its dependencies, which the
 # sglang_router role installs on a gateway host. Both for the hosts' Python (Debian 12: CPython
 # 3.11, x86_64). The index comes from pip's own configuration.
@@ -20,10 +22,21 @@ router_out="$repo/.cache/router-wheelhouse"
 pip="$repo/.venv/bin/pip"
 sglang_version=$(awk -F': *' '/^ml_env_sglang_version:/ {gsub(/"/, "", $2); print $2}' \
   "$repo/roles/ml_env/defaults/main.yml")
+# The SGLang release before the pinned one: the upgrade scenario installs it (its own virtualenv
+# beside the pinned version's) and upgrades from it. Its real wheel, --no-deps like the pinned one.
+sglang_previous_version=0.5.22
+# A stand-in "sglang" of the pinned version with a local version label (metadata and an empty
+# package, no SGLang code; built below): the double's sglang_version_slowdown knob
+# (gpusim/README.md, "Versions") makes this exact version slow, so that the upgrade scenario can
+# roll out a version that regresses. It sits beside the real wheel: PEP 440 lets
+# `sglang==<pinned>` match `<pinned>+regressed` (and pip would prefer it), which is why the
+# ml_env role asks pip for SGLang with `===`, the exact string (roles/ml_env/README.md).
+sglang_regressed_version="$sglang_version+regressed"
 router_version=$(awk -F': *' '/^sglang_router_version:/ {gsub(/"/, "", $2); print $2}' \
   "$repo/roles/sglang_router/defaults/main.yml")
 host_reqs="$repo/gpusim/requirements-host.txt"
-stamp_key=$( { echo "$sglang_version"; echo "$router_version"; cat "$host_reqs"; } | sha256sum | cut -c1-12)
+stamp_key=$( { echo "$sglang_version"; echo "$sglang_previous_version"; echo "$router_version"
+  cat "$host_reqs"; } | sha256sum | cut -c1-12)
 quiet() { "$@" 2> >(grep -v 'is ignored: it is neither' >&2) >/dev/null; }
 target=(--only-binary=:all: --python-version 3.11 --implementation cp --abi cp311
         --platform manylinux_2_34_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64
@@ -85,8 +98,10 @@ fi
 mkdir -p "$out" "$router_out"
 
 if [ "$(cat "$out/.downloads" 2>/dev/null)" != "$stamp_key" ]; then
-  say "downloading sglang==$sglang_version and the double's dependencies for CPython 3.11"
+  say "downloading sglang==$sglang_version, sglang==$sglang_previous_version and the double's dependencies for CPython 3.11"
   quiet "$pip" download --disable-pip-version-check --no-deps -d "$out" "${target[@]}" "sglang==$sglang_version"
+  quiet "$pip" download --disable-pip-version-check --no-deps -d "$out" "${target[@]}" \
+    "sglang==$sglang_previous_version"
   quiet "$pip" download --disable-pip-version-check -d "$out" "${target[@]}" -r "$host_reqs"
   # The router's wheel is abi3 (any CPython >= 3.8); its dependencies (fastapi, uvicorn, orjson,
   # pydantic, ...) are resolved for 3.11 like the rest (docs/ROUTER.md, "Package and launch").
@@ -100,7 +115,35 @@ fi
 say "building the gpusim wheel"
 rm -f "$out"/gpusim-*.whl
 quiet "$pip" wheel --disable-pip-version-check --no-deps -w "$out" "$repo/gpusim"
-say "wheelhouse ready: $(find "$out" -name '*.whl' | wc -l) wheels in $out"
+say "building the sglang==$sglang_regressed_version stand-in wheel"
+rm -rf "$out/regressed"  # where an earlier version of this script kept it
+# Like molecule/provision/verify_ml_env_changes.yml's stand-ins (METADATA, WHEEL, RECORD with
+# sha256), with fixed timestamps so that the same version makes the same bytes.
+"$repo/.venv/bin/python" - "$out" "$sglang_regressed_version" <<'PY'
+import base64, hashlib, pathlib, sys, zipfile
+out, version = pathlib.Path(sys.argv[1]), sys.argv[2]
+info = f"sglang-{version}.dist-info"
+files = {
+    "sglang/__init__.py": f'__version__ = "{version}"  # sglang-fleet stand-in: no SGLang code\n',
+    f"{info}/METADATA": f"Metadata-Version: 2.1\nName: sglang\nVersion: {version}\nSummary: "
+    "sglang-fleet stand-in (scripts/build-wheelhouse.sh): metadata only, for gpusim's "
+    "sglang_version_slowdown\n",
+    f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: sglang-fleet build-wheelhouse.sh\n"
+    "Root-Is-Purelib: true\nTag: py3-none-any\n",
+}
+def record(name, data):
+    digest = hashlib.sha256(data.encode()).digest()
+    b64 = base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+    return f"{name},sha256={b64},{len(data.encode())}"
+rows = [record(n, d) for n, d in files.items()] + [f"{info}/RECORD,,"]
+files[f"{info}/RECORD"] = "\n".join(rows) + "\n"
+with zipfile.ZipFile(out / f"sglang-{version}-py3-none-any.whl", "w") as whl:
+    for name, data in files.items():
+        entry = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+        entry.external_attr = 0o644 << 16
+        whl.writestr(entry, data)
+PY
+say "wheelhouse ready: $(find "$out" -maxdepth 1 -name '*.whl' | wc -l) wheels in $out"
 # One archive for the simulated test hosts (wheelhouse + the double's fixture models): a single
 # transfer is far quicker than copying each file over a docker or SSH connection.
 tar -C "$repo/.cache" -cf "$repo/.cache/testhost-payload.tar" wheelhouse \

@@ -63,12 +63,17 @@ def restart_lines(
             lines.append(f"{name}: unchanged")
             continue
         changes = flag_changes(record.get("flags"), server["flags"]) if record else []
+        before, after = (record or {}).get("sglang_version"), server.get("sglang_version")
+        upgrade = f"SGLang {before} -> {after}" if before and after and before != after else ""
         if server["unit"] not in running_units:
             why = "not running"
         elif record is None:
             why = "no last-known-good record yet"
         elif changes:
             why = f"{len(changes)} flag line(s) differ from its last-known-good configuration"
+            why = f"{upgrade}; {why}" if upgrade else why
+        elif upgrade:
+            why = f"{upgrade}, same flags"
         else:
             why = "its unit, environment, secrets or logging changed; same flags"
         lines.append(f"{name}: would restart ({why})")

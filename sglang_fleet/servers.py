@@ -856,7 +856,8 @@ def resolve_servers(
 
 
 def config_hash(server: Mapping[str, Any]) -> str:
-    """A short, stable name for what a server runs: flags, environment and which secrets are set.
+    """A short, stable name for what a server runs: flags, environment, which secrets are set and
+    the SGLang version it runs (docs/UPGRADES.md).
 
     The fleet summary and the last-known-good record use it to say which configuration passed.
     """
@@ -865,6 +866,8 @@ def config_hash(server: Mapping[str, Any]) -> str:
         "environment": server.get("environment", {}),
         "api_key_set": bool(server.get("api_key_set")),
     }
+    if server.get("sglang_version"):  # absent in descriptions made without one
+        identity["sglang_version"] = str(server["sglang_version"])
     others = [name for name in server.get("secrets_set") or [] if name != "api_key"]
     if others:  # absent otherwise: servers with an API key alone keep their hash
         identity["secrets_set"] = sorted(others)
@@ -883,12 +886,23 @@ LOGGING_CONFIG_ENV = "SGLANG_LOGGING_CONFIG_PATH"
 # (docs/SGLANG.md, "Logs"): raised to WARNING on servers that have a key.
 KEY_LOGGING_LOGGER = "sglang.srt.entrypoints.engine"
 RUNTIME_KEYS = ("python", "launch_module", "config_dir", "state_dir")
+# The SGLang version the python above holds (sglang_server_sglang_version): part of each server's
+# configuration, so an upgrade rolls out like a flag change (docs/UPGRADES.md).
+VERSION_RE = re.compile(r"^[0-9][0-9A-Za-z.+!_-]{0,63}$")
 
 
 def _runtime(runtime: Mapping[str, Any]) -> dict[str, str]:
-    """Where SGLang is installed and where the role keeps files, checked once."""
+    """Where SGLang is installed, which version it is and where the role keeps files, checked
+    once."""
     runtime = _mapping(runtime, "runtime")
     values = {}
+    version = runtime.get("sglang_version")
+    if version is not None:
+        if not isinstance(version, str) or not VERSION_RE.match(version):
+            raise ServerConfigError(
+                "sglang_server_sglang_version", f"{version!r} is not an exact SGLang version"
+            )
+        values["sglang_version"] = version
     for key in RUNTIME_KEYS:
         value = runtime.get(key)
         if not isinstance(value, str) or not value:
@@ -1066,7 +1080,8 @@ def _rendered(server: dict[str, Any], runtime: Mapping[str, str]) -> dict[str, A
         "load_credential": f"{SECRETS_CREDENTIAL}:{paths['secrets_file']}" if keyed else None,
         "paths": paths,
         "plan_args": {key: server["flags"][key] for key in PLANNER_FLAGS if key in server["flags"]},
-        "config_hash": config_hash(server),
+        "sglang_version": runtime.get("sglang_version"),
+        "config_hash": config_hash({**server, "sglang_version": runtime.get("sglang_version")}),
     }
     rendered["files"] = _server_files(name, paths, rendered)
     rendered["directories"] = [{"path": paths["dropin_dir"], **ROOT_FILE, "mode": "0755"}]
@@ -1088,7 +1103,8 @@ def describe_servers(
     """The one call the role makes: inventory -> resolved servers with everything it writes.
 
     nccl_env (the host family's NCCL settings) is the lowest environment layer, under
-    defaults.env. runtime: {python, launch_module, config_dir, state_dir}. cluster: where
+    defaults.env. runtime: {python, launch_module, config_dir, state_dir, and optionally
+    sglang_version: the version that python holds}. cluster: where
     multi-node servers run and this host's name (resolve_servers()). tuned: {name: flags}, the
     highest flag layer (sglang_server_tuned_flags). device: the host's default device
     (sglang_server_device: cuda or cpu), under each server's own `device`. Each server is

@@ -54,6 +54,9 @@ def _includes(path: Path) -> list[str]:
         (TASKS / "rollback_replica.yml", "rollback_server.yml"),
         (TASKS / "clean.yml", "clean_gpus.yml"),
         (TRIAL, "start_and_wait.yml"),
+        # After a driver change (playbooks/driver_upgrade.yml): a replica its router lists again
+        # leaves and drains before the restart stops a unit systemd started at boot.
+        (TASKS / "driver_server_up.yml", "rollback_server.yml"),
     ],
     ids=lambda value: value.name if isinstance(value, Path) else value,
 )
@@ -79,7 +82,7 @@ def test_a_rollout_drains_in_its_restart_action() -> None:
 
 @pytest.mark.parametrize(
     "entry",
-    [TASKS / "restart.yml", TASKS / "rollback_replica.yml", TRIAL],
+    [TASKS / "restart.yml", TASKS / "rollback_replica.yml", TRIAL, TASKS / "driver_server_up.yml"],
     ids=lambda path: path.name,
 )
 def test_a_replica_that_serves_again_goes_back_into_its_router(entry: Path) -> None:
@@ -96,7 +99,8 @@ def test_no_other_task_file_stops_a_server_without_the_drain() -> None:
     """The files that include a stop are exactly the known entry points (and the stops'
     own nesting); a new one must be added above, with its drain."""
     known = {"sglang_server/restart.yml", "sglang_server/rollback_replica.yml",
-             "sglang_server/clean.yml", "autotune/trial_server.yml"}  # fmt: skip
+             "sglang_server/clean.yml", "autotune/trial_server.yml",
+             "sglang_server/driver_server_up.yml"}  # fmt: skip
     nested = {"sglang_server/rollback_server.yml", "sglang_server/start_and_wait.yml",
               "sglang_server/restart.yml"}  # fmt: skip
     callers = {

@@ -278,6 +278,21 @@ def test_check_mode_before_provisioning_says_what_it_cannot_check_yet() -> None:
     assert result["plans"] == {}
 
 
+def test_a_version_that_is_not_installed_or_another_one_is_named_before_any_check() -> None:
+    runtime = {**RUNTIME, "sglang_version": "0.5.24"}
+    servers = json.loads(json.dumps(describe_servers([INSTANCE], {}, {}, {}, runtime=runtime)))
+    action = FakePreflight(args(servers), kimi_host(python=False))
+    result = action.run_it()
+    assert result["failed"] is True
+    assert "sglang_server_sglang_version 0.5.24" in result["msg"], result["msg"]
+    assert "provision.yml" in result["msg"]
+    assert "sglang_flags_check" not in action.modules()
+    result = FakePreflight(args(servers), kimi_host(version="0.5.23")).run_it()
+    assert result["failed"] is True
+    assert "sglang_server_sglang_version is 0.5.24, but" in result["msg"]
+    assert "holds SGLang 0.5.23" in result["msg"]
+
+
 def test_a_missing_model_description_blocks_a_real_run() -> None:
     result = FakePreflight(args(describe(INSTANCE)), kimi_host(files={})).run_it()
     assert result["failed"] is True

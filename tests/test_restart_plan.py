@@ -68,3 +68,24 @@ def test_restart_lines_say_why_each_server_would_restart():
         "d: would restart (not running)",
         "e: would restart (its unit, environment, secrets or logging changed; same flags)",
     ]
+
+
+def test_restart_lines_name_an_sglang_upgrade_with_or_without_flag_changes():
+    upgraded = {**server("a"), "sglang_version": "0.5.23"}
+    both = {**server("b", chunked_prefill_size=4096), "sglang_version": "0.5.23"}
+    same = {**server("c"), "sglang_version": "0.5.23"}
+    records = [
+        {"flags": {"model_path": "/m"}, "sglang_version": "0.5.22"},
+        {"flags": {"model_path": "/m", "chunked_prefill_size": 8192}, "sglang_version": "0.5.22"},
+        {"flags": {"model_path": "/m"}, "sglang_version": "0.5.23"},
+    ]
+    running = ["sglang@a.service", "sglang@b.service", "sglang@c.service"]
+    lines = restart_lines([upgraded, both, same], ["a", "b", "c"], records, running)
+    assert lines == [
+        "a: would restart (SGLang 0.5.22 -> 0.5.23, same flags)",
+        "b: would restart (SGLang 0.5.22 -> 0.5.23; 2 flag line(s) differ from its"
+        " last-known-good configuration)",
+        "  - --chunked-prefill-size 8192",
+        "  + --chunked-prefill-size 4096",
+        "c: would restart (its unit, environment, secrets or logging changed; same flags)",
+    ]

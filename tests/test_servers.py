@@ -280,6 +280,28 @@ def test_describe_gives_everything_the_role_writes_in_one_call() -> None:
     assert "sk-secret-123" not in json.dumps(server)
 
 
+def test_the_sglang_version_is_part_of_the_configuration() -> None:
+    runtime = {**RUNTIME, "python": "/opt/ml-env/versions/0.5.22/bin/python"}
+    [old] = describe([kimi()], runtime={**runtime, "sglang_version": "0.5.22"})
+    runtime = {**RUNTIME, "python": "/opt/ml-env/versions/0.5.23/bin/python"}
+    [new] = describe([kimi()], runtime={**runtime, "sglang_version": "0.5.23"})
+    assert (old["sglang_version"], new["sglang_version"]) == ("0.5.22", "0.5.23")
+    assert old["config_hash"] != new["config_hash"]
+    assert new["exec_start"].startswith("/opt/ml-env/versions/0.5.23/bin/python -m ")
+    [unversioned] = describe([kimi()])
+    assert unversioned["sglang_version"] is None
+    assert unversioned["config_hash"] == config_hash(
+        {
+            "flags": unversioned["flags"],
+            "environment": unversioned["environment"],
+            "api_key_set": False,
+        }
+    )
+    for bad in ("0.5.23/../x", "", "latest", 523):
+        with pytest.raises(ServerConfigError, match="sglang_server_sglang_version"):
+            describe([kimi()], runtime={**RUNTIME, "sglang_version": bad})
+
+
 def test_the_nccl_env_is_the_lowest_environment_layer() -> None:
     [server] = describe(
         [kimi(env={"NCCL_PROTO": "Simple"})],

@@ -11,6 +11,8 @@ Model (see README "Throughput model"):
   size while the batch's total throughput rises.
 - Finished prompts stay in a prefix cache (64-token blocks) as large as the device pool
   plus any HiCache host pool: a hit skips prefill work, it never adds decode slots.
+- version_slowdown (hardware.yaml `sglang_version_slowdown`, the installed SGLang's factor)
+  multiplies both the decode step and the per-token prefill time: a version that regresses.
 """
 
 from __future__ import annotations
@@ -125,11 +127,14 @@ class Scheduler:
         realtime: bool = True,
         log_prefix: str | None = None,
         step_factor: float = 1.0,
+        version_slowdown: float = 1.0,
     ) -> None:
         self.plan = plan
         # An attention-DP rank's lines carry its own prefix (" DP1 TP2"); None: the default.
         self._log_extra = {} if log_prefix is None else {"extra": {"prefix": log_prefix}}
         self.step_factor = step_factor
+        # The installed SGLang version's regression factor (README, "Versions"); 1.0: none.
+        self.version_slowdown = version_slowdown
         self.timing = timing
         self.decode_log_interval = max(1, decode_log_interval)
         self.max_total = plan.max_total_num_tokens
@@ -176,6 +181,20 @@ class Scheduler:
     @property
     def in_flight(self) -> int:
         return len(self.waiting) + len(self.running)
+
+    # -- simulated durations -----------------------------------------------------------------
+    def decode_step_seconds(self, batch: int) -> float:
+        """One decode step of `batch` running requests."""
+        return (
+            self.timing.decode_step_s
+            * self.step_factor
+            * self.version_slowdown
+            * (1 + self.timing.batch_slowdown * (batch - 1))
+        )
+
+    def prefill_seconds(self, new_tokens: int) -> float:
+        """One prefill batch of `new_tokens` uncached prompt tokens."""
+        return self.timing.prefill_token_s * self.version_slowdown * new_tokens
 
     @property
     def token_usage(self) -> float:
@@ -248,7 +267,7 @@ class Scheduler:
         self.stats.cached_tokens_total += cached
         if logger.isEnabledFor(logging.INFO):
             self._log_prefill(len(batch), new_tokens, cached)
-        await self._sleep(self.timing.prefill_token_s * new_tokens)
+        await self._sleep(self.prefill_seconds(new_tokens))
         now = time.perf_counter()
         for req in batch:
             if req.finished:
@@ -262,11 +281,7 @@ class Scheduler:
 
     async def _decode_step(self) -> None:
         batch = len(self.running)
-        await self._sleep(
-            self.timing.decode_step_s
-            * self.step_factor
-            * (1 + self.timing.batch_slowdown * (batch - 1))
-        )
+        await self._sleep(self.decode_step_seconds(batch))
         now = time.perf_counter()
         for req in self.running:
             self._emit(req, now)

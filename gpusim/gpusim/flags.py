@@ -1,9 +1,12 @@
 """SGLang's command-line flags, so the double accepts and rejects exactly what SGLang does.
 
-The table comes from `flags/sglang-<version>.json`, generated from the real parser of the
-pinned SGLang (`python -m sglang.launch_server`'s argparse actions). Without that file a
-hand-written table of the flags this project uses serves instead. `--config FILE.yaml`
-merges like SGLang's ConfigArgumentMerger: file values go first, so the command line wins.
+The table comes from `flags/sglang-<version>.json` for the SGLang installed beside the double
+(gpusim.version; the public part of its version, "0.5.23+regressed" -> 0.5.23), generated from
+that SGLang's real parser (`python -m sglang.launch_server`'s argparse actions). An installed
+version without a table is refused (exit 2, as argparse), never parsed with another version's
+flags. Only for the pinned version (gpusim.SGLANG_VERSION) does a hand-written table of the
+flags this project uses serve when its file is missing. `--config FILE.yaml` merges like
+SGLang's ConfigArgumentMerger: file values go first, so the command line wins.
 """
 
 from __future__ import annotations
@@ -15,13 +18,17 @@ import sys
 from collections.abc import Callable, Sequence
 from decimal import Decimal
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from gpusim import SGLANG_VERSION
+from gpusim.version import installed_sglang_version, public_version
 
-PROG = "sglang serve"  # SGLang 0.5.23 builds its parser with this prog name
+if TYPE_CHECKING:
+    from importlib.resources.abc import Traversable  # Python 3.11+; annotations only
+
+PROG = "sglang serve"  # SGLang 0.5.22 and 0.5.23 build their parsers with this prog name
 KV_CACHE_DTYPES = [
     "auto",
     "fp8_e5m2",
@@ -189,17 +196,62 @@ _ACTIONS = {
 }
 
 
-def flag_table_json() -> list[dict[str, Any]] | None:
-    """The generated flag table of the pinned SGLang, if the package ships it."""
-    resource = resources.files("gpusim") / "flags" / f"sglang-{SGLANG_VERSION}.json"
+class NoFlagTable(Exception):
+    """The installed SGLang has no flag table in this package (and is not the pinned one)."""
+
+    def __init__(self, version: str) -> None:
+        public = public_version(version)
+        shown = version if public == version else f"{version} (public version {public})"
+        have = ", ".join(table_versions()) or "none"
+        super().__init__(
+            f"gpusim has no flag table for the installed sglang {shown}: no "
+            f"flags/sglang-{public}.json in the gpusim package, which has tables for: {have}. "
+            "Generate one with gpusim/tools/dump_sglang_flags.py (gpusim/README.md, "
+            '"Versions").'
+        )
+        self.version = version
+
+
+def _version_key(version: str) -> list[tuple[int, str]]:
+    return [(int(part), "") if part.isdigit() else (-1, part) for part in version.split(".")]
+
+
+def tables_dir() -> Traversable:
+    """Where the package keeps its flag tables (`gpusim/flags/`)."""
+    return resources.files("gpusim") / "flags"
+
+
+def table_versions() -> list[str]:
+    """The SGLang versions this package has flag tables for, oldest first."""
+    folder = tables_dir()
+    names = [entry.name for entry in folder.iterdir()] if folder.is_dir() else []
+    versions = [
+        name.removeprefix("sglang-").removesuffix(".json")
+        for name in names
+        if name.startswith("sglang-") and name.endswith(".json")
+    ]
+    return sorted(versions, key=_version_key)
+
+
+def flag_table_json(version: str | None = None) -> list[dict[str, Any]] | None:
+    """The generated flag table of an SGLang version (default: the installed one).
+
+    None: the pinned version's file is missing, and the hand table serves. Any other version
+    without a file raises NoFlagTable.
+    """
+    version = installed_sglang_version() if version is None else version
+    public = public_version(version)
+    resource = tables_dir() / f"sglang-{public}.json"
     if not resource.is_file():
-        return None
+        if public == SGLANG_VERSION:
+            return None
+        raise NoFlagTable(version)
     data = json.loads(resource.read_text())
     return data["actions"] if isinstance(data, dict) else data
 
 
-def using_generated_table() -> bool:
-    return flag_table_json() is not None
+def using_generated_table(version: str | None = None) -> bool:
+    return flag_table_json(version) is not None
 
 
 class DeprecatedStoreTrue(argparse.Action):
@@ -261,9 +313,17 @@ def _add_from_json(parser: argparse.ArgumentParser, entry: dict[str, Any]) -> No
     parser.add_argument(*options, **kwargs)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(version: str | None = None) -> argparse.ArgumentParser:
+    """SGLang's parser for `version` (default: the installed SGLang's).
+
+    A version without a flag table exits 2 with argparse's usage and error lines, naming the
+    version and the tables there are: `--help` and start-up both fail that way.
+    """
     parser = argparse.ArgumentParser(prog=PROG)
-    table = flag_table_json()
+    try:
+        table = flag_table_json(version)
+    except NoFlagTable as exc:
+        parser.error(str(exc))
     if table is not None:
         for entry in table:
             _add_from_json(parser, entry)
@@ -333,8 +393,9 @@ def _config_to_args(data: dict[str, Any], store_true: set[str]) -> list[str]:
     return args
 
 
-def parse_server_args(argv: Sequence[str]) -> argparse.Namespace:
-    """Parse like `prepare_server_args`: argparse errors exit 2 with usage and message."""
-    parser = build_parser()
+def parse_server_args(argv: Sequence[str], version: str | None = None) -> argparse.Namespace:
+    """Parse like `prepare_server_args` of `version` (default: the installed SGLang):
+    argparse errors exit 2 with usage and message."""
+    parser = build_parser(version)
     merged = merge_config(parser, list(argv))
     return parser.parse_args(merged)

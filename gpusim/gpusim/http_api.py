@@ -22,7 +22,6 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from gpusim import SGLANG_VERSION
 from gpusim.engine import Request, Scheduler
 from gpusim.faults import STALL, Fault, FaultFileError, FaultSwitch
 from gpusim.memory import MemoryPlan
@@ -43,6 +42,8 @@ class ServerState:
     """What the HTTP layer shares with the launcher."""
 
     server_args: dict[str, Any]
+    # The SGLang version served in /server_info: the installed distribution's (gpusim.version).
+    version: str
     served_model_name: str
     model_info: dict[str, Any]
     tokenizer: WordTokenizer
@@ -453,7 +454,7 @@ async def server_info(request: web.Request) -> web.Response:
         "max_req_input_len": min(plan.context_len - 1, plan.max_total_num_tokens - 1),
         "startup_time": state.startup_time,
         "internal_states": [internal],
-        "version": SGLANG_VERSION,
+        "version": state.version,
         "frontend": "python",
     }
     return web.json_response(body)

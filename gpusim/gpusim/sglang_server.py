@@ -48,6 +48,7 @@ from gpusim.memory import (
 from gpusim.model import ModelDirError, ModelShape, load_model
 from gpusim.rank import spawn as spawn_rank
 from gpusim.tokenizer import WordTokenizer
+from gpusim.version import installed_sglang_version
 
 DRAIN_POLL_S = 0.05
 DRAIN_LOG_EVERY_S = 1.0
@@ -95,11 +96,16 @@ class RankProc:
 
 
 class Launcher:
-    def __init__(self, args: argparse.Namespace, argv: Sequence[str]) -> None:
+    def __init__(
+        self, args: argparse.Namespace, argv: Sequence[str], version: str | None = None
+    ) -> None:
         self.args = args
         self.argv = list(argv)
+        # The SGLang version this server is (the installed distribution's; README, "Versions").
+        self.version = installed_sglang_version() if version is None else version
         self.hardware = state.load_hardware()
         self.timing = self.hardware.timing
+        self.version_slowdown = self.hardware.slowdown_for(self.version)
         self.ranks: list[RankProc] = []
         self.server: ServerState | None = None
         self.runner: web.AppRunner | None = None
@@ -465,6 +471,7 @@ class Launcher:
             server_args |= {"attn_dp_size": self.attn_dp, "dp_size": 1, "enable_dp_attention": True}
         return ServerState(
             server_args=server_args,
+            version=self.version,
             served_model_name=served,
             model_info=info,
             tokenizer=WordTokenizer.from_dir(tokenizer_dir),
@@ -516,6 +523,7 @@ class Launcher:
                 on_crash=lambda msg: self.scheduler_exception("torch.OutOfMemoryError", msg, True),
                 log_prefix=prefix,
                 step_factor=factor,
+                version_slowdown=self.version_slowdown,
             )
 
         if self.attn_dp <= 1:
@@ -702,6 +710,19 @@ def _entrypoint_warning() -> None:
     )
 
 
+def _log_version(launcher: Launcher) -> None:
+    """The double's own start-up line: which SGLang it stands in for, and any regression it
+    simulates for that version (a warning, so that it shows at every --log-level)."""
+    line = f"gpusim: sglang {launcher.version} (the installed sglang distribution)"
+    if launcher.version_slowdown == 1.0:
+        logs.ENGINE.info(line)
+    else:
+        logs.ENGINE.warning(
+            f"{line}; hardware.yaml sglang_version_slowdown for {launcher.version}: decode and "
+            f"prefill are simulated {launcher.version_slowdown:g}x slower"
+        )
+
+
 def _server_args_dict(args: argparse.Namespace) -> dict[str, object]:
     """The fields `ServerArgs.resolved_dict()` logs (SGLang's own --config is merged away)."""
     return {key: value for key, value in vars(args).items() if key != "config"}
@@ -753,12 +774,17 @@ def _prepare(args: argparse.Namespace) -> tuple[ModelShape, MemoryArgs] | int:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     _entrypoint_warning()
+    version = installed_sglang_version()
     try:
-        args = flags.parse_server_args(argv)
+        args = flags.parse_server_args(argv, version)
     except ValueError as exc:
         print_traceback("ValueError", str(exc), "prepare_server_args(sys.argv[1:])")
         return 1
-    launcher = Launcher(args, argv)
+    try:
+        launcher = Launcher(args, argv, version)
+    except state.HardwareFileError as exc:
+        print_traceback("ValueError", str(exc), "gpusim.state.load_hardware()")
+        return 1
     try:
         logs.configure(args.log_level, launcher.rank_prefix)
     except LoggingConfigMissing as exc:
@@ -766,6 +792,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     # As 0.5.23's engine.py, secrets included: a logging config keeps them out of the journal.
     logs.ENGINE.info(f"server_args={_server_args_dict(args)}")
+    _log_version(launcher)
     prepared = _prepare(args)
     if isinstance(prepared, int):
         return prepared

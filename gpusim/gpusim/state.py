@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import tempfile
 from dataclasses import asdict, dataclass, field
@@ -43,6 +44,43 @@ class Timing:
     attn_dp_step_factor: float = 1.0
 
 
+SLOWDOWN_KEY = "sglang_version_slowdown"
+
+
+class HardwareFileError(ValueError):
+    """hardware.yaml holds a value gpusim refuses; the message names the key."""
+
+
+def _version_slowdown(value: Any) -> dict[str, float]:
+    """`sglang_version_slowdown`: {exact installed sglang version: factor >= 1.0}."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise HardwareFileError(
+            f"{SLOWDOWN_KEY} must be a mapping of sglang version to a factor "
+            f">= 1.0 (e.g. {{'0.5.23+regressed': 2.0}}), got {value!r}"
+        )
+    factors: dict[str, float] = {}
+    for version, factor in value.items():
+        if not isinstance(version, str) or not version:
+            raise HardwareFileError(
+                f"{SLOWDOWN_KEY} keys must be sglang version strings (quote "
+                f"them in YAML), got {version!r}"
+            )
+        if (
+            isinstance(factor, bool)
+            or not isinstance(factor, int | float)
+            or not math.isfinite(factor)
+            or factor < 1.0
+        ):
+            raise HardwareFileError(
+                f"{SLOWDOWN_KEY}[{version!r}] must be a number >= 1.0 (how many "
+                f"times slower that version decodes and prefills), got {factor!r}"
+            )
+        factors[version] = float(factor)
+    return factors
+
+
 @dataclass
 class Hardware:
     """The simulated host, read from hardware.yaml (missing keys keep these defaults)."""
@@ -55,18 +93,28 @@ class Hardware:
     driver_version: str = "580.95.05"
     cuda_version: str = "13.0"
     timing: Timing = field(default_factory=Timing)
+    # A regression per SGLang version (README, "Versions"): the installed version's factor
+    # multiplies the decode step and per-token prefill times; versions not listed: 1.0.
+    sglang_version_slowdown: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def slowdown_for(self, version: str) -> float:
+        """The factor for this exact installed version string (1.0 when not listed)."""
+        return self.sglang_version_slowdown.get(version, 1.0)
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Hardware:
-        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__ and k != "timing"}
+        """Raises HardwareFileError for a bad sglang_version_slowdown."""
+        nested = ("timing", SLOWDOWN_KEY)
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__ and k not in nested}
         timing_data = data.get("timing") or {}
         timing = Timing(
             **{k: float(v) for k, v in timing_data.items() if k in Timing.__dataclass_fields__}
         )
-        return cls(**known, timing=timing)
+        slowdown = _version_slowdown(data.get(SLOWDOWN_KEY))
+        return cls(**known, timing=timing, sglang_version_slowdown=slowdown)
 
 
 @dataclass
@@ -102,7 +150,10 @@ def load_hardware(root: Path | None = None) -> Hardware:
         data = yaml.safe_load(path.read_text()) or {}
     except FileNotFoundError:
         return Hardware()
-    return Hardware.from_dict(data)
+    try:
+        return Hardware.from_dict(data)
+    except HardwareFileError as exc:
+        raise HardwareFileError(f"{path}: {exc}") from None
 
 
 def save_hardware(hardware: Hardware, root: Path | None = None) -> None:

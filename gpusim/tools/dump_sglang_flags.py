@@ -5,6 +5,16 @@ Run it with the reference venv's interpreter (built by scripts/sglang-reference-
     .cache/sglang-ref/venv/bin/python gpusim/tools/dump_sglang_flags.py \
         --output gpusim/gpusim/flags/sglang-0.5.23.json
 
+Another SGLang version's table, with the reference venv's dependencies: install that wheel
+`--no-deps --target DIR` and put DIR first on the path, e.g. for 0.5.22 (a cp311 wheel, as the
+reference venv's Python):
+
+    PYTHONPATH=/tmp/sg522 .cache/sglang-ref/venv/bin/python gpusim/tools/dump_sglang_flags.py \
+        --output gpusim/gpusim/flags/sglang-0.5.22.json
+
+The recorded `sglang_version` is that of the distribution the imported `sglang` package comes
+from, not whichever `sglang` distribution importlib.metadata finds first.
+
 It builds the parser exactly as ``sglang.srt.server_args.prepare_server_args`` does
 (``argparse.ArgumentParser(prog="sglang serve")`` + ``ServerArgs.add_cli_args``) and starts
 nothing. Actions are kept in registration order, because that order is what argparse's usage and
@@ -154,9 +164,24 @@ def usage_text(parser: argparse.ArgumentParser) -> str:
             action.choices = choices
 
 
+def imported_sglang_version() -> str:
+    """The version of the distribution that installed the `sglang` package Python imports.
+
+    With a second SGLang shadowing the venv's (PYTHONPATH), two `sglang` distributions are
+    visible; the one whose files hold the imported `sglang/__init__.py` is the parser's.
+    """
+    import sglang  # noqa: PLC0415 - needs the reference venv
+
+    imported = Path(sglang.__file__).resolve()
+    for dist in metadata.distributions(name="sglang"):
+        if Path(str(dist.locate_file("sglang/__init__.py"))).resolve() == imported:
+            return dist.version
+    raise SystemExit(f"dump_sglang_flags: no sglang distribution owns {imported}")
+
+
 def dump(parser: argparse.ArgumentParser) -> dict[str, Any]:
     return {
-        "sglang_version": metadata.version("sglang"),
+        "sglang_version": imported_sglang_version(),
         "python_version": "{}.{}.{}".format(*sys.version_info[:3]),
         "prog": parser.prog,
         "entry_points": ["python -m sglang.launch_server", "sglang serve"],
