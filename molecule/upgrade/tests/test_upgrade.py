@@ -9,7 +9,8 @@ back whole, and the router must keep at least N-1 of N replicas healthy):
 3. 0.5.22 -> 0.5.23 rolls through the router without a failed request;
 4. a version the double makes slow is caught by the relative gate on the canary and rolled back
    to the old virtualenv automatically; the second replica is never touched;
-5. a prune that would remove a version in use is refused; unused ones go;
+5. an unknown version is refused before anything is built; a prune that would remove a version
+   in use is refused; unused ones go;
 6. a driver branch change goes host by host (playbooks/driver_upgrade.yml).
 The figures go to reports/upgrade/ for the record (docs/UPGRADES.md).
 """
@@ -228,6 +229,16 @@ def test_a_version_that_regresses_is_rolled_back_to_the_old_virtualenv():
     assert result["failed"] == 0, result["failures"]
     assert figures["lowest_healthy"] >= len(REPLICAS) - 1
     assert healthy_workers() == WORKERS
+
+
+def test_an_unknown_version_is_refused_before_anything_is_built():
+    run = run_playbook("provision.yml", extravars=version("0.5.99"))
+    assert run.rc != 0
+    text = " ".join(msg for _, _, msg in run.failures)
+    assert "ml_env_sglang_version 0.5.99 is not in the wheelhouse" in text, text
+    assert f"{OLD}, {NEW}, {REGRESSED}" in text, text
+    for host in REPLICAS:
+        assert not on(host).file(f"{VERSIONS}/.building-0.5.99").exists
 
 
 def test_a_prune_of_a_version_in_use_is_refused_and_unused_versions_go():
