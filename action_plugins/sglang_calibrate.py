@@ -37,10 +37,10 @@ from typing import Any
 from ansible.errors import AnsibleActionFail
 from sglang_fleet.module_utils.bounded_json import loads as bounded_loads
 
-from sglang_fleet import calibration
-from sglang_fleet.modelcfg import ModelConfigError, weight_bytes_from_index
-from sglang_fleet.servers import server_gpus
-from sglang_fleet.verb_action import VerbAction
+from sglang_fleet.capacity import calibration
+from sglang_fleet.capacity.model_config import ModelConfigError, weight_bytes_from_index
+from sglang_fleet.rollout.verb_action import VerbAction
+from sglang_fleet.servers.describe import server_gpus
 
 # The journal lines a record reads (calibration.build_record's start-up lines).
 MEMORY_LINES = (

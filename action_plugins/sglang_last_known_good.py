@@ -4,7 +4,8 @@ One operator verb, sequenced on the controller through modules on the host (as
 `ansible.builtin.reboot` sequences its own). Right after a server passed its gates:
 
 A server across hosts (its `nodes`) first checks that every node passed this restart
-(sglang_fleet.restart.failed_nodes: each node's registered restart, and node 0's smoke gate);
+(sglang_fleet.rollout.restart.failed_nodes: each node's registered restart, and node 0's smoke
+gate);
 one that did not fails the task on every node, and all go back to last-known-good together.
 Then, in one module run on the host (library/sglang_last_known_good.py, under no_log), into its
 last-known-good folder (<state dir>/<server>/lkg, root only):
@@ -36,9 +37,9 @@ from typing import Any
 
 from ansible.errors import AnsibleActionFail
 
-from sglang_fleet import restart
+from sglang_fleet.rollout import restart
+from sglang_fleet.rollout.verb_action import VerbAction
 from sglang_fleet.server_secrets import public_flags
-from sglang_fleet.verb_action import VerbAction
 
 SERVER_KEYS = ("name", "config_hash", "flags", "api_key_set", "paths")
 PATH_KEYS = ("lkg_dir", "dropin", "env_file", "secrets_file")

@@ -4,8 +4,8 @@ One operator verb, sequenced on the controller through read-only modules on the 
 `ansible.builtin.reboot` sequences its own): one read of everything it decides from
 (sglang_host_state's `read`: GPUs, units, the SGLang interpreter and version, the service user,
 port holders, model descriptions, calibration stores), then the flag check when needed; its
-decisions in tested Python (sglang_fleet.validate, sglang_fleet.preflight,
-sglang_fleet.plan_verdict):
+decisions in tested Python (sglang_fleet.servers.host_checks, sglang_fleet.rollout.preflight_inputs,
+sglang_fleet.capacity.verdict):
 
 1. the host's GPUs (a host whose servers all run on SGLang's CPU engine has none,
    docs/CPU-SERVERS.md);
@@ -48,12 +48,14 @@ from typing import Any
 from ansible.errors import AnsibleActionFail
 from sglang_fleet.module_utils.bounded_json import loads as bounded_loads
 
-from sglang_fleet import calibration, preflight, validate
-from sglang_fleet.plain import plain
-from sglang_fleet.plan_verdict import verdict
+from sglang_fleet.ansible_values import plain
+from sglang_fleet.capacity import calibration
+from sglang_fleet.capacity.verdict import verdict
+from sglang_fleet.rollout import preflight_inputs as preflight
+from sglang_fleet.rollout.verb_action import VerbAction
 from sglang_fleet.server_secrets import redact
-from sglang_fleet.servers import records_and_routers
-from sglang_fleet.verb_action import VerbAction
+from sglang_fleet.servers import host_checks as validate
+from sglang_fleet.servers.describe import records_and_routers
 
 REQUIRED = ("servers", "python", "launch_module", "nvidia_smi")
 OPTIONAL = (

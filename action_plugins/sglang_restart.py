@@ -1,7 +1,7 @@
 """Action sglang_restart: stop one server, clean what it leaves, start it, wait for a generation.
 
 One operator verb, sequenced on the controller through modules on the host (as
-`ansible.builtin.reboot` sequences its own); its decisions are sglang_fleet.restart's:
+`ansible.builtin.reboot` sequences its own); its decisions are sglang_fleet.rollout.restart's:
 
 0. a replica behind a router (`router`, its URLs; `drain`, the bounds) that runs leaves it and
    drains first (sglang_router_workers, state absent; the lock renewed for the drain's bound
@@ -37,8 +37,8 @@ from typing import Any
 
 from ansible.errors import AnsibleActionFail
 
-from sglang_fleet import restart
-from sglang_fleet.verb_action import StepFailed, VerbAction, router_args
+from sglang_fleet.rollout import restart
+from sglang_fleet.rollout.verb_action import StepFailed, VerbAction, router_args
 
 REQUIRED = ("server", "launch_module", "owner_users")
 OPTIONAL = ("lock", "health", "cleanup", "router", "drain", "api_key")

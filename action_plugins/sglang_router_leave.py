@@ -4,7 +4,7 @@ The one take-out of a routed replica (docs/ROUTER.md, "A rollout of N replicas b
 router"): a rollout's restart runs it as its first step (action_plugins/sglang_restart.py); a
 rollback, a GPU cleanup and an autotune trial run this action before their stop
 (roles/sglang_server/tasks/router_take_out.yml). Both are `VerbAction._take_out`
-(sglang_fleet/verb_action.py):
+(sglang_fleet/rollout/verb_action.py):
 
 1. whether the unit runs: one that does not serves nothing and is not taken out (the router's
    own health checks keep requests away from it);
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sglang_fleet.verb_action import StepFailed, VerbAction, router_args
+from sglang_fleet.rollout.verb_action import StepFailed, VerbAction, router_args
 
 
 class ActionModule(VerbAction):

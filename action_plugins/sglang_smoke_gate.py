@@ -1,7 +1,7 @@
 """Action sglang_smoke_gate: measure a freshly started server and gate on the result.
 
 One operator verb, sequenced on the controller through modules on the host (as
-`ansible.builtin.reboot` sequences its own); the decisions are sglang_fleet's (gate.smoke_argv,
+`ansible.builtin.reboot` sequences its own); the decisions are sglang_fleet's (smoke_argv,
 gate.evaluate, gate.compact, diagnose.diagnose):
 
 1. on the host, in one module run (library/sglang_smoke_run.py): the client (the installed
@@ -9,7 +9,8 @@ gate.evaluate, gate.compact, diagnose.diagnose):
    benchmark run with the server's API key on stdin (never argv, never a result: the run is
    under no_log), bounded by coreutils' timeout, its result and this start's journal read back;
 2. the result kept on the control node (reports_dir/<host>/<server>/<UTC stamp>.json), with the
-   picture beside it (sglang_fleet.report in the controller's Python; a picture that cannot be
+   picture beside it (sglang_fleet.bench.smoke_picture in the controller's Python; a picture that
+   cannot be
    drawn is said, never gated on);
 3. the diagnosis of what bounds the server (its /metrics samples in the result, else this
    start's journal), kept beside the result;
@@ -43,9 +44,10 @@ from typing import Any
 from ansible.errors import AnsibleActionFail
 from sglang_fleet.module_utils.bounded_json import loads as bounded_loads
 
-from sglang_fleet import gate
-from sglang_fleet.diagnose import diagnose
-from sglang_fleet.verb_action import StepFailed, VerbAction
+from sglang_fleet.bench import gate
+from sglang_fleet.bench.smoke_argv import smoke_argv
+from sglang_fleet.diagnosis.diagnose import diagnose
+from sglang_fleet.rollout.verb_action import StepFailed, VerbAction
 
 REQUIRED = ("server", "workload", "python", "client_path", "state_dir", "reports_dir")
 OPTIONAL = ("api_key", "timeout", "journal_lines", "thresholds", "lock")
@@ -114,7 +116,7 @@ class ActionModule(VerbAction):
             raise AnsibleActionFail(f"sglang_smoke_gate: {what}: {done.get('msg')}")
 
     def _measure(self, server: Mapping[str, Any], args: Mapping[str, Any]) -> dict[str, Any]:
-        from sglang_fleet import smoke  # noqa: PLC0415 (its source goes to the host)
+        from sglang_fleet.bench import smoke_client as smoke  # noqa: PLC0415 (its source goes to the host)
 
         name, client = str(server["name"]), str(args["client_path"])
         stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
@@ -123,7 +125,7 @@ class ActionModule(VerbAction):
         local_base = Path(str(args["reports_dir"])).resolve() / host / name / stamp
         timeout = int(args.get("timeout") or 600)
         try:
-            argv = gate.smoke_argv(
+            argv = smoke_argv(
                 dict(args["workload"]),
                 python=str(args["python"]),
                 client=client,
@@ -190,7 +192,7 @@ class ActionModule(VerbAction):
         python = str(self._vars.get("ansible_playbook_python") or sys.executable)
         try:
             drawn = subprocess.run(
-                [python, "-m", "sglang_fleet.report", base + ".json", base + ".png"],
+                [python, "-m", "sglang_fleet.bench.smoke_picture", base + ".json", base + ".png"],
                 capture_output=True,
                 text=True,
                 timeout=PICTURE_TIMEOUT_S,

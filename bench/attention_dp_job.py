@@ -41,9 +41,9 @@ import autotune_vs_grid as grid_bench
 from gpusim.state import Hardware
 
 from gpusim import state as gpusim_state
-from sglang_fleet import autotune
-from sglang_fleet.modelcfg import read_model_dir
-from sglang_fleet.plan import plan
+from sglang_fleet.capacity.model_config import read_model_dir
+from sglang_fleet.capacity.planner import plan
+from sglang_fleet.tuning import autotune
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures"

@@ -7,7 +7,7 @@
 Each trial is what the playbook does on a canary, on a simulated 8 x 96 GB host: start the
 server with the candidate's flags (`python -m gpusim.sglang_server`), wait for /health,
 build the calibration record from the start-up log and /server_info, run the smoke client
-(`sglang_fleet/smoke.py`) with the Kimi job, stop the server.
+(`sglang_fleet/bench/smoke_client.py`) with the Kimi job, stop the server.
 
 The story's job is 150 concurrent requests of 2000 + 2000 tokens on Kimi-K2.5 int4, tp 8.
 Scaled down in time (--scale S, default 20): requests of 2000/S + 2000/S tokens on a copy of
@@ -52,8 +52,9 @@ from typing import Any
 from gpusim.state import Hardware, Timing
 
 from gpusim import state as gpusim_state
-from sglang_fleet import autotune, calibration
-from sglang_fleet.modelcfg import read_model_dir
+from sglang_fleet.capacity import calibration
+from sglang_fleet.capacity.model_config import read_model_dir
+from sglang_fleet.tuning import autotune
 
 REPO = Path(__file__).resolve().parent.parent
 GPUSIM = REPO / "gpusim"
@@ -192,7 +193,7 @@ def smoke(url: str, workload: dict[str, int], out: Path) -> dict[str, Any] | Non
     argv = [
         sys.executable,
         "-m",
-        "sglang_fleet.smoke",
+        "sglang_fleet.bench.smoke_client",
         f"--url={url}",
         f"--num-prompts={workload['num_prompts']}",
         f"--max-concurrency={workload['concurrency']}",
@@ -239,7 +240,7 @@ def run_trial(env: Setup, flags: dict[str, Any], label: str) -> dict[str, Any]:
 
 
 def _calibrate(env: Setup, log_path: Path, info: dict | None, flags: dict) -> dict | None:
-    """The record the role stores after the health gate (sglang_fleet.calibration)."""
+    """The record the role stores after the health gate (sglang_fleet.capacity.calibration)."""
     config, weight_bytes = read_model_dir(env.model_dir)
     key = {
         "model_config": config,

@@ -19,7 +19,7 @@ max_total_num_tokens is set beside the #tokens B logged.
 Part 2, the real scheduler KV-bound: the real CPU engine with a small --max-total-tokens, long
 requests and more clients than fit; the planned concurrent requests beside the peak of
 `sglang:num_running_reqs` read from its /metrics during the run, and the diagnosis of that run
-(sglang_fleet.diagnose on its log and the smoke result).
+(sglang_fleet.diagnosis.diagnose on its log and the smoke result).
 
 Prints both tables; exits 1 when a GPU pair of one host and SGLang version is off by more than
 2 %. Not part of `make test`: part 1 without the real engine takes seconds, the real engine's
@@ -51,10 +51,10 @@ import autotune_vs_grid as grid_bench
 from gpusim.state import Hardware, Timing
 
 from gpusim import state as gpusim_state
-from sglang_fleet import diagnose
-from sglang_fleet.modelcfg import read_model_dir
-from sglang_fleet.plan import PlanInputError, plan
-from sglang_fleet.server_log import Calibration, parse_log
+from sglang_fleet.capacity.model_config import read_model_dir
+from sglang_fleet.capacity.planner import PlanInputError, plan
+from sglang_fleet.capacity.server_log import Calibration, parse_log
+from sglang_fleet.diagnosis import diagnose
 
 REPO = Path(__file__).resolve().parent.parent
 LOGS = REPO / "tests" / "fixtures" / "logs"
@@ -330,7 +330,7 @@ def kv_bound_run(model: Path, workdir: Path, cap: int) -> dict[str, Any]:
         watcher = threading.Thread(target=peak_running, args=(server.url, done, seen))
         watcher.start()
         result_path = workdir / f"kv-bound-smoke-{cap}.json"
-        argv = [sys.executable, "-m", "sglang_fleet.smoke", f"--url={server.url}"]
+        argv = [sys.executable, "-m", "sglang_fleet.bench.smoke_client", f"--url={server.url}"]
         argv += [f"--num-prompts={KV_BOUND_CLIENTS * 2}", f"--max-concurrency={KV_BOUND_CLIENTS}"]
         argv += [f"--random-input-len={KV_BOUND_IN}", f"--random-output-len={KV_BOUND_OUT}"]
         vocab = json.loads((model / "config.json").read_text())["vocab_size"]

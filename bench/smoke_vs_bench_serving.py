@@ -219,7 +219,7 @@ def run_child(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
 def run_smoke(python: str, url: str, n: int, args: argparse.Namespace, out: Path) -> Run:
     cmd = [
         python,
-        str(REPO / "sglang_fleet" / "smoke.py"),
+        str(REPO / "sglang_fleet" / "bench" / "smoke_client.py"),
         "--url",
         url,
         "--backend",

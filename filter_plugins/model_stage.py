@@ -1,4 +1,5 @@
-"""Ansible filters for weight staging (thin wrappers over sglang_fleet.staging; tested there).
+"""Ansible filters for weight staging (thin wrappers over sglang_fleet.servers.model_source; tested
+there).
 
 {{ sglang_server_instances | model_stage_plan }}     [{path, source, servers}], one per path
 {{ sglang_server_instances | model_stage_protected }}  every model_path (never pruned)
@@ -11,8 +12,8 @@ from typing import Any
 
 from ansible.errors import AnsibleFilterError
 
-from sglang_fleet.plain import plain
-from sglang_fleet.staging import (
+from sglang_fleet.ansible_values import plain
+from sglang_fleet.servers.model_source import (
     StageConfigError,
     check_settings,
     protected_paths,

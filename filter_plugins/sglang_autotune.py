@@ -17,8 +17,8 @@ from typing import Any
 from ansible.errors import AnsibleFilterError
 from sglang_fleet.module_utils.bounded_json import loads as bounded_loads
 
-from sglang_fleet import autotune
-from sglang_fleet.plain import plain
+from sglang_fleet.ansible_values import plain
+from sglang_fleet.tuning import autotune
 
 # Every request the same length (the smoke client sends exactly these token counts), as the
 # search's wave model assumes; no warm-up beyond one request.

@@ -1,8 +1,9 @@
-"""Ansible filters over sglang_fleet.diagnose: what bounds a server's throughput.
+"""Ansible filters over sglang_fleet.diagnosis.diagnose: what bounds a server's throughput.
 
     {{ smoke_result | sglang_diagnose(log_text, concurrency, plan_context) }}  after a smoke run
     {{ sample_json | sglang_diagnose_live(plan_context, log_text) }}   a running server, sampled
-                                                                       by sglang_fleet/live.py
+                                                                       by
+                                                                       sglang_fleet/diagnosis/live_metrics.py
     {{ [{host, server, diagnosis}, ...] | sglang_diagnosis_table }}    the table, as lines
 
 Thin wrappers over the installed sglang_fleet package (docs/DIAGNOSIS.md). Results may be JSON
@@ -15,8 +16,8 @@ from typing import Any
 
 from ansible.errors import AnsibleFilterError
 
-from sglang_fleet.diagnose import diagnose, diagnose_live, table_lines
-from sglang_fleet.plain import plain_mapping
+from sglang_fleet.ansible_values import plain_mapping
+from sglang_fleet.diagnosis.diagnose import diagnose, diagnose_live, table_lines
 
 
 def sglang_diagnose(
@@ -37,7 +38,8 @@ def sglang_diagnose(
 def sglang_diagnose_live(
     sample: Any, plan_context: dict | None = None, log_text: str | None = None
 ) -> dict:
-    """diagnose_live() on what sglang_fleet/live.py printed for a running server."""
+    """diagnose_live() on what sglang_fleet/diagnosis/live_metrics.py printed for a running
+    server."""
     try:
         if not isinstance(sample, str):
             sample = plain_mapping(sample, "sample", optional=True)

@@ -1,5 +1,5 @@
 """Ansible filters of playbooks/driver_upgrade.yml: the driver rollout decided in Python
-(sglang_fleet.driver_rollout, tested in tests/test_driver_rollout.py).
+(sglang_fleet.rollout.driver_upgrade, tested in tests/test_driver_rollout.py).
 
     {{ driver_upgrade_serial | driver_rollout_settings_problems(nvidia_driver_branch) }}
         -> [problem, ...]    the run's settings, checked before any host is read
@@ -23,8 +23,8 @@ from typing import Any
 
 from ansible.errors import AnsibleFilterError
 
-from sglang_fleet import driver_rollout as _rollout
-from sglang_fleet.plain import plain
+from sglang_fleet.ansible_values import plain
+from sglang_fleet.rollout import driver_upgrade as _rollout
 
 
 def driver_rollout_settings_problems(serial: Any, branch: Any = None) -> list[str]:

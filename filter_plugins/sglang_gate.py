@@ -5,7 +5,8 @@ action's, action_plugins/sglang_smoke_gate.py).
                                    message) }}   one server's row, as restart.yml notes it
     {{ ansible_play_hosts_all | sglang_rollout_table(hostvars, ansible_check_mode) }}
                                                  the fleet summary, as lines
-    {{ 'smoke' | sglang_fleet_module_file }}   the installed sglang_fleet/smoke.py (copied to hosts)
+    {{ 'bench.smoke_client' | sglang_fleet_module_file }}   the installed
+    sglang_fleet/bench/smoke_client.py (copied to hosts)
 
 Thin wrappers over the installed sglang_fleet package (gate.py; tested there).
 """
@@ -18,8 +19,8 @@ from typing import Any
 
 from ansible.errors import AnsibleFilterError
 
-from sglang_fleet.gate import format_rollout_table, rollout_row, rollout_rows
-from sglang_fleet.plain import plain_mapping
+from sglang_fleet.ansible_values import plain_mapping
+from sglang_fleet.rollout.fleet_summary import format_rollout_table, rollout_row, rollout_rows
 
 
 def sglang_rollout_row(  # noqa: PLR0917 (Jinja passes filter arguments by position)
@@ -30,7 +31,8 @@ def sglang_rollout_row(  # noqa: PLR0917 (Jinja passes filter arguments by posit
     staged: Any = None,
     message: Any = None,
 ) -> dict[str, Any]:
-    """sglang_fleet.gate.rollout_row(): one server's row of the fleet summary (restart.yml)."""
+    """sglang_fleet.rollout.fleet_summary.rollout_row(): one server's row of the fleet summary
+    (restart.yml)."""
     try:
         return rollout_row(
             plain_mapping(server, "server") or {},
@@ -48,7 +50,7 @@ def _host_entry(host: str, hostvars: Mapping[str, Any], check_mode: bool) -> dic
     """What the rollout recorded on one host: the sglang_server role's documented output facts
     (sglang_server_servers, sglang_server_rollout_results, and the pre-flight's
     sglang_server_preflight.calibration_refused);
-    absent when it never got there. A host the `check` entry point found in need of a rollout
+    absent when it never got there. A host the `inspect` entry point found in need of a rollout
     (sglang_server_rollout_needed) that the rollout did not reach (sglang_server_rollout_reached)
     counts as never got there. Under --check (check_mode) the servers a rollout would restart
     (sglang_server_restart_names) read "would restart"."""

@@ -1,7 +1,7 @@
 """Ansible filters of the monitoring role: typed settings and what Prometheus scrapes.
 
     {{ {'monitoring_rate_window': monitoring_rate_window, ...} | sglang_monitoring_settings }}
-        the settings typed and checked (sglang_fleet/monitoring_settings.py): what templates print
+        the settings typed and checked (sglang_fleet/monitoring/settings.py): what templates print
     {{ hosts | sglang_monitoring_plan(monitoring_host, key_dir, ttft_ms, tpot_ms) }}
         {servers, routers, nodes, slos}: no key in it, safe to template and log
     {{ hosts | sglang_monitoring_credentials(key_dir) }}
@@ -9,8 +9,9 @@
     {{ text | sglang_yaml_string }}
         one YAML double-quoted scalar that Prometheus reads back as the same text
 
-Thin wrappers over the installed sglang_fleet package (monitoring.py, monitoring_settings.py,
-docs/MONITORING.md): bad input fails the task naming the variable, or the host, server and field.
+Thin wrappers over the installed sglang_fleet package (monitoring/scrape_targets.py,
+monitoring/settings.py, docs/MONITORING.md): bad input fails the task naming the variable, or
+the host, server and field.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from typing import Any
 
 from ansible.errors import AnsibleFilterError
 
-from sglang_fleet import monitoring, monitoring_settings
-from sglang_fleet.plain import plain
+from sglang_fleet.ansible_values import plain
+from sglang_fleet.monitoring import scrape_targets as monitoring
+from sglang_fleet.monitoring import settings as monitoring_settings
 
 
 def _wrap(func: Callable[..., Any], *args: Any) -> Any:

@@ -1,4 +1,4 @@
-"""Ansible filter over sglang_fleet.plan: the rollout's capacity pre-flight.
+"""Ansible filter over sglang_fleet.capacity.planner: the rollout's capacity pre-flight.
 
     {{ server | sglang_server_plan(model_config, weights, gpus, host_ram_mib, workload,
                                    calibration) }}
@@ -11,10 +11,12 @@ nvidia_gpu_info module returned (the server's own GPUs give the memory and name)
 is {store: the host's calibration.json as slurped (text, may be empty), mode: enforce | warn
 | ignore, sglang_version: the installed version} (docs/CALIBRATION.md). model_config and
 weights may be what `slurp` + `b64decode` give (JSON text) or already parsed; weights may be
-a byte count or the parsed model.safetensors.index.json. The logic lives in sglang_fleet.plan
-and sglang_fleet.preflight (docs/ARCHITECTURE.md); what a plan means for the rollout (the line
+a byte count or the parsed model.safetensors.index.json. The logic lives in
+sglang_fleet.capacity.planner
+and sglang_fleet.rollout.preflight_inputs (docs/ARCHITECTURE.md); what a plan means for the rollout
+(the line
 that says what bounds the server, a calibrated refusal, the message that fails the host) in
-sglang_fleet.plan_verdict.
+sglang_fleet.capacity.verdict.
 """
 
 from __future__ import annotations
@@ -23,17 +25,17 @@ from typing import Any
 
 from ansible.errors import AnsibleFilterError
 
-from sglang_fleet.modelcfg import ModelConfigError
-from sglang_fleet.plain import plain_mapping
-from sglang_fleet.plan import PlanInputError, plan
-from sglang_fleet.plan_verdict import verdict
-from sglang_fleet.preflight import server_plan, weight_bytes
+from sglang_fleet.ansible_values import plain_mapping
+from sglang_fleet.capacity.model_config import ModelConfigError
+from sglang_fleet.capacity.planner import PlanInputError, plan
+from sglang_fleet.capacity.verdict import verdict
+from sglang_fleet.rollout.preflight_inputs import server_plan, weight_bytes
 
 
 def sglang_plan(
     model_config: Any, weights: Any, args: dict | None = None, host: dict | None = None
 ) -> dict:
-    """sglang_fleet.plan.plan(); bad input fails the task with the reason."""
+    """sglang_fleet.capacity.planner.plan(); bad input fails the task with the reason."""
     try:
         return plan(
             plain_mapping(model_config, "model_config"),
@@ -56,7 +58,8 @@ def sglang_server_plan(  # noqa: PLR0917 (Jinja passes filter arguments by posit
     workload: dict | None = None,
     calibration: dict | None = None,
 ) -> dict:
-    """sglang_fleet.preflight.server_plan(): one described server's plan on its own GPUs and
+    """sglang_fleet.rollout.preflight_inputs.server_plan(): one described server's plan on its own
+    GPUs and
     the host's RAM, with the host's calibration records when `calibration` is given."""
     try:
         return server_plan(server, model_config, weights, gpus, host_ram_mib, workload, calibration)
@@ -69,7 +72,7 @@ def sglang_server_plan(  # noqa: PLR0917 (Jinja passes filter arguments by posit
 def sglang_plan_verdict(
     plan_result: Any, name: str, workload: Any, warnings_fatal: bool = False
 ) -> dict[str, str]:
-    """sglang_fleet.plan_verdict.verdict(): {bounds, refusal, blocking} of one server's plan."""
+    """sglang_fleet.capacity.verdict.verdict(): {bounds, refusal, blocking} of one server's plan."""
     if not isinstance(warnings_fatal, bool):
         raise AnsibleFilterError(
             f"sglang_plan_verdict: warnings_fatal must be true or false, got {warnings_fatal!r}"

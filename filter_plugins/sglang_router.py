@@ -2,9 +2,10 @@
 each decided once in Python.
 
     {{ settings | sglang_router_problems }}
-        -> [problem, ...]   (sglang_fleet.router.settings_problems; [] when all is well)
+        -> [problem, ...]   (sglang_fleet.servers.router_settings.settings_problems; [] when all is
+        well)
     {{ flags | sglang_router_command(python, launcher, key_credential) }}
-        -> {flag_argv, argv, exec_start}   (sglang_fleet.router.router_command)
+        -> {flag_argv, argv, exec_start}   (sglang_fleet.servers.router_settings.router_command)
 
 A thin wrapper over the installed sglang_fleet package (docs/ARCHITECTURE.md): bad input fails
 the task with the reason.
@@ -17,8 +18,8 @@ from typing import Any
 
 from ansible.errors import AnsibleFilterError
 
-from sglang_fleet import router as _router
-from sglang_fleet.plain import plain
+from sglang_fleet.ansible_values import plain
+from sglang_fleet.servers import router_settings as _router
 
 
 def sglang_router_command(

@@ -29,12 +29,12 @@ from typing import Any
 from ansible.errors import AnsibleFilterError
 from sglang_fleet.module_utils.bounded_json import loads as bounded_loads
 
-from sglang_fleet import nodes as _nodes
-from sglang_fleet import restart_plan as _restart_plan
 from sglang_fleet import server_secrets as _server_secrets
-from sglang_fleet import servers as _servers
-from sglang_fleet import validate as _validate
-from sglang_fleet.plain import plain
+from sglang_fleet.ansible_values import plain
+from sglang_fleet.servers import describe as _servers
+from sglang_fleet.servers import host_checks as _validate
+from sglang_fleet.servers import nodes as _nodes
+from sglang_fleet.servers import restart_decision as _restart_plan
 
 
 def _wrap(func: Callable[..., Any], *args: Any) -> Any:
@@ -55,7 +55,7 @@ def sglang_server_describe(  # noqa: PLR0917 (Jinja passes filter arguments by p
     tuned: dict | None = None,
     device: str = "cuda",
 ) -> list[dict]:
-    """sglang_fleet.servers.describe_servers(): every server with what the role writes;
+    """sglang_fleet.servers.describe.describe_servers(): every server with what the role writes;
     cluster {host: inventory_hostname} gives the default host of a router's worker URL; device
     is the host's default (sglang_server_device)."""
     try:
@@ -109,19 +109,21 @@ def _records(servers: list, lkg: Any) -> list[dict[str, Any] | None]:
 def sglang_restart_decision(
     servers: list, changed_paths: list, running_units: list, lkg_slurps: Any
 ) -> list[str]:
-    """sglang_fleet.restart_plan.restart_decision(): the servers a rollout restarts
+    """sglang_fleet.servers.restart_decision.restart_decision(): the servers a rollout restarts
     (lkg_slurps: see _records)."""
     records = _records(servers, lkg_slurps)
     return _wrap(_restart_plan.restart_decision, servers, changed_paths, running_units, records)
 
 
 def sglang_server_records_and_routers(servers: list) -> dict[str, list[dict]]:
-    """sglang_fleet.servers.records_and_routers(): what sglang_host_state checks besides files."""
+    """sglang_fleet.servers.describe.records_and_routers(): what sglang_host_state checks besides
+    files."""
     return _wrap(_servers.records_and_routers, servers)
 
 
 def sglang_server_secret_files(servers: list, secrets: dict) -> list[dict]:
-    """sglang_fleet.servers.secret_files(): the secrets files (the keys): no_log tasks only."""
+    """sglang_fleet.servers.describe.secret_files(): the secrets files (the keys): no_log tasks
+    only."""
     return _wrap(_servers.secret_files, servers, secrets)
 
 
@@ -133,7 +135,8 @@ def sglang_server_secrets(servers: Any) -> dict[str, dict[str, str]]:
 def sglang_restart_lines(
     servers: list, restart_names: list, lkg_slurps: Any, running_units: list
 ) -> list[str]:
-    """sglang_fleet.restart_plan.restart_lines(): what a rollout would do, flag by flag."""
+    """sglang_fleet.servers.restart_decision.restart_lines(): what a rollout would do, flag by
+    flag."""
     records = _records(servers, lkg_slurps)
     return _wrap(_restart_plan.restart_lines, servers, restart_names, records, running_units)
 
@@ -177,7 +180,7 @@ def sglang_server_api_keys(servers: Any) -> dict[str, str]:
 
 
 def sglang_rollout_groups(hosts: list, hostvars: Mapping) -> dict[str, list[str]]:
-    """nodes.rollout_groups() from what the `check` entry point left on each host
+    """nodes.rollout_groups() from what the `inspect` entry point left on each host
     (sglang_server_servers, sglang_server_rollout_needed)."""
     names = [str(host) for host in plain(hosts) or []]
     facts = {}

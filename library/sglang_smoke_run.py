@@ -13,7 +13,8 @@ short_description: Put the smoke client on the host, run it against a server, re
 description:
   - Writes the smoke client (its source is an argument; written only when it differs, atomically,
     root only writable) and makes the result folder.
-  - Runs the client's command (C(argv), built on the control node by sglang_fleet.gate.smoke_argv:
+  - Runs the client's command (C(argv), built on the control node by
+  sglang_fleet.bench.smoke_argv:
     bounded by coreutils' timeout, the key read from stdin) with the API key on stdin, never in
     argv or in the environment of this module's caller.
   - Returns the result file's text (bounded by C(max_result_bytes)), how the client ended, the
@@ -24,7 +25,7 @@ version_added: "0.4.0"
 author: sglang-fleet
 options:
   client_source:
-    description: The client's source (sglang_fleet/smoke.py of the control node).
+    description: The client's source (sglang_fleet/bench/smoke_client.py of the control node).
     type: str
     required: true
   client_path:
@@ -153,7 +154,7 @@ def run(params: dict, check_mode: bool) -> dict:
         stderr=subprocess.PIPE,
         text=True,
         check=False,
-    )  # bounded by the command's own `timeout` (gate.smoke_argv)
+    )  # bounded by the command's own `timeout` (smoke_argv)
     return {
         "changed": True,  # a new result file on the host
         "client_changed": client_changed,

@@ -112,7 +112,7 @@ def process_references(proc: str | None = None) -> list[str]:
 
 def exec_start_words(text: str) -> list[str]:
     """The words of every ExecStart= line of a unit file or drop-in (systemd's quoting as
-    sglang_fleet/flags.py writes it: shell-like quotes, %% and $$ doubled)."""
+    sglang_fleet/servers/launch_line.py writes it: shell-like quotes, %% and $$ doubled)."""
     words: list[str] = []
     for raw in text.splitlines():
         line = raw.strip()

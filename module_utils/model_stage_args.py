@@ -1,5 +1,6 @@
 """What weight staging accepts, checked in one place on both sides (docs/STAGING.md): the
-control node checks the inventory with it before any host is touched (sglang_fleet/staging.py,
+control node checks the inventory with it before any host is touched
+(sglang_fleet/servers/model_source.py,
 filter_plugins/model_stage.py), and the model_stage module checks its arguments with it again
 before it touches anything on the host (library/model_stage.py).
 

@@ -5,7 +5,7 @@ Facts: docs/ARCHITECTURE.md, "Secrets".
 One list, one owner. Each SGLang flag that carries a secret is a field of the server's
 description of the same name (`api_key`, `admin_api_key`, ...), never a flag layer's key: it goes
 to the server's root-only secrets file, which systemd hands the unit as a credential and SGLang
-reads with `--config` (sglang_fleet/servers.py). So it is in no argv, no unit file, no
+reads with `--config` (sglang_fleet/servers/describe.py). So it is in no argv, no unit file, no
 environment file and no printed description. Environment variables that hold a secret (a hub
 token) are refused in `env` layers for the same reason: the environment file is world-readable
 and the description is printed.

@@ -17,10 +17,11 @@ from typing import Any
 import pytest
 from kimi_job import GPU, KIMI_LOG, KIMI_RUN_FLAGS
 
-from sglang_fleet import attndp, autotune, calibration
-from sglang_fleet.diagnose import diagnose
-from sglang_fleet.modelcfg import model_shape, read_model_dir
-from sglang_fleet.plan import PlanInputError, main, plan
+from sglang_fleet.capacity import attention_dp, calibration
+from sglang_fleet.capacity.model_config import model_shape, read_model_dir
+from sglang_fleet.capacity.planner import PlanInputError, main, plan
+from sglang_fleet.diagnosis.diagnose import diagnose
+from sglang_fleet.tuning import autotune
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -61,7 +62,7 @@ def kimi(**args: Any) -> dict[str, Any]:
 
 # --- where the weights go ---------------------------------------------------------------
 def test_weight_layout_of_kimi_from_config():
-    w = attndp.weight_layout(CONFIG, SHAPE, WEIGHTS)
+    w = attention_dp.weight_layout(CONFIG, SHAPE, WEIGHTS)
     assert w.replicated == QKV_A * LAYERS * 2
     assert w.attn_split == ATTN_SPLIT_BYTES
     assert w.embedding == EMBED
@@ -76,15 +77,15 @@ def test_weight_layout_of_kimi_from_config():
 
 def test_fp8_checkpoint_counts_one_byte_per_attention_weight():
     config, weights = read_model_dir(FIXTURES / "models" / "deepseek-v3")
-    w = attndp.weight_layout(config, model_shape(config), weights)
+    w = attention_dp.weight_layout(config, model_shape(config), weights)
     assert w.attention_elem_bytes == 1
     assert w.embedding == 129280 * 7168
 
 
 @pytest.mark.parametrize("attn_dp", [1, 2, 4, 8])
 def test_extra_weights_per_gpu(attn_dp: int):
-    w = attndp.weight_layout(CONFIG, SHAPE, WEIGHTS)
-    assert attndp.extra_weight_gib(w, 8, attn_dp) == pytest.approx(extra_gib(attn_dp))
+    w = attention_dp.weight_layout(CONFIG, SHAPE, WEIGHTS)
+    assert attention_dp.extra_weight_gib(w, 8, attn_dp) == pytest.approx(extra_gib(attn_dp))
 
 
 # --- the planner ------------------------------------------------------------------------
@@ -131,7 +132,7 @@ def test_deprecated_spelling_plans_the_same_and_warns_with_sglangs_text():
     assert old["total_kv_tokens"] == new["total_kv_tokens"]
     assert old["layout"]["dp_size"] == 1 and old["layout"]["attn_dp_size"] == 4
     warning = next(w for w in old["warnings"] if w["code"] == "deprecated_enable_dp_attention")
-    assert attndp.DEPRECATED_DP_ATTENTION_WARNING in warning["message"]
+    assert attention_dp.DEPRECATED_DP_ATTENTION_WARNING in warning["message"]
     assert "'--enable-dp-attention' is deprecated" in warning["message"]
     assert "--attn-dp-size 4" in warning["message"]
     assert not any(w["code"] == "deprecated_enable_dp_attention" for w in new["warnings"])
@@ -214,7 +215,8 @@ def test_no_layout_table_for_one_gpu_or_replicas():
 # --- regression: a log excerpt without server_args= -------------------------------------
 def test_excerpt_of_the_088_start_plans_what_sglang_reported():
     """The job's 0.88 start (an excerpt without server_args=): its own lines say it ran at
-    tp 8, 0.88, bf16 KV (sglang_fleet.logged_run), so the plan is calibrated and exact."""
+    tp 8, 0.88, bf16 KV (sglang_fleet.capacity.logged_flags), so the plan is calibrated and
+    exact."""
     text = EXCERPT_088.read_text()
     assert "server_args=" not in text
     reported = int(text.split("max_total_num_tokens=")[1].split(",")[0])
@@ -249,7 +251,7 @@ def test_roofline_at_the_planned_concurrency_by_hand():
     roof = result["decode_roofline"]
     batch = result["max_concurrent_requests"]
     assert roof["batch"] == batch
-    w = attndp.weight_layout(CONFIG, SHAPE, WEIGHTS)
+    w = attention_dp.weight_layout(CONFIG, SHAPE, WEIGHTS)
     touched = 384 * (1 - (1 - 8 / 384) ** batch)
     weights = (
         QKV_A * LAYERS * 2
@@ -299,12 +301,12 @@ def test_roofline_bandwidth_override_and_unknown_gpu():
     ],
 )
 def test_bandwidth_table_matches_whole_words(name: str, gbs: float):
-    assert attndp.gpu_bandwidth_gbs(name)[0] == gbs
+    assert attention_dp.gpu_bandwidth_gbs(name)[0] == gbs
 
 
 def test_experts_touched_grows_to_all():
-    assert attndp.experts_touched(384, 8, 1) == pytest.approx(8)
-    assert attndp.experts_touched(384, 8, 1000) == pytest.approx(384, rel=1e-6)
+    assert attention_dp.experts_touched(384, 8, 1) == pytest.approx(8)
+    assert attention_dp.experts_touched(384, 8, 1000) == pytest.approx(384, rel=1e-6)
 
 
 # --- diagnosis ----------------------------------------------------------------------------

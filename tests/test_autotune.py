@@ -1,4 +1,4 @@
-"""The autotune search (sglang_fleet.autotune) driven by synthetic measurement functions.
+"""The autotune search (sglang_fleet.tuning.autotune) driven by synthetic measurement functions.
 
 The "server" here is a function of the flag set: the calibrated planner's own token budget
 (the Kimi job's calibration: Kimi-K2.5 tp 8 at 0.85, bf16) gives the KV-bound concurrency, and
@@ -23,10 +23,11 @@ from kimi_job import GPU, KIMI_LOG, KIMI_RUN_FLAGS
 from yamllint import config as yamllint_config
 from yamllint import linter as yamllint_linter
 
-from sglang_fleet import autotune, calibration
-from sglang_fleet.autotune import AutotuneInputError
-from sglang_fleet.autotune_report import PANEL_CANDIDATES, PANEL_TRIALS, render_png
-from sglang_fleet.modelcfg import model_shape, read_model_dir
+from sglang_fleet.capacity import calibration
+from sglang_fleet.capacity.model_config import model_shape, read_model_dir
+from sglang_fleet.tuning import autotune
+from sglang_fleet.tuning.autotune import AutotuneInputError
+from sglang_fleet.tuning.autotune_picture import PANEL_CANDIDATES, PANEL_TRIALS, render_png
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"

@@ -21,8 +21,8 @@ import pytest
 from conftest import load_plugin
 from kimi_job import GPU, KIMI_LOG, KIMI_RUN_FLAGS
 
-from sglang_fleet import calibration
-from sglang_fleet.modelcfg import read_model_dir
+from sglang_fleet.capacity import calibration
+from sglang_fleet.capacity.model_config import read_model_dir
 
 ACTION = load_plugin("action_plugins/sglang_calibrate.py")
 START_FACTS = load_plugin("library/sglang_start_facts.py")

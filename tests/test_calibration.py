@@ -1,4 +1,4 @@
-"""Calibration records: building, storing, matching, predicting (sglang_fleet.calibration).
+"""Calibration records: building, storing, matching, predicting (sglang_fleet.capacity.calibration).
 
 A start-up log constructed from the Kimi job's figures (docs/THE-JOB.md;
 fixtures/logs/constructed-kimi-k2.5-tp8-mf085-bf16.log, in SGLang 0.5.23's formats) shows
@@ -20,9 +20,10 @@ import pytest
 from conftest import load_plugin
 from kimi_job import GPU, KIMI_LOG, KIMI_RUN_FLAGS
 
-from sglang_fleet import calibration, kvmath, preflight
-from sglang_fleet.calibration import CalibrationError
-from sglang_fleet.modelcfg import model_shape, read_model_dir, weight_bytes_from_index
+from sglang_fleet.capacity import calibration, kv_cache
+from sglang_fleet.capacity.calibration import CalibrationError
+from sglang_fleet.capacity.model_config import model_shape, read_model_dir, weight_bytes_from_index
+from sglang_fleet.rollout import preflight_inputs as preflight
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -265,8 +266,8 @@ def test_a_gpu_start_whose_free_memory_rose_within_the_noise_is_kept_and_plans()
     found, reason = calibration.match([record], flags_090, host, flags_complete=False)
     assert found == record, reason
     # SGLang's own formula at 0.90 from the same two readings.
-    rest = kvmath.rest_gib(79.80, 80.04, 0.90)
-    expected = kvmath.max_total_num_tokens(rest, 131072, 1)
+    rest = kv_cache.rest_gib(79.80, 80.04, 0.90)
+    expected = kv_cache.max_total_num_tokens(rest, 131072, 1)
     predicted = calibration.predict(record, flags_090, host, LLAMA).max_total_num_tokens
     assert abs(predicted - expected) <= 0.001 * expected
 
@@ -480,8 +481,8 @@ def test_mha_prefill_graphs_follow_the_chunk():
     record["key"] |= {"tp_size": 1, "architecture": None, "model_fingerprint": None}
     llama_flags = {"tp_size": 1, "mem_fraction_static": 0.85, "chunked_prefill_size": 4096}
     p = calibration.predict(record, llama_flags, HOST, LLAMA)
-    buckets = len(kvmath.prefill_graph_token_buckets(4096)) - len(
-        kvmath.prefill_graph_token_buckets(8192)
+    buckets = len(kv_cache.prefill_graph_token_buckets(4096)) - len(
+        kv_cache.prefill_graph_token_buckets(8192)
     )
     # tp 1 decode graphs: 256 either way; only the prefill buckets differ
     assert p.graph_delta_gib == pytest.approx(buckets * 8 / 1024)

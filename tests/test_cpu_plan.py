@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from sglang_fleet import calibration, kvmath
-from sglang_fleet.plan import main as plan_main
-from sglang_fleet.plan import plan
-from sglang_fleet.server_log import parse_log
+from sglang_fleet.capacity import calibration, kv_cache
+from sglang_fleet.capacity.planner import main as plan_main
+from sglang_fleet.capacity.planner import plan
+from sglang_fleet.capacity.server_log import parse_log
 
 REAL = Path(__file__).resolve().parent / "fixtures" / "real-sglang-0.5.23-cpu"
 STARTUP_LOG = (REAL / "startup.log").read_text()
@@ -100,7 +100,7 @@ def test_cpu_plan_is_of_host_ram_and_the_token_cap() -> None:
     # 2 KV heads x (16 + 16) x 2 layers x 2 bytes
     assert result["cell_size_bytes"] == 256
     assert result["max_concurrent_requests"] == 4096 // 128
-    needed = kvmath.cpu_host_ram_gib(TINY_WEIGHTS, 256 * 4096, 1, 1)
+    needed = kv_cache.cpu_host_ram_gib(TINY_WEIGHTS, 256 * 4096, 1, 1)
     assert result["details"]["host_ram_needed_gib"] == round(needed, 3)
     assert result["details"]["device"] == "cpu"
     assert result["headroom_gib"] == round(24 - needed, 2)
@@ -120,9 +120,9 @@ def test_cpu_plan_without_a_cap_is_an_error_naming_what_fits() -> None:
     fitting = result["details"]["max_total_tokens_fitting"]
     assert f"{fitting} fit in 80% of host RAM" in error["message"]
     # what fits really fits, one page more does not
-    budget = 24 * kvmath.CPU_RAM_FRACTION
-    assert kvmath.cpu_host_ram_gib(TINY_WEIGHTS, 256 * fitting, 1, 1) <= budget
-    assert kvmath.cpu_host_ram_gib(TINY_WEIGHTS, 256 * (fitting + 1), 1, 1) > budget
+    budget = 24 * kv_cache.CPU_RAM_FRACTION
+    assert kv_cache.cpu_host_ram_gib(TINY_WEIGHTS, 256 * fitting, 1, 1) <= budget
+    assert kv_cache.cpu_host_ram_gib(TINY_WEIGHTS, 256 * (fitting + 1), 1, 1) > budget
 
 
 def test_cpu_plan_refuses_a_cap_over_host_ram() -> None:
@@ -163,7 +163,7 @@ def test_plan_command_line_for_a_cpu_server(
 def test_the_role_filter_plans_a_described_cpu_server_without_gpus() -> None:
     from conftest import load_plugin  # noqa: PLC0415 (tests/conftest.py, as the other tests)
 
-    from sglang_fleet.servers import describe_servers  # noqa: PLC0415
+    from sglang_fleet.servers.describe import describe_servers  # noqa: PLC0415
 
     runtime = {
         "python": "/opt/ml-env/bin/python",

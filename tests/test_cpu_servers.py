@@ -1,4 +1,5 @@
-"""CPU servers (device: cpu) in sglang_fleet/servers.py and validate.py (docs/CPU-SERVERS.md)."""
+"""CPU servers (device: cpu) in sglang_fleet/servers/describe.py and validate.py
+(docs/CPU-SERVERS.md)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from sglang_fleet.servers import ServerConfigError, cpu_threads_bind, describe_servers
-from sglang_fleet.validate import host_errors, server_errors
+from sglang_fleet.servers.describe import ServerConfigError, cpu_threads_bind, describe_servers
+from sglang_fleet.servers.host_checks import host_errors, server_errors
 
 RUNTIME = {
     "python": "/opt/ml-env/bin/python",

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from sglang_fleet import dashboard
+from sglang_fleet.monitoring import dashboard
 
 PROMTOOL = shutil.which("promtool")
 

@@ -1,4 +1,5 @@
-"""`python -m sglang_fleet.dashboard` reads Prometheus through the one HTTP reader (fleet_http).
+"""`python -m sglang_fleet.monitoring.dashboard` reads Prometheus through the one HTTP reader
+(fleet_http).
 
 Each case is what the hostile review of issue 33 found: a redirect was followed, a proxy from
 the environment was used, a slow answer held it without a deadline, a huge answer was read
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_fleet import dashboard
+from sglang_fleet.monitoring import dashboard
 
 Handler = Callable[[BaseHTTPRequestHandler], None]
 GOOD = {
@@ -139,7 +140,7 @@ def test_a_proxy_from_the_environment_is_not_used(serve, tmp_path: Path) -> None
     env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
     env |= {"http_proxy": proxy.url, "HTTP_PROXY": proxy.url, "all_proxy": proxy.url}
     done = subprocess.run(
-        [sys.executable, "-m", "sglang_fleet.dashboard", "--prometheus", server.url,
+        [sys.executable, "-m", "sglang_fleet.monitoring.dashboard", "--prometheus", server.url,
          "--minutes", "1", str(tmp_path / "p.png")],
         env=env, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from conftest import load_plugin
 
-from sglang_fleet import diagnose as diagnose_mod
-from sglang_fleet.diagnose import diagnose, samples_from_log
-from sglang_fleet.modelcfg import read_model_dir
+from sglang_fleet.capacity.model_config import read_model_dir
+from sglang_fleet.diagnosis import diagnose as diagnose_mod
+from sglang_fleet.diagnosis.diagnose import diagnose, samples_from_log
 
 ROOT = Path(__file__).resolve().parent.parent
 KIMI_LOG = ROOT / "tests" / "fixtures" / "logs" / "constructed-kimi-k2.5-tp8-mf085-bf16.log"

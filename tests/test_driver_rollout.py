@@ -1,4 +1,5 @@
-"""playbooks/driver_upgrade.yml's decision (sglang_fleet/driver_rollout.py): which hosts change, in
+"""playbooks/driver_upgrade.yml's decision (sglang_fleet/rollout/driver_upgrade.py): which hosts
+change, in
 which order, the N-1 rule for replicas behind a router, every refusal before any host is
 touched, and the lines it prints."""
 
@@ -11,7 +12,7 @@ import pytest
 from ansible.utils.helpers import pct_to_int
 from conftest import load_plugin
 
-from sglang_fleet import driver_rollout as dr
+from sglang_fleet.rollout import driver_upgrade as dr
 
 ROUTER = "http://gw:30000"
 

@@ -1,4 +1,4 @@
-"""Tests for sglang_fleet/flags.py: argv rendering and systemd quoting.
+"""Tests for sglang_fleet/servers/launch_line.py: argv rendering and systemd quoting.
 
 Quoting is checked twice: against a small model of systemd's parser written from systemd.syntax(7)
 and systemd.service(5) (always runs), and for real (slow) by starting a unit in the Molecule
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_fleet.flags import env_file_line, exec_start, systemd_quote, to_argv
+from sglang_fleet.servers.launch_line import env_file_line, exec_start, systemd_quote, to_argv
 
 HOSTILE = [
     "plain",

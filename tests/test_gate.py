@@ -1,4 +1,4 @@
-"""The smoke gate's verdict (sglang_fleet.gate) and its Ansible filter wrapper.
+"""The smoke gate's verdict (sglang_fleet.bench.gate) and its Ansible filter wrapper.
 
 Results follow docs/CONTRACTS.md (smoke result JSON); each test changes one figure of a
 passing result and checks the failure names the threshold, the measured value and the gap.
@@ -13,16 +13,17 @@ import pytest
 from ansible.errors import AnsibleFilterError
 from conftest import load_plugin
 
-from sglang_fleet import gate, smoke
-from sglang_fleet.gate import (
+from sglang_fleet.bench import gate
+from sglang_fleet.bench import smoke_client as smoke
+from sglang_fleet.bench.gate import (
     GateInputError,
     compact,
     evaluate,
     failure_rate,
-    format_rollout_table,
-    rollout_rows,
     same_workload,
 )
+from sglang_fleet.bench.smoke_argv import smoke_argv
+from sglang_fleet.rollout.fleet_summary import format_rollout_table, rollout_rows
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -445,7 +446,7 @@ def test_the_fleet_summary_filter_reads_the_preflights_refusal() -> None:
 def test_smoke_argv_is_the_clients_command_with_the_key_from_stdin() -> None:
     workload = {"backend": "sglang", "num_prompts": 64, "max_concurrency": 16,
                 "random_output_len": 128, "slo_ttft_ms": None, "request_rate": 2.5}  # fmt: skip
-    argv = gate.smoke_argv(workload, python="/usr/bin/python3", client="/x/smoke.py", port=30000,
+    argv = smoke_argv(workload, python="/usr/bin/python3", client="/x/smoke.py", port=30000,
                            json_path="/s/r.json", timeout=600)  # fmt: skip
     assert argv[:6] == ["timeout", "--kill-after=10", "600", "/bin/sh", "-c", argv[5]]
     assert "read -r SGLANG_API_KEY" in argv[5] and 'exec "$0" "$@"' in argv[5]
@@ -463,4 +464,4 @@ def test_smoke_argv_is_the_clients_command_with_the_key_from_stdin() -> None:
 @pytest.mark.parametrize("key", ["num_promptz", "url", "api_key", "json"])
 def test_smoke_argv_refuses_a_key_the_client_does_not_take_from_a_workload(key: str) -> None:
     with pytest.raises(gate.GateInputError, match=f"smoke_gate_workload.{key}: not a workload"):
-        gate.smoke_argv({key: 1}, python="p", client="c", port=1, json_path="j", timeout=1)
+        smoke_argv({key: 1}, python="p", client="c", port=1, json_path="j", timeout=1)

@@ -12,17 +12,20 @@ A row is (id, target, input, outcome, text, absent):
 
 Targets: server (resolve + validate + render, as the role's pre-flight and templates do),
 plan (plan() as the Ansible filter calls it), model_dir (a model directory on disk, read and
-planned), plan_cli (`python -m sglang_fleet.plan` argv), flags_check (the Ansible module, run
-as Ansible runs it), smoke (the smoke client, `python -m sglang_fleet.smoke` in its own process,
+planned), plan_cli (`python -m sglang_fleet.capacity.planner` argv), flags_check (the Ansible
+module, run
+as Ansible runs it), smoke (the smoke client, `python -m sglang_fleet.bench.smoke_client` in its
+own process,
 against a loopback server that writes the row's bytes and closes the connection: "refused" is
 exit 2 before any request; "handled" is a result whose keys have the row's values; every request
 asks for 8 tokens and two are sent; SMOKE_PYTHON=python3.9 runs them with the oldest python a
 GPU host may have).
 
-The second wave's targets (issue 19), each with its own runner below: live (sglang_fleet.live
+The second wave's targets (issue 19), each with its own runner below: live
+(sglang_fleet.diagnosis.live_metrics
 in its own process against a loopback peer), router (library/sglang_router_workers.py against a
 loopback peer), lock (library/fleet_lock.py on a lock file, and the action plugin's lease_s),
-autotune (`python -m sglang_fleet.autotune` commands in order), calibration (the host's
+autotune (`python -m sglang_fleet.tuning.autotune` commands in order), calibration (the host's
 calibration.json as pre-flight and the record step read it), nodes (multi-node layouts),
 diagnose (smoke results and live samples with NaN and Infinity). `counts()` gives the table's
 tried / refused / handled per target.
@@ -53,12 +56,17 @@ from conftest import load_plugin
 from kimi_job import GPU as KIMI_GPU
 from kimi_job import KIMI_LOG, KIMI_RUN_FLAGS
 
-from sglang_fleet import autotune, calibration, flags, nodes, preflight, validate
-from sglang_fleet import plan as plan_mod
-from sglang_fleet.diagnose import diagnose, diagnose_live
-from sglang_fleet.modelcfg import ModelConfigError, read_model_dir
-from sglang_fleet.plan import PlanInputError, plan
-from sglang_fleet.servers import ServerConfigError, resolve_servers
+from sglang_fleet.capacity import calibration
+from sglang_fleet.capacity import planner as plan_mod
+from sglang_fleet.capacity.model_config import ModelConfigError, read_model_dir
+from sglang_fleet.capacity.planner import PlanInputError, plan
+from sglang_fleet.diagnosis.diagnose import diagnose, diagnose_live
+from sglang_fleet.rollout import preflight_inputs as preflight
+from sglang_fleet.servers import host_checks as validate
+from sglang_fleet.servers import launch_line as flags
+from sglang_fleet.servers import nodes
+from sglang_fleet.servers.describe import ServerConfigError, resolve_servers
+from sglang_fleet.tuning import autotune
 
 ROOT = Path(__file__).resolve().parent.parent
 LLAMA_DIR = ROOT / "tests" / "fixtures" / "models" / "llama-3.1-8b"
@@ -1669,7 +1677,7 @@ def run_smoke(data: dict[str, Any], tmp_path: Path) -> Outcome:
     env.update(given.get("env", {}))
     try:
         proc = subprocess.run(
-            [SMOKE_PYTHON, "-m", "sglang_fleet.smoke", *argv],
+            [SMOKE_PYTHON, "-m", "sglang_fleet.bench.smoke_client", *argv],
             env=env,
             cwd=tmp_path,
             capture_output=True,
@@ -1819,12 +1827,13 @@ def _no_key_elsewhere(seen: list[tuple[str, str | None]]) -> None:
 
 
 def run_live(data: dict[str, Any], tmp: Path) -> Outcome:
-    """sglang_fleet.live in its own process (as the diagnose role runs it) against a peer."""
+    """sglang_fleet.diagnosis.live_metrics in its own process (as the diagnose role runs it)
+    against a peer."""
     with peer(data.get("peer", "ok")) as (url, seen):
         given_url = data.get("url", "{peer}").replace("{peer}", url)
         argv = ["--url", given_url, *data.get("argv", ["--window", "0.3", "--interval", "0.1"])]
         proc = subprocess.run(
-            [sys.executable, "-m", "sglang_fleet.live", *argv],
+            [sys.executable, "-m", "sglang_fleet.diagnosis.live_metrics", *argv],
             env={**os.environ, "SGLANG_API_KEY": LIVE_KEY},
             cwd=tmp,
             capture_output=True,
@@ -1990,7 +1999,7 @@ def _tune_step(step: tuple[str, Any], tmp: Path, capsys: pytest.CaptureFixture[s
 
 
 def run_autotune(steps: list[tuple[str, Any]], tmp: Path, capsys: Any) -> Outcome:
-    """`python -m sglang_fleet.autotune` commands in order; the last one's outcome counts and
+    """`python -m sglang_fleet.tuning.autotune` commands in order; the last one's outcome counts and
     every earlier one must be handled."""
     for step in steps[:-1]:
         outcome, text = _tune_step(step, tmp, capsys)
@@ -2008,7 +2017,8 @@ def _kimi_store(**measured: Any) -> str:
 
 
 def run_calibration(data: dict[str, Any], _tmp: Path) -> Outcome:
-    """The host's calibration.json as pre-flight reads it (sglang_fleet.preflight's calibration
+    """The host's calibration.json as pre-flight reads it (sglang_fleet.rollout.preflight_inputs's
+    calibration
     arguments), or as the record step of a healthy start updates it ("record": true)."""
     store = data["store"]() if callable(data["store"]) else data["store"]
     if data.get("record"):

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from conftest import load_plugin
 
-from sglang_fleet import plain as plain_mod
-from sglang_fleet import report
+from sglang_fleet import ansible_values as plain_mod
+from sglang_fleet.bench import smoke_picture as report
 
 bounded = load_plugin("module_utils/bounded_json.py")
 DEEP = "[" * 100_000 + "]" * 100_000

@@ -1,4 +1,5 @@
-"""Live diagnosis of a running server: the sampler (sglang_fleet/live.py) and diagnose_live().
+"""Live diagnosis of a running server: the sampler (sglang_fleet/diagnosis/live_metrics.py) and
+diagnose_live().
 
 The sampler is tested against a scripted standard-library HTTP server (exact readings, a fake
 clock), as a single file outside the repository (how the playbook runs it on a GPU host), and
@@ -38,15 +39,16 @@ from gpusim_helpers import (
     stop_server,
 )
 
-from sglang_fleet import diagnose as diagnose_mod
-from sglang_fleet import live, smoke
-from sglang_fleet.diagnose import diagnose_live, table_lines
-from sglang_fleet.modelcfg import read_model_dir
+from sglang_fleet.bench import smoke_client as smoke
+from sglang_fleet.capacity.model_config import read_model_dir
+from sglang_fleet.diagnosis import diagnose as diagnose_mod
+from sglang_fleet.diagnosis import live_metrics as live
+from sglang_fleet.diagnosis.diagnose import diagnose_live, table_lines
 
 ROOT = Path(__file__).resolve().parent.parent
-LIVE_PY = ROOT / "sglang_fleet" / "live.py"
+LIVE_PY = ROOT / "sglang_fleet" / "diagnosis" / "live_metrics.py"
 READER_PY = ROOT / "module_utils" / "fleet_http.py"
-SMOKE_PY = ROOT / "sglang_fleet" / "smoke.py"
+SMOKE_PY = ROOT / "sglang_fleet" / "bench" / "smoke_client.py"
 KIMI_DIR = ROOT / "tests" / "fixtures" / "models" / "kimi-k2.5-int4"
 API_KEY = "s3cret-live"
 
@@ -393,8 +395,12 @@ def test_live_py_alone_names_the_file_it_misses(missing, tmp_path):
     assert done.returncode == 1
     assert done.stderr.strip() == (
         f"live.py: {tmp_path / missing} is missing: copy "
-        f"{'module_utils/fleet_http.py' if missing == 'fleet_http.py' else 'sglang_fleet/smoke.py'}"
-        " beside live.py"
+        + (
+            "module_utils/fleet_http.py"
+            if missing == "fleet_http.py"
+            else "sglang_fleet/bench/smoke_client.py"
+        )
+        + " beside live.py"
     )
 
 

@@ -1,7 +1,8 @@
-"""A log's own flags (sglang_fleet.logged_run, docs/CALIBRATION.md "A log's own flags"): what-if
+"""A log's own flags (sglang_fleet.capacity.logged_flags, docs/CALIBRATION.md "A log's own flags"):
+what-if
 plans from an excerpt without `server_args=` move with the question.
 
-The expected token counts are SGLang's formula worked out here (kvmath is not called):
+The expected token counts are SGLang's formula worked out here (kv_cache is not called):
 #tokens = floor((post - pre x (1 - f) - reserve) GiB / cell), with the Kimi job's figures
 (tests/fixtures/logs/README.md): pre 94.19 GiB, post 24.03 GiB, the multimodal reserve
 100/1024 GiB, a bf16 cell of (512 + 64) x 61 x 2 = 70272 B, fp8 half of it.
@@ -19,11 +20,14 @@ from typing import Any
 import pytest
 from kimi_job import GPU, KIMI_LOG
 
-from sglang_fleet import autotune, diagnose, live, logged_run
-from sglang_fleet import plan as plan_mod
-from sglang_fleet.modelcfg import read_model_dir
-from sglang_fleet.plan import PlanInputError, plan
-from sglang_fleet.server_log import parse_log
+from sglang_fleet.capacity import logged_flags
+from sglang_fleet.capacity import planner as plan_mod
+from sglang_fleet.capacity.model_config import read_model_dir
+from sglang_fleet.capacity.planner import PlanInputError, plan
+from sglang_fleet.capacity.server_log import parse_log
+from sglang_fleet.diagnosis import diagnose
+from sglang_fleet.diagnosis import live_metrics as live
+from sglang_fleet.tuning import autotune
 
 ROOT = Path(__file__).resolve().parent.parent
 EXCERPT = (
@@ -104,7 +108,7 @@ def test_excerpt_and_full_log_of_the_same_run_plan_the_same_layouts():
 
 
 def test_inferred_flags_name_their_lines():
-    run = logged_run.infer(parse_log(EXCERPT))  # no config.json: the lines alone
+    run = logged_flags.infer(parse_log(EXCERPT))  # no config.json: the lines alone
     assert run.flags["kv_cache_dtype"] == "auto"
     assert run.flags["cuda_graph_max_bs_decode"] == 512
     assert "torch.bfloat16" in run.sources["kv_cache_dtype"]
@@ -262,14 +266,14 @@ def test_real_cpu_engine_logs_state_and_show_their_flags(cap):
     cal = parse_log(text)
     assert cal.device == "cpu"
     assert cal.kv_tokens == cap == cal.max_total_num_tokens
-    whole = logged_run.infer(cal)
+    whole = logged_flags.infer(cal)
     assert whole.flags["tp_size"] == 1 and whole.sources["tp_size"] == "stated"
     assert whole.flags["kv_cache_dtype"] in ("auto", "bfloat16", "bf16")
     assert not whole.disagreements and not whole.unknown
     # Without its server_args line: SGLang tags no rank at tp 1, the KV line says bf16,
     # and the CPU engine's fraction is neither inferred nor needed.
     lines = [line for line in text.splitlines() if "server_args=" not in line]
-    bare = logged_run.infer(parse_log("\n".join(lines)))
+    bare = logged_flags.infer(parse_log("\n".join(lines)))
     assert (bare.flags["tp_size"], bare.flags["attn_dp_size"]) == (1, 1)
     assert "no rank tag" in bare.sources["tp_size"]
     assert bare.flags["kv_cache_dtype"] == "auto"
@@ -379,7 +383,7 @@ def test_a_logs_deprecated_attention_dp_spelling_keeps_its_layout():
         "'enable_dp_attention': True, 'mem_fraction_static': 0.85}\n"
     )
     args = diagnose._with_log_calibration({"args": {}}, log)["args"]
-    layout = plan_mod.attndp.resolve_layout(
+    layout = plan_mod.attention_dp.resolve_layout(
         args["tp_size"], args["dp_size"], args.get("attn_dp_size"), args.get("enable_dp_attention")
     )
     assert (layout.attn_dp_size, layout.dp_size) == (4, 1)

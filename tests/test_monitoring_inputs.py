@@ -1,8 +1,9 @@
 """The monitoring role's inputs, typed before any template (issue 33's hostile cases).
 
-Settings (sglang_fleet/monitoring_settings.py): a threshold that is PromQL text, SLOs of -5, NaN
+Settings (sglang_fleet/monitoring/settings.py): a threshold that is PromQL text, SLOs of -5, NaN
 or 0, a duration with a trailing newline; each refused naming the variable and what is allowed,
-and what passes is printed as a number. Names (sglang_fleet/monitoring.py): two host/server
+and what passes is printed as a number. Names (sglang_fleet/monitoring/scrape_targets.py): two
+host/server
 pairs that shared a key file before, a served_model_name with an emoji that made prometheus.yml
 unparseable, text Prometheus cannot hold, named with its host, server and field.
 """
@@ -21,8 +22,9 @@ import yaml
 from conftest import run_local_play
 from test_monitoring_rules import INVENTORY, PROMTOOL, needs_promtool, render, role_vars
 
-from sglang_fleet import monitoring, monitoring_settings
-from sglang_fleet.monitoring_settings import SettingError, check_settings
+from sglang_fleet.monitoring import scrape_targets as monitoring
+from sglang_fleet.monitoring import settings as monitoring_settings
+from sglang_fleet.monitoring.settings import SettingError, check_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 

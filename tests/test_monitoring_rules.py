@@ -19,7 +19,8 @@ import pytest
 import yaml
 from conftest import load_plugin
 
-from sglang_fleet import monitoring, monitoring_settings
+from sglang_fleet.monitoring import scrape_targets as monitoring
+from sglang_fleet.monitoring import settings as monitoring_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 ROLE = ROOT / "roles" / "monitoring"

@@ -1,4 +1,5 @@
-"""sglang_fleet.monitoring (scrape targets from the inventory) and the GPU textfile reader."""
+"""sglang_fleet.monitoring.scrape_targets (scrape targets from the inventory) and the GPU textfile
+reader."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from types import ModuleType
 
 import pytest
 
-from sglang_fleet import monitoring
+from sglang_fleet.monitoring import scrape_targets as monitoring
 
 ROOT = Path(__file__).resolve().parent.parent
 READER = ROOT / "roles" / "monitoring" / "files" / "sglang-fleet-gpu-metrics.py"

@@ -1,7 +1,7 @@
 """One server across hosts: where each node runs, with what, and every bad layout refused.
 
 A 2-node server (nodes: [gpu-a, gpu-b]) described once, placed on each host from the hosts'
-facts as the role's resolve step does (sglang_fleet/nodes.py, docs/MULTINODE.md).
+facts as the role's resolve step does (sglang_fleet/servers/nodes.py, docs/MULTINODE.md).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from conftest import load_plugin
 
-from sglang_fleet import nodes
-from sglang_fleet.servers import ServerConfigError, describe_servers
+from sglang_fleet.servers import nodes
+from sglang_fleet.servers.describe import ServerConfigError, describe_servers
 
 RUNTIME = {
     "python": "/opt/ml-env/bin/python",

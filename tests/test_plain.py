@@ -1,4 +1,5 @@
-"""The filter plugins' one conversion of Ansible's values (sglang_fleet/plain.py), and how the
+"""The filter plugins' one conversion of Ansible's values (sglang_fleet/ansible_values.py), and how
+the
 plugins report what it refuses."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import pytest
 from ansible.errors import AnsibleFilterError
 from conftest import load_plugin
 
-from sglang_fleet.plain import finite_number, plain, plain_mapping
+from sglang_fleet.ansible_values import finite_number, plain, plain_mapping
 
 
 class Lazy(Mapping):

@@ -23,11 +23,11 @@ import pytest
 from ansible.errors import AnsibleFilterError
 from conftest import load_plugin
 
-from sglang_fleet import logged_run
-from sglang_fleet import plan as plan_mod
-from sglang_fleet.modelcfg import read_model_dir
-from sglang_fleet.plan import PlanInputError, plan
-from sglang_fleet.server_log import parse_log
+from sglang_fleet.capacity import logged_flags
+from sglang_fleet.capacity import planner as plan_mod
+from sglang_fleet.capacity.model_config import read_model_dir
+from sglang_fleet.capacity.planner import PlanInputError, plan
+from sglang_fleet.capacity.server_log import parse_log
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -346,9 +346,9 @@ def test_parse_older_log_forms_and_derives_the_fraction():
     assert cal.kv_size_gib == pytest.approx(52.86)  # K + V
     assert cal.graph_end_avail_gib == 9.06
     # No server_args line: the parser states nothing; the lines fix the fraction
-    # (sglang_fleet.logged_run): f = 1 - (post - kv) / pre = 1 - (63.54 - 52.86) / 78.50.
+    # (sglang_fleet.capacity.logged_flags): f = 1 - (post - kv) / pre = 1 - (63.54 - 52.86) / 78.50.
     assert cal.mem_fraction_static is None
-    run = logged_run.infer(cal)
+    run = logged_flags.infer(cal)
     assert run.flags["mem_fraction_static"] == round(1 - (63.54 - 52.86) / 78.50, 3) == 0.864
 
 
@@ -419,7 +419,7 @@ def test_cli_calibrate_from(capsys: pytest.CaptureFixture[str]):
 
 def test_module_entry_point_runs():
     proc = subprocess.run(
-        [sys.executable, "-m", "sglang_fleet.plan", *KIMI_FLAGS, "--json"],
+        [sys.executable, "-m", "sglang_fleet.capacity.planner", *KIMI_FLAGS, "--json"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -529,7 +529,14 @@ def test_entry_point_exits_2_naming_the_argument_without_a_traceback(
     flags: list[str], argument: str
 ) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "sglang_fleet.plan", "--model-path", str(LLAMA_DIR), *flags],
+        [
+            sys.executable,
+            "-m",
+            "sglang_fleet.capacity.planner",
+            "--model-path",
+            str(LLAMA_DIR),
+            *flags,
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -1,4 +1,5 @@
-"""What a capacity plan means for the rollout (sglang_fleet.plan_verdict, the sglang_plan_verdict
+"""What a capacity plan means for the rollout (sglang_fleet.capacity.verdict, the
+sglang_plan_verdict
 filter): the line the pre-flight shows, a refusal on this host's calibration, and the message
 that fails the host. Plans are the planner's own, for the Kimi job (tests/test_plan.py).
 """
@@ -12,9 +13,9 @@ import pytest
 from ansible.errors import AnsibleFilterError
 from conftest import load_plugin
 
-from sglang_fleet.modelcfg import read_model_dir
-from sglang_fleet.plan import plan
-from sglang_fleet.plan_verdict import OVERRULE_HINT, verdict
+from sglang_fleet.capacity.model_config import read_model_dir
+from sglang_fleet.capacity.planner import plan
+from sglang_fleet.capacity.verdict import OVERRULE_HINT, verdict
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 KIMI_CONFIG, KIMI_WEIGHTS = read_model_dir(FIXTURES / "models" / "kimi-k2.5-int4")

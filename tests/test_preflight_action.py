@@ -20,9 +20,10 @@ from ansible.errors import AnsibleActionFail
 from conftest import load_plugin
 from kimi_job import GPU
 
-from sglang_fleet import calibration, preflight
-from sglang_fleet.modelcfg import read_model_dir
-from sglang_fleet.servers import describe_servers
+from sglang_fleet.capacity import calibration
+from sglang_fleet.capacity.model_config import read_model_dir
+from sglang_fleet.rollout import preflight_inputs as preflight
+from sglang_fleet.servers.describe import describe_servers
 
 ACTION = load_plugin("action_plugins/sglang_preflight.py")
 MODEL = Path(__file__).resolve().parent / "fixtures" / "models" / "kimi-k2.5-int4"

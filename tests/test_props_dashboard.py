@@ -1,4 +1,5 @@
-"""Property-based tests of `python -m sglang_fleet.dashboard` (Hypothesis; profiles in conftest.py).
+"""Property-based tests of `python -m sglang_fleet.monitoring.dashboard` (Hypothesis; profiles in
+conftest.py).
 
 Entry points: the command line (main: any --prometheus, --minutes, --rate-interval) and what it
 does with any answer Prometheus could give (http_getter, then fetch). The HTTP reader itself is
@@ -22,7 +23,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from sglang_fleet.module_utils.fleet_http import HttpError, Response
 
-from sglang_fleet import dashboard
+from sglang_fleet.monitoring import dashboard
 
 SECRET = "pw-0d9e7c"
 urls = st.one_of(

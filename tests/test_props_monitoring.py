@@ -28,7 +28,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from test_monitoring_rules import FILTERS, render, role_vars
 from test_monitoring_targets import load_reader
 
-from sglang_fleet import monitoring, monitoring_settings
+from sglang_fleet.monitoring import scrape_targets as monitoring
+from sglang_fleet.monitoring import settings as monitoring_settings
 
 PROMTOOL = shutil.which("promtool")
 # promtool costs a process per example: those tests take a fifth of the profile's examples.

@@ -18,8 +18,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from test_secrets import FILTERS, RUNTIME, kimi
 
-from sglang_fleet import restart_plan, server_secrets
-from sglang_fleet.servers import ServerConfigError, describe_servers
+from sglang_fleet import server_secrets
+from sglang_fleet.servers import restart_decision
+from sglang_fleet.servers.describe import ServerConfigError, describe_servers
 
 # Every generated secret carries this marker, so "not in the output" cannot pass by chance.
 MARK = "Zq7x"
@@ -95,7 +96,7 @@ flag_values = st.recursive(
 def test_check_lines_never_show_a_secret_an_old_record_holds(old_flags: dict[str, Any]) -> None:
     [server] = describe_servers([kimi()], {}, {}, {}, runtime=RUNTIME)
     record = {"config_hash": "old", "flags": old_flags}
-    lines = restart_plan.restart_lines([server], ["kimi"], [record], [server["unit"]])
+    lines = restart_decision.restart_lines([server], ["kimi"], [record], [server["unit"]])
     secrets = _values_under_secret_names(old_flags)
     text = "\n".join(lines)
     assert not any(value in text for value in secrets), (secrets, lines)

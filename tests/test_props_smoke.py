@@ -19,7 +19,7 @@ from unittest import mock
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sglang_fleet import smoke
+from sglang_fleet.bench import smoke_client as smoke
 
 REASONS = {
     smoke.SHORT_OUTPUT, smoke.LONG_OUTPUT, smoke.NO_FINAL_RECORD, smoke.MALFORMED,

@@ -18,7 +18,7 @@ import pytest
 from ansible.errors import AnsibleActionFail
 from conftest import load_plugin
 
-from sglang_fleet import restart
+from sglang_fleet.rollout import restart
 
 ACTION = load_plugin("action_plugins/sglang_restart.py")
 SERVER = {"name": "llama", "unit": "sglang@llama.service", "port": 30000, "gpus": [2, 3],

@@ -1,8 +1,8 @@
-"""sglang_fleet.restart_plan: what check mode says a rollout would do, flag by flag."""
+"""sglang_fleet.servers.restart_decision: what check mode says a rollout would do, flag by flag."""
 
 from __future__ import annotations
 
-from sglang_fleet.restart_plan import flag_changes, restart_lines
+from sglang_fleet.servers.restart_decision import flag_changes, restart_lines
 
 
 def server(name: str, **flags: object) -> dict:

@@ -1,4 +1,5 @@
-"""The router's command line (sglang_fleet/router.py) and the sglang_router role's filter."""
+"""The router's command line (sglang_fleet/servers/router_settings.py) and the sglang_router role's
+filter."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 from ansible.errors import AnsibleFilterError
 from conftest import load_plugin
 
-from sglang_fleet.router import router_command, settings_problems
+from sglang_fleet.servers.router_settings import router_command, settings_problems
 
 PYTHON = "/opt/sglang-router/bin/python"
 LAUNCHER = "/opt/sglang-router/bin/sglang-router-launch.py"
@@ -66,7 +67,8 @@ def test_the_filter_wraps_it_and_turns_errors_into_filter_errors() -> None:
         filters["sglang_router_command"](FLAGS, "python3", LAUNCHER)  # not an absolute path
 
 
-# --- the role's settings (sglang_fleet.router.settings_problems) ------------------------------
+# --- the role's settings (sglang_fleet.servers.router_settings.settings_problems)
+# ------------------------------
 GOOD_SETTINGS = {
     "workers": ["http://gpu-node-01:8000", "https://[fd00::2]:8000"],
     "port": 30000,

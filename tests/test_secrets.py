@@ -23,8 +23,14 @@ from conftest import load_plugin
 from test_preflight_action import INSTANCE, FakePreflight, args, kimi_host
 from test_preflight_action import describe as describe_for_preflight
 
-from sglang_fleet import restart_plan, server_secrets
-from sglang_fleet.servers import ServerConfigError, config_hash, describe_servers, secret_files
+from sglang_fleet import server_secrets
+from sglang_fleet.servers import restart_decision
+from sglang_fleet.servers.describe import (
+    ServerConfigError,
+    config_hash,
+    describe_servers,
+    secret_files,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 FLAG_TABLE = ROOT / "gpusim" / "gpusim" / "flags" / "sglang-0.5.23.json"
@@ -190,7 +196,7 @@ def test_check_mode_lines_never_print_a_secret_an_old_record_holds() -> None:
     secrets = {"api_key": KEY, "hf_token": HUB, "admin_api_key": ADMIN}
     nested = {"json_model_override_args": {"hf_token": HUB}}
     record = {"config_hash": "old", "flags": {**server["flags"], "tp_size": 2, **secrets, **nested}}
-    lines = restart_plan.restart_lines([server], ["kimi"], [record], [server["unit"]])
+    lines = restart_decision.restart_lines([server], ["kimi"], [record], [server["unit"]])
     text = "\n".join(lines)
     assert KEY not in text and HUB not in text and ADMIN not in text
     assert "  - --api-key <redacted>" in lines and "  - --tp-size 2" in lines

@@ -1,4 +1,5 @@
-"""Tests for sglang_fleet/servers.py (resolution and precedence) and its Ansible filters."""
+"""Tests for sglang_fleet/servers/describe.py (resolution and precedence) and its Ansible
+filters."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 from ansible.errors import AnsibleFilterError
 from conftest import load_plugin
 
-from sglang_fleet.servers import (
+from sglang_fleet.servers.describe import (
     ServerConfigError,
     api_keys,
     combine,
@@ -416,13 +417,14 @@ def test_the_restart_decision_reads_configure_results_records_and_running_units(
     assert decide([a, b, c], [], running, records) == ["bb", "ccc"]
 
 
-# The role's files as Ansible's templates wrote them before sglang_fleet.servers rendered them:
+# The role's files as Ansible's templates wrote them before sglang_fleet.servers.describe rendered
+# them:
 # the same bytes, so upgrading the role restarts no server.
 KIMI_DROPIN = """#
 # Ansible managed
 #
 # Launch line of SGLang server kimi, quoted for systemd's command-line parser by
-# sglang_fleet.servers (docs/ARCHITECTURE.md).
+# sglang_fleet.servers.describe (docs/ARCHITECTURE.md).
 [Service]
 # The API key never appears on the command line: systemd hands the root-only secrets file to the
 # service as a credential and SGLang reads it with --config.

@@ -31,7 +31,7 @@ from test_smoke_client import (
     sse,
 )
 
-from sglang_fleet import smoke
+from sglang_fleet.bench import smoke_client as smoke
 
 
 def _feed(stream_class: type, expected: int, events: list[bytes]) -> tuple[Any, int]:

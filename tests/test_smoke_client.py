@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from sglang_fleet import smoke
+from sglang_fleet.bench import smoke_client as smoke
 
 # The model /model_info names: the double's fixture (config.json and a word-level tokenizer.json),
 # whose vocabulary bounds the token ids the client draws.

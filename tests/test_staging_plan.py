@@ -1,4 +1,5 @@
-"""model_source in the inventory (sglang_fleet/staging.py): checked before any host is touched,
+"""model_source in the inventory (sglang_fleet/servers/model_source.py): checked before any host is
+touched,
 one copy per model_path per host (docs/STAGING.md)."""
 
 from __future__ import annotations
@@ -7,9 +8,9 @@ import json
 
 import pytest
 
-from sglang_fleet.flags import to_argv
-from sglang_fleet.servers import ServerConfigError, resolve_servers
-from sglang_fleet.staging import (
+from sglang_fleet.servers.describe import ServerConfigError, resolve_servers
+from sglang_fleet.servers.launch_line import to_argv
+from sglang_fleet.servers.model_source import (
     StageConfigError,
     check_model_source,
     protected_paths,

@@ -17,8 +17,8 @@ from ansible.errors import AnsibleFilterError
 from conftest import load_plugin
 from kimi_job import GPU, KIMI_LOG, KIMI_RUN_FLAGS
 
-from sglang_fleet import calibration
-from sglang_fleet.modelcfg import read_model_dir
+from sglang_fleet.capacity import calibration
+from sglang_fleet.capacity.model_config import read_model_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"

@@ -1,4 +1,4 @@
-"""Tests for sglang_fleet/validate.py on servers resolved from inventory-shaped data."""
+"""Tests for sglang_fleet/servers/host_checks.py on servers resolved from inventory-shaped data."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from sglang_fleet.servers import resolve_servers
-from sglang_fleet.validate import host_errors, server_errors
+from sglang_fleet.servers.describe import resolve_servers
+from sglang_fleet.servers.host_checks import host_errors, server_errors
 
 # The Kimi job's host (docs/THE-JOB.md): 8 GPUs and 400 GiB of RAM as the test double reports
 # it (ansible_memtotal_mb).

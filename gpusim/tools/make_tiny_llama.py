@@ -87,7 +87,7 @@ def build_model(vocab_size: int, max_length: int, seed: int) -> LlamaForCausalLM
 
 def write_index(directory: Path) -> None:
     """model.safetensors.index.json: what the project's planner reads (metadata.total_size,
-    sglang_fleet/modelcfg.py) and a sharded checkpoint has; one shard here."""
+    sglang_fleet/capacity/model_config.py) and a sharded checkpoint has; one shard here."""
     weights = directory / "model.safetensors"
     header_len = int.from_bytes(weights.read_bytes()[:8], "little")
     header = json.loads(weights.read_bytes()[8 : 8 + header_len])

@@ -31,8 +31,9 @@ import pytest
 from gpusim_helpers import init_root, start_server, stop_server
 from prometheus_client.parser import text_string_to_metric_families
 
-from sglang_fleet import calibration, smoke
-from sglang_fleet.server_log import parse_log
+from sglang_fleet.bench import smoke_client as smoke
+from sglang_fleet.capacity import calibration
+from sglang_fleet.capacity.server_log import parse_log
 
 REPO = Path(__file__).resolve().parents[2]
 REF_VENV = Path(os.environ.get("SGLANG_REF_VENV", REPO / ".cache" / "sglang-ref" / "venv"))
@@ -242,7 +243,7 @@ def _families(url: str) -> dict[str, set[str]]:
 
 
 def test_live_diagnosis_uses_realtime_tokens_on_both(both: dict[str, Any]) -> None:
-    from sglang_fleet import diagnose  # noqa: PLC0415 (heavy; only this test needs it)
+    from sglang_fleet.diagnosis import diagnose  # noqa: PLC0415 (heavy; only this test needs it)
 
     for server in both.values():
         code = diagnose.main(["--url", server.url, "--window", "2", "--interval", "0.5", "--json"])

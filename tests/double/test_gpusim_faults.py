@@ -24,7 +24,8 @@ from gpusim.faults import FaultFileError, parse_faults
 from gpusim_helpers import LLAMA, Server, init_root, start_server, stop_server
 
 from gpusim import state
-from sglang_fleet import gate, smoke
+from sglang_fleet.bench import gate
+from sglang_fleet.bench import smoke_client as smoke
 
 ARGS = {"port": 30000, "chunked_prefill_size": None, "served_model_name": "llama"}
 

@@ -14,8 +14,8 @@ from gpusim.memory import GIB, MemoryArgs, plan_memory
 from gpusim.model import load_model
 from gpusim_helpers import KIMI, LLAMA
 
-from sglang_fleet.modelcfg import read_model_dir
-from sglang_fleet.plan import plan as fleet_plan
+from sglang_fleet.capacity.model_config import read_model_dir
+from sglang_fleet.capacity.planner import plan as fleet_plan
 
 GPU_MIB = 97887
 HOST = {"gpu_memory_mib": GPU_MIB, "host_ram_gib": 400, "gpu_count": 8}

@@ -22,7 +22,7 @@ import pytest
 import testinfra
 import testinfra.utils.ansible_runner
 
-from sglang_fleet import dashboard
+from sglang_fleet.monitoring import dashboard
 
 pytestmark = pytest.mark.timeout(300)
 

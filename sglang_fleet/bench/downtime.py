@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sglang_fleet.plain import finite_number
+from sglang_fleet.ansible_values import finite_number
 
 
 def _count(value: Any) -> int | None:

@@ -83,13 +83,13 @@ import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
-from sglang_fleet import nodes as _nodes
 from sglang_fleet import server_secrets as _secrets
-from sglang_fleet.flags import env_file_line, exec_start, normalize_key, to_argv
+from sglang_fleet.capacity.planner import PLANNER_FLAGS
 from sglang_fleet.module_utils.fleet_http import HttpError, check_url, redact_url
-from sglang_fleet.plan import PLANNER_FLAGS
-from sglang_fleet.router import ROUTER_URL_RE, ROUTER_URL_RULE, url_port
-from sglang_fleet.staging import StageConfigError, check_model_source
+from sglang_fleet.servers import nodes as _nodes
+from sglang_fleet.servers.launch_line import env_file_line, exec_start, normalize_key, to_argv
+from sglang_fleet.servers.model_source import StageConfigError, check_model_source
+from sglang_fleet.servers.router_settings import ROUTER_URL_RE, ROUTER_URL_RULE, url_port
 
 SERVERS_VAR = "sglang_server_instances"
 PROFILES_VAR = "sglang_server_profiles"
@@ -123,9 +123,10 @@ SERVER_KEYS = (
     "host",
     *_secrets.SECRET_FLAGS,
     "router",
-    # Where the weights come from, staged to model_path before a stop (sglang_fleet/staging.py).
+    # Where the weights come from, staged to model_path before a stop
+    # (sglang_fleet/servers/model_source.py).
     "model_source",
-    # One server across hosts (sglang_fleet/nodes.py, docs/MULTINODE.md).
+    # One server across hosts (sglang_fleet/servers/nodes.py, docs/MULTINODE.md).
     "nodes",
     "dist_init_port",
     "interface",
@@ -945,7 +946,7 @@ def _dropin_text(name: str, exec_line: str, load_credential: str | None) -> str:
     """The drop-in that gives sglang@<name>.service its launch line."""
     text = (
         f"{MANAGED_HEADER}# Launch line of SGLang server {name}, quoted for systemd's command-line"
-        " parser by\n# sglang_fleet.servers (docs/ARCHITECTURE.md).\n[Service]\n"
+        " parser by\n# sglang_fleet.servers.describe (docs/ARCHITECTURE.md).\n[Service]\n"
     )
     if load_credential:
         text += (
@@ -967,7 +968,7 @@ def _env_text(name: str, env_lines: list[str]) -> str:
 
 def _server_files(name: str, paths: Mapping[str, str], rendered: Mapping[str, Any]) -> list[dict]:
     """Every file of one server a rollout writes (or removes), with its content: configure.yml
-    writes exactly these and check.yml compares exactly these. The secrets file is apart
+    writes exactly these and inspect.yml compares exactly these. The secrets file is apart
     (secret_files()): its content is the key."""
     files = [
         {"path": paths["dropin"], **ROOT_FILE,
@@ -1111,7 +1112,7 @@ def describe_servers(
     resolve_server()'s description plus flag_argv (the flags as SGLang's parser reads them),
     argv (the whole command), exec_start (the ExecStart= value), env_lines (the EnvironmentFile),
     logging_config and load_credential (servers with a secret), paths, files (each file the
-    role writes or removes for it, with its content: configure.yml writes exactly these, check.yml
+    role writes or removes for it, with its content: configure.yml writes exactly these, inspect.yml
     compares exactly these), directories, plan_args (the planner's flags) and config_hash. No
     secret is in the result, only secrets_set, their names (secret_files() renders the secrets
     files).

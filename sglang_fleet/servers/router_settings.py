@@ -17,7 +17,8 @@ The command line the role writes into its unit:
 flag_argv: the router's flags as its own parser reads them (the role checks them with the
 launcher's --check); argv: the whole command, the launcher reading the API key from the named
 systemd credential (never a key on the command line); exec_start: argv quoted for systemd's
-ExecStart=. Flags render as the servers' do (sglang_fleet.flags.to_argv): true is a bare
+ExecStart=. Flags render as the servers' do (sglang_fleet.servers.launch_line.to_argv): true is a
+bare
 switch, false and null are left out, a list is several values.
 """
 
@@ -27,8 +28,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from sglang_fleet.flags import exec_start, normalize_key, to_argv
 from sglang_fleet.module_utils.fleet_http import HttpError, check_url, redact_url
+from sglang_fleet.servers.launch_line import exec_start, normalize_key, to_argv
 
 # What sglang-router 0.3.2 accepts as a worker URL (docs/ROUTER.md, "Worker API"): scheme, host
 # and port, nothing after them; the same shape for the router's own URL.

@@ -2,15 +2,16 @@
 
 A run is a JSON *state* that the playbook drives one trial at a time:
 
-    python3 -m sglang_fleet.autotune init   --spec SPEC.json --context CTX.json --state S.json
-    python3 -m sglang_fleet.autotune next   --state S.json          # prints a trial or null
-    python3 -m sglang_fleet.autotune record --state S.json --result RESULT.json
-    python3 -m sglang_fleet.autotune report --state S.json --out-dir reports/HOST/SERVER
+    python3 -m sglang_fleet.tuning.autotune init   --spec SPEC.json --context CTX.json --state
+    S.json
+    python3 -m sglang_fleet.tuning.autotune next   --state S.json          # prints a trial or null
+    python3 -m sglang_fleet.tuning.autotune record --state S.json --result RESULT.json
+    python3 -m sglang_fleet.tuning.autotune report --state S.json --out-dir reports/HOST/SERVER
 
 or, from Python, `new_state`, `next_trial`, `record_trial`, `write_report`.
 
 - Candidates are the grid of the operator's lists (SPACE_FLAGS) over the server's flags.
-- The calibrated planner (sglang_fleet.plan with the host's calibration records) prunes
+- The calibrated planner (sglang_fleet.capacity.planner with the host's calibration records) prunes
   those that cannot start (no KV memory, too few GPUs, HiCache over RAM), that risk running
   out of memory (free after CUDA graph capture below the margin), and those whose KV pool
   cannot hold one request of the workload.
@@ -42,10 +43,16 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from sglang_fleet import attndp, calibration, input_files, kvmath
+from sglang_fleet import input_files
+from sglang_fleet.capacity import attention_dp, calibration, kv_cache
+from sglang_fleet.capacity.noop_flags import NOOP_FLAGS
+from sglang_fleet.capacity.planner import (
+    MIN_FREE_AFTER_GRAPH_GIB,
+    PLANNER_FLAGS,
+    PlanInputError,
+    plan,
+)
 from sglang_fleet.module_utils import bounded_json
-from sglang_fleet.noop_flags import NOOP_FLAGS
-from sglang_fleet.plan import MIN_FREE_AFTER_GRAPH_GIB, PLANNER_FLAGS, PlanInputError, plan
 
 STATE_SCHEMA = "sglang-fleet/autotune/1"
 SPACE_FLAGS = (
@@ -124,8 +131,8 @@ def _fraction(value: Any, where: str) -> float:
 
 def _kv_dtype(value: Any, where: str, allowed: list[str]) -> str:
     text = str(value)
-    if text not in kvmath.KV_ELEM_BYTES:
-        choices = ", ".join(sorted(kvmath.KV_ELEM_BYTES))
+    if text not in kv_cache.KV_ELEM_BYTES:
+        choices = ", ".join(sorted(kv_cache.KV_ELEM_BYTES))
         raise AutotuneInputError(f"{where}: {text!r} is not a KV cache dtype ({choices})")
     if text not in allowed:
         raise AutotuneInputError(
@@ -258,8 +265,8 @@ def validate_inputs(
         raise AutotuneInputError(f"autotune_tolerance: {tolerance!r} is not a number in [0, 1)")
     allowed = None if kv_cache_dtypes_allowed is None else [str(d) for d in kv_cache_dtypes_allowed]
     for dtype in allowed or []:
-        if dtype not in kvmath.KV_ELEM_BYTES:
-            choices = ", ".join(sorted(kvmath.KV_ELEM_BYTES))
+        if dtype not in kv_cache.KV_ELEM_BYTES:
+            choices = ", ".join(sorted(kv_cache.KV_ELEM_BYTES))
             raise AutotuneInputError(
                 f"autotune_kv_cache_dtypes_allowed: {dtype!r} is not a KV cache dtype ({choices})"
             )
@@ -393,13 +400,13 @@ def _grid(base: Mapping[str, Any], space: Mapping[str, list]) -> list[dict[str, 
 def attn_dp_of(flags: Mapping[str, Any]) -> int:
     """The attention-DP size a flag set runs (both spellings, as SGLang resolves them)."""
     try:
-        return attndp.resolve_layout(
+        return attention_dp.resolve_layout(
             int(flags.get("tp_size") or 1),
             int(flags.get("dp_size") or 1),
             int(flags.get("attn_dp_size") or 1),
             str(flags.get("enable_dp_attention")).lower() in ("true", "1", "yes"),
         ).attn_dp_size
-    except (attndp.LayoutError, TypeError, ValueError):
+    except (attention_dp.LayoutError, TypeError, ValueError):
         return int(flags.get("attn_dp_size") or 1)  # the planner names the problem
 
 
@@ -951,7 +958,7 @@ def report_markdown(state: Mapping[str, Any]) -> str:
 def write_report(state: Mapping[str, Any], out_dir: str | Path, stamp: str) -> dict[str, str]:
     """reports/<host>/<server>/autotune-<stamp>.{md,json,png} and the winner's profile YAML."""
     # matplotlib is imported only to draw (it is slow to import and the loop never draws).
-    from sglang_fleet.autotune_report import render_png  # noqa: PLC0415
+    from sglang_fleet.tuning.autotune_picture import render_png  # noqa: PLC0415
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -1154,7 +1161,7 @@ def _cmd_report(ns: argparse.Namespace) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python3 -m sglang_fleet.autotune", description=__doc__.splitlines()[0]
+        prog="python3 -m sglang_fleet.tuning.autotune", description=__doc__.splitlines()[0]
     )
     sub = parser.add_subparsers(dest="command", required=True)
     init = sub.add_parser("init", help="plan the candidates (a rerun keeps an existing state)")

@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 from fractions import Fraction
 
-from sglang_fleet.modelcfg import ModelShape
+from sglang_fleet.capacity.model_config import ModelShape
 
 GIB = 1 << 30
 MIB = 1 << 20

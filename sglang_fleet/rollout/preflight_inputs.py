@@ -7,7 +7,8 @@ tested without a host:
 - running_units: which units run, from one `systemctl show --property=SubState` call;
 - foreign_port_problem: a port held by a program that is not the server or its leftovers (the
   cleanup module's ownership rules decided which holders are ours, docs/GPU-CLEANUP.md);
-- server_plan: one described server's capacity plan on its own GPUs (sglang_fleet.plan), with
+- server_plan: one described server's capacity plan on its own GPUs
+(sglang_fleet.capacity.planner), with
   the host's calibration records when given (docs/CALIBRATION.md).
 """
 
@@ -18,10 +19,10 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from sglang_fleet.modelcfg import weight_bytes_from_index
-from sglang_fleet.plain import plain, plain_mapping
-from sglang_fleet.plan import plan
-from sglang_fleet.servers import server_gpus
+from sglang_fleet.ansible_values import plain, plain_mapping
+from sglang_fleet.capacity.model_config import weight_bytes_from_index
+from sglang_fleet.capacity.planner import plan
+from sglang_fleet.servers.describe import server_gpus
 
 # The planner's calibration input, as the role gives it (filter sglang_server_plan's argument).
 CALIBRATION_KEYS = frozenset({"store", "mode", "sglang_version"})

@@ -36,11 +36,12 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from sglang_fleet import kvmath, logged_run, server_secrets
-from sglang_fleet.modelcfg import ModelShape
+from sglang_fleet import server_secrets
+from sglang_fleet.ansible_values import finite_number
+from sglang_fleet.capacity import kv_cache, logged_flags
+from sglang_fleet.capacity.model_config import ModelShape
+from sglang_fleet.capacity.server_log import Calibration, parse_log
 from sglang_fleet.module_utils import bounded_json
-from sglang_fleet.plain import finite_number
-from sglang_fleet.server_log import Calibration, parse_log
 
 SCHEMA = 1
 STORE_SCHEMA = "sglang-fleet/calibrations/1"
@@ -75,7 +76,8 @@ PREDICTED_FLAGS = frozenset(
         "context_length",
         "max_total_tokens",
         # Attention DP: the attention weights per GPU change by what config.json says
-        # (sglang_fleet.attndp, docs/ATTENTION-DP.md), the rest of the start stays measured.
+        # (sglang_fleet.capacity.attention_dp, docs/ATTENTION-DP.md), the rest of the start stays
+        # measured.
         "attn_dp_size",
     }
 )
@@ -272,12 +274,13 @@ def _record_key(
     cal: Calibration, info: Mapping[str, Any], key: Mapping[str, Any], measured: dict
 ) -> dict[str, Any]:
     flags = key.get("flags")
-    # logged_flags: the logged run's flags as the caller found them (sglang_fleet.logged_run:
+    # logged_flags: the logged run's flags as the caller found them
+    # (sglang_fleet.capacity.logged_flags:
     # stated by the operator, or inferred from the log's own lines); the start's own flag set
     # beats them, and what the log or /server_info says beats both.
     known = dict(key.get("logged_flags") or {}) | dict(flags or {})
     # Then what the lines alone show (no config.json here: the KV line's own size).
-    known = logged_run.infer(cal, stated=known).flags | known
+    known = logged_flags.infer(cal, stated=known).flags | known
     fingerprint = key.get("model_fingerprint")
     if fingerprint is None and key.get("model_config") is not None:
         fingerprint = model_fingerprint(key["model_config"], int(key["weight_bytes"]))
@@ -364,7 +367,7 @@ def build_record(
         raise CalibrationError("neither /server_info nor the log says mem_fraction_static")
     tokens = int(measured["max_total_num_tokens"])
     if measured["kv_size_gib"] and tokens:
-        measured["cell_size_bytes"] = round(measured["kv_size_gib"] * kvmath.GIB / tokens)
+        measured["cell_size_bytes"] = round(measured["kv_size_gib"] * kv_cache.GIB / tokens)
     else:
         measured["cell_size_bytes"] = None
     rise = float(measured["post_gib"]) - float(measured["pre_gib"])
@@ -654,7 +657,7 @@ def _norm(value: Any) -> Any:
 
 
 def _dtype_known(dtype: str) -> bool:
-    return dtype in kvmath.KV_ELEM_BYTES
+    return dtype in kv_cache.KV_ELEM_BYTES
 
 
 def _identity_problems(key: Mapping[str, Any], host: Mapping[str, Any], notes: list[str]) -> list:
@@ -842,10 +845,10 @@ def margin_for(margin_gib: float, chunked_prefill_size: int | None) -> float:
 def graph_estimate_mib(shape: ModelShape, decode_bs: int, chunk: int, attn_dp: int = 1) -> float:
     """SGLang's graph reserve estimate: decode 2 MiB per batch size, prefill by buckets;
     attention DP adds bs x attn_dp x 3 MiB (x 4.5 above bs 300) for its padding."""
-    decode = decode_bs * DECODE_GRAPH_MIB_PER_BS + kvmath.attn_dp_graph_mib(decode_bs, attn_dp)
+    decode = decode_bs * DECODE_GRAPH_MIB_PER_BS + kv_cache.attn_dp_graph_mib(decode_bs, attn_dp)
     if shape.is_mla:
         return decode + MLA_PREFILL_GRAPH_MIB
-    buckets = kvmath.prefill_graph_token_buckets(chunk) if chunk > 0 else []
+    buckets = kv_cache.prefill_graph_token_buckets(chunk) if chunk > 0 else []
     return decode + len(buckets) * MHA_PREFILL_GRAPH_MIB_PER_BUCKET
 
 
@@ -869,7 +872,7 @@ def _resolve(
 ) -> _Setting:
     requested_mrr = _int(values.get("max_running_requests"))
     chunk = _int(_first(values.get("chunked_prefill_size"), chunk_hint))
-    defaults = kvmath.sglang_default_mem_fraction(
+    defaults = kv_cache.sglang_default_mem_fraction(
         gpu_mib, shape, tp, chunked_prefill_size=chunk, max_running_requests=requested_mrr
     )
     explicit_bs = _int(
@@ -893,7 +896,7 @@ def _resolve(
 def _resolved_mrr(setting: _Setting, tokens: int) -> int:
     if setting.requested_mrr is not None:
         return min(max(1, setting.requested_mrr), tokens // 2)
-    return kvmath.sglang_default_max_running_requests(tokens, setting.context)
+    return kv_cache.sglang_default_max_running_requests(tokens, setting.context)
 
 
 def _recorded_kv_bytes(
@@ -904,13 +907,13 @@ def _recorded_kv_bytes(
     tokens = int(measured["max_total_num_tokens"])
     if old.max_total_tokens is None and tokens > 0:
         return float(tokens * cell_old)
-    rest = kvmath.rest_gib(
+    rest = kv_cache.rest_gib(
         float(measured["pre_gib"]),
         float(measured["post_gib"]),
         old.fraction,
-        kvmath.multimodal_reserve_gib(shape),
+        kv_cache.multimodal_reserve_gib(shape),
     )
-    return rest * kvmath.GIB
+    return rest * kv_cache.GIB
 
 
 def predict(
@@ -926,7 +929,8 @@ def predict(
 
     The record must have passed `match` for these flags (same model, GPUs, topology).
     extra_weight_gib(attn_dp_size): GiB per GPU the layout holds beyond plain TP
-    (sglang_fleet.attndp); a record at another attention-DP size is its measured weights
+    (sglang_fleet.capacity.attention_dp); a record at another attention-DP size is its measured
+    weights
     plus the difference, which comes out of the KV pool (the fraction fixes weights + KV).
     """
     key, measured = record["key"], record["measured"]
@@ -937,8 +941,8 @@ def predict(
     old = _resolve(key, shape, gpu_mib, tp, measured.get("chunked_prefill_size"))
     new = _resolve(flags, shape, gpu_mib, tp, None)
     pre, post = float(measured["pre_gib"]), float(measured["post_gib"])
-    cell_old = kvmath.cell_size_bytes(shape, old.dtype, tp)
-    cell_new = kvmath.cell_size_bytes(shape, new.dtype, tp)
+    cell_old = kv_cache.cell_size_bytes(shape, old.dtype, tp)
+    cell_new = kv_cache.cell_size_bytes(shape, new.dtype, tp)
     notes = []
     same = abs(new.fraction - old.fraction) < SAME_FRACTION
     grow = 0.0 if same else (new.fraction - old.fraction) * pre
@@ -950,9 +954,9 @@ def predict(
             f"{new.attn_dp}, computed from config.json)"
         )
     kv_bytes = (
-        _recorded_kv_bytes(measured, old, cell_old, shape) + (grow - weight_delta) * kvmath.GIB
+        _recorded_kv_bytes(measured, old, cell_old, shape) + (grow - weight_delta) * kv_cache.GIB
     )
-    tokens = kvmath.max_total_num_tokens(kv_bytes / kvmath.GIB, cell_new, new.page)
+    tokens = kv_cache.max_total_num_tokens(kv_bytes / kv_cache.GIB, cell_new, new.page)
     if new.max_total_tokens is not None:
         tokens = min(tokens, new.max_total_tokens // new.page * new.page)
     if cell_new != cell_old:
@@ -978,10 +982,10 @@ def predict(
     )
     return Prediction(
         max_total_num_tokens=tokens,
-        kv_budget_gib=kv_bytes / kvmath.GIB,
+        kv_budget_gib=kv_bytes / kv_cache.GIB,
         free_after_graph_gib=free,
         margin_gib=margin,
-        max_safe_mem_fraction_static=kvmath.floor_to(safe, 0.001),
+        max_safe_mem_fraction_static=kv_cache.floor_to(safe, 0.001),
         mem_fraction_static=new.fraction,
         calibrated_mem_fraction_static=old.fraction,
         pre_gib=pre,
@@ -1005,7 +1009,7 @@ def _req_to_token_growth(
         return 0.0
     new_mrr = _resolved_mrr(new, tokens)
     growth = (new_mrr + 1) * new.context - (old_mrr + 1) * old_context
-    return max(0.0, growth * REQ_TO_TOKEN_BYTES / kvmath.GIB)
+    return max(0.0, growth * REQ_TO_TOKEN_BYTES / kv_cache.GIB)
 
 
 # --- the planner's entry point ----------------------------------------------------------------

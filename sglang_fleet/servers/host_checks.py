@@ -36,7 +36,7 @@ import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
-from sglang_fleet.servers import SERVERS_VAR
+from sglang_fleet.servers.describe import SERVERS_VAR
 
 GB = 10**9
 GIB = 2**30
@@ -170,7 +170,7 @@ def _check_cpu_tokens(server: Mapping[str, Any]) -> list[Problem]:
             _flag_var(server, "max_total_tokens"),
             f"{shown!r}{_where_set(server, 'max_total_tokens')} must be an integer >= 1 on a CPU "
             "server (device: cpu): SGLang's CPU engine sizes the KV pool from the host's free "
-            "RAM unless it is capped; the planner (sglang_fleet.plan) prints what fits",
+            "RAM unless it is capped; the planner (sglang_fleet.capacity.planner) prints what fits",
         )
     ]
 

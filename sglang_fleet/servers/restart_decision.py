@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sglang_fleet.flags import to_argv
 from sglang_fleet.server_secrets import redact
+from sglang_fleet.servers.launch_line import to_argv
 
 
 def _flag_words(flags: Mapping[str, Any]) -> dict[str, list[str]]:

@@ -1,6 +1,7 @@
 """Capacity planner: will a flag set fit, and what bounds its throughput?
 
-    python3 -m sglang_fleet.plan --model-path DIR --tp-size 8 --mem-fraction-static 0.88 \
+    python3 -m sglang_fleet.capacity.planner --model-path DIR --tp-size 8 --mem-fraction-static
+    0.88 \
         --kv-cache-dtype fp8_e4m3 --gpu-memory-mib 97887 --host-ram-gib 400 --gpu-count 8 \
         [--calibrate-from server.log] [--json]
 
@@ -11,11 +12,12 @@ zero means nothing, see _INT_RANGES/_FLOAT_RANGES) or a model directory that can
 with one message on stderr naming the argument. plan() raises PlanInputError for the same
 inputs, so the Ansible filter reports them as such.
 
-Memory model (SGLang 0.5.23, see kvmath.py): pre = free GiB before weights load, post =
+Memory model (SGLang 0.5.23, see kv_cache.py): pre = free GiB before weights load, post =
 free GiB after; rest = post - pre * (1 - mem_fraction_static); max_total_num_tokens =
 rest / cell_size. Without a calibration pre = GPU total - CUDA_CONTEXT_GIB and
 post = pre - weights / tp. A calibration (args `calibration`: records the deploy stored on
-the host, see sglang_fleet/calibration.py and docs/CALIBRATION.md; or `calibration_log`: the
+the host, see sglang_fleet/capacity/calibration.py and docs/CALIBRATION.md; or `calibration_log`:
+the
 text of an earlier server log) that matches the flag set replaces the estimates with what
 SGLang measured; one that does not match is a `calibration_mismatch` warning.
 
@@ -47,10 +49,11 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from sglang_fleet import attndp, calibration, input_files, kvmath, logged_run
-from sglang_fleet.modelcfg import ModelConfigError, model_shape, read_model_dir
-from sglang_fleet.noop_flags import noop_flag_issues
-from sglang_fleet.server_log import Calibration, parse_log
+from sglang_fleet import input_files
+from sglang_fleet.capacity import attention_dp, calibration, kv_cache, logged_flags
+from sglang_fleet.capacity.model_config import ModelConfigError, model_shape, read_model_dir
+from sglang_fleet.capacity.noop_flags import noop_flag_issues
+from sglang_fleet.capacity.server_log import Calibration, parse_log
 
 # Flags of a server this planner reads (a server's plan_args); the rest do not change its
 # arithmetic.
@@ -106,11 +109,11 @@ ARG_DEFAULTS: dict[str, Any] = {
     "avg_output_len": DEFAULT_AVG_OUTPUT_LEN,
     "per_request_tok_s": None,
     "calibration_log": None,
-    # The calibration log's run's flags where its log does not say them (logged_run.STATABLE):
+    # The calibration log's run's flags where its log does not say them (logged_flags.STATABLE):
     # never taken from the flags being planned.
     "calibration_log_flags": None,
     "min_free_after_graph_gib": MIN_FREE_AFTER_GRAPH_GIB,
-    # Calibration records (sglang_fleet.calibration): one, a list, the host's store file as
+    # Calibration records (sglang_fleet.capacity.calibration): one, a list, the host's store file as
     # parsed or as JSON text. server_flags: the server's whole flag set, so that every flag
     # a record depends on is compared; sglang_version: the installed version.
     "calibration": None,
@@ -120,7 +123,8 @@ ARG_DEFAULTS: dict[str, Any] = {
     "cuda_graph_max_bs_decode": None,
     "device": "cuda",
     "max_total_tokens": None,
-    # Memory bandwidth per GPU for the decode roofline; None: attndp.GPU_BANDWIDTH_GBS by name.
+    # Memory bandwidth per GPU for the decode roofline; None: attention_dp.GPU_BANDWIDTH_GBS by
+    # name.
     "gpu_memory_bandwidth_gbs": None,
     # False: leave out the table of every attention-DP size (the table's own plans).
     "plan_layouts": True,
@@ -150,7 +154,8 @@ def _issue(code: str, message: str) -> dict[str, str]:
 # The upper bounds lie beyond any real machine or setting and keep the arithmetic finite.
 _MAX_COUNT = 2**31 - 1
 _MAX_AMOUNT = 1e12
-# Parallel sizes as sglang_fleet.validate bounds them (MAX_PARALLEL: far past any cluster):
+# Parallel sizes as sglang_fleet.servers.host_checks bounds them (MAX_PARALLEL: far past any
+# cluster):
 # a tp of 2**31 - 1 would have the layout table walk every divisor candidate for minutes.
 _MAX_PARALLEL = 4096
 _INT_RANGES: dict[str, tuple[int, int]] = {
@@ -196,7 +201,7 @@ _FLOAT_RANGES: dict[str, _FloatRange] = {
     "per_request_tok_s": _FloatRange(0.0, _MAX_AMOUNT, low_open=True),
     "min_free_after_graph_gib": _FloatRange(0.0, _MAX_AMOUNT),
     # Less than the CUDA context leaves nothing to plan with.
-    "gpu_memory_mib": _FloatRange(kvmath.CUDA_CONTEXT_GIB * 1024, _MAX_AMOUNT, low_open=True),
+    "gpu_memory_mib": _FloatRange(kv_cache.CUDA_CONTEXT_GIB * 1024, _MAX_AMOUNT, low_open=True),
     "host_ram_gib": _FloatRange(0.0, _MAX_AMOUNT),
     "gpu_memory_bandwidth_gbs": _FloatRange(0.0, _MAX_AMOUNT, low_open=True),
 }
@@ -277,10 +282,10 @@ def _as_logged_flags(value: Any) -> dict[str, Any]:
     key = "calibration_log_flags"
     if not isinstance(value, dict):
         raise PlanInputError(f"must be a mapping of flag to value, got {_shown(value)}", key)
-    unknown = sorted(str(name) for name in value if name not in logged_run.STATABLE)
+    unknown = sorted(str(name) for name in value if name not in logged_flags.STATABLE)
     if unknown:
         raise PlanInputError(
-            f"unknown flag(s) {', '.join(unknown)}: one of {', '.join(logged_run.STATABLE)}", key
+            f"unknown flag(s) {', '.join(unknown)}: one of {', '.join(logged_flags.STATABLE)}", key
         )
     try:
         typed = _typed(dict(value))
@@ -288,7 +293,7 @@ def _as_logged_flags(value: Any) -> dict[str, Any]:
         raise PlanInputError(f"{exc.argument}: {exc.message}", key) from None
     if "kv_cache_dtype" in typed:
         try:
-            kvmath.elem_bytes(typed["kv_cache_dtype"])
+            kv_cache.elem_bytes(typed["kv_cache_dtype"])
         except ValueError as exc:
             raise PlanInputError(str(exc), key) from None
     return typed
@@ -370,7 +375,7 @@ def _check_inputs(a: dict[str, Any]) -> None:
     if a["avg_input_len"] + a["avg_output_len"] <= 0:
         raise PlanInputError("avg_input_len + avg_output_len must be positive", "avg_input_len")
     try:
-        kvmath.elem_bytes(a["kv_cache_dtype"])
+        kv_cache.elem_bytes(a["kv_cache_dtype"])
     except ValueError as exc:
         raise PlanInputError(str(exc), "kv_cache_dtype") from exc
 
@@ -405,12 +410,12 @@ class _Planner:
         self.tp = self.layout.tp_size
         self.dp = self.layout.dp_size
         self.attn_dp = self.layout.attn_dp_size
-        self.weights = attndp.weight_layout(config, self.shape, self.weight_bytes)
-        self.extra_weight_gib = attndp.extra_weight_gib(self.weights, self.tp, self.attn_dp)
+        self.weights = attention_dp.weight_layout(config, self.shape, self.weight_bytes)
+        self.extra_weight_gib = attention_dp.extra_weight_gib(self.weights, self.tp, self.attn_dp)
         self.dtype = str(self.a["kv_cache_dtype"])
         self.gpu_mib = float(self.host["gpu_memory_mib"])
         self.cal = _log_calibration(self.a)
-        self.defaults = kvmath.sglang_default_mem_fraction(
+        self.defaults = kv_cache.sglang_default_mem_fraction(
             self.gpu_mib,
             self.shape,
             self.tp,
@@ -427,14 +432,14 @@ class _Planner:
         self.prediction = self.calibration.prediction if self.calibration else None
         self.pre, self.post = self._free_memory()
 
-    def _layout(self) -> attndp.Layout:
+    def _layout(self) -> attention_dp.Layout:
         """tp, attention DP and replicas as SGLang resolves them (both flag spellings)."""
         a = self.a
         try:
-            layout = attndp.resolve_layout(
+            layout = attention_dp.resolve_layout(
                 int(a["tp_size"]), int(a["dp_size"]), a["attn_dp_size"], a["enable_dp_attention"]
             )
-        except attndp.LayoutError as exc:
+        except attention_dp.LayoutError as exc:
             raise PlanInputError(str(exc), exc.argument) from exc
         if layout.attn_dp_size > 1 and a["cuda_graph_max_bs_decode"] is None:
             self.warnings.append(
@@ -448,7 +453,7 @@ class _Planner:
             )
         if layout.deprecated_spelling:
             self.warnings.append(
-                _issue("deprecated_enable_dp_attention", attndp.deprecation_message(layout))
+                _issue("deprecated_enable_dp_attention", attention_dp.deprecation_message(layout))
             )
         return layout
 
@@ -494,14 +499,15 @@ class _Planner:
         return records
 
     def _logged_run_flags(self, cal: Calibration) -> dict[str, Any]:
-        """The logged run's own flags (sglang_fleet.logged_run): what the log or the operator
+        """The logged run's own flags (sglang_fleet.capacity.logged_flags): what the log or the
+        operator
         states (`calibration_log_flags`), checked against its lines, the rest inferred from
         them, each named with its source in calibration_log_flags; never the flags being
         planned. A flag that matters and that nothing fixes refuses the log."""
         if not cal.has_memory:
             return {}  # build_record names what is missing
         stated = self.a["calibration_log_flags"] or {}
-        run = logged_run.infer(cal, self.shape, self.weights, stated=stated)
+        run = logged_flags.infer(cal, self.shape, self.weights, stated=stated)
         if run.unknown:
             names = ", ".join(run.unknown)
             raise PlanInputError(
@@ -539,7 +545,7 @@ class _Planner:
                 margin_gib=float(self.a["min_free_after_graph_gib"]),
                 mode=str(self.a["calibration_mode"]),
                 flags_complete=self.a["server_flags"] is not None,
-                extra_weight_gib=lambda n: attndp.extra_weight_gib(self.weights, self.tp, n),
+                extra_weight_gib=lambda n: attention_dp.extra_weight_gib(self.weights, self.tp, n),
             )
         except calibration.CalibrationError as exc:
             raise PlanInputError(str(exc)) from exc
@@ -550,8 +556,8 @@ class _Planner:
     def _free_memory(self) -> tuple[float, float]:
         if self.prediction is not None:
             return self.prediction.pre_gib, self.prediction.post_gib
-        pre = kvmath.estimate_pre_gib(self.gpu_mib)
-        post = kvmath.estimate_post_gib(pre, self.weight_bytes, self.tp)
+        pre = kv_cache.estimate_pre_gib(self.gpu_mib)
+        post = kv_cache.estimate_post_gib(pre, self.weight_bytes, self.tp)
         return pre, post - self.extra_weight_gib
 
     # --- KV budget -------------------------------------------------------------------
@@ -560,9 +566,9 @@ class _Planner:
             rest = self.prediction.kv_budget_gib
             tokens = self.prediction.max_total_num_tokens
         else:
-            reserve = kvmath.multimodal_reserve_gib(self.shape)
-            rest = kvmath.rest_gib(self.pre, self.post, self.fraction, reserve)
-            tokens = kvmath.max_total_num_tokens(rest, cell, int(self.a["page_size"]))
+            reserve = kv_cache.multimodal_reserve_gib(self.shape)
+            rest = kv_cache.rest_gib(self.pre, self.post, self.fraction, reserve)
+            tokens = kv_cache.max_total_num_tokens(rest, cell, int(self.a["page_size"]))
         if self.a["max_total_tokens"] is not None:
             # SGLang caps the pool it computed at --max-total-tokens.
             tokens = min(tokens, int(self.a["max_total_tokens"]))
@@ -571,7 +577,7 @@ class _Planner:
         return rest, tokens
 
     def _not_enough_memory(self, rest: float) -> None:
-        needed = kvmath.min_mem_fraction_for_kv(self.pre, self.post)
+        needed = kv_cache.min_mem_fraction_for_kv(self.pre, self.post)
         self.errors.append(
             _issue(
                 "not_enough_memory",
@@ -616,7 +622,7 @@ class _Planner:
             return 0.0
         host_ram = self.host.get("host_ram_gib")
         ranks = self.tp * self.dp
-        per_rank = kvmath.hicache_host_gib_per_rank(
+        per_rank = kv_cache.hicache_host_gib_per_rank(
             a["hicache_size"] or None,
             a["hicache_ratio"],
             max(device_pool_gib, 0.0),
@@ -641,14 +647,15 @@ class _Planner:
                     "host_ram_gib is not known: the HiCache host pool is not checked.",
                 )
             )
-        elif total + kvmath.HICACHE_HOST_RESERVE_GIB > float(host_ram):
+        elif total + kv_cache.HICACHE_HOST_RESERVE_GIB > float(host_ram):
             size_note = f"{a['hicache_size']} GB per rank" if a["hicache_size"] else "the pool size"
             self.errors.append(
                 _issue(
                     "hicache_host_ram",
                     f"HiCache host pool is per rank: {size_note} x {ranks} ranks = "
                     f"{total:.1f} GiB, "
-                    f"plus SGLang's {kvmath.HICACHE_HOST_RESERVE_GIB:.0f} GiB reserve, exceeds the "
+                    f"plus SGLang's {kv_cache.HICACHE_HOST_RESERVE_GIB:.0f} GiB reserve, exceeds "
+                    "the "
                     f"host's {float(host_ram):.1f} GiB RAM (Not enough host memory available). "
                     f"At most {self._max_hicache_gb(float(host_ram), ranks)} GB per rank fits.",
                 )
@@ -666,8 +673,8 @@ class _Planner:
 
     @staticmethod
     def _max_hicache_gb(host_ram_gib: float, ranks: int) -> int:
-        spare = max(0.0, host_ram_gib - kvmath.HICACHE_HOST_RESERVE_GIB)
-        return int(spare * kvmath.GIB / ranks // kvmath.GB)
+        spare = max(0.0, host_ram_gib - kv_cache.HICACHE_HOST_RESERVE_GIB)
+        return int(spare * kv_cache.GIB / ranks // kv_cache.GB)
 
     def check_gpus(self) -> None:
         count = self.host.get("gpu_count")
@@ -681,8 +688,8 @@ class _Planner:
             )
 
     def check_dtype(self) -> None:
-        if self.dtype in kvmath.FP8_DTYPES or self.dtype in kvmath.FP4_DTYPES:
-            ratio = kvmath.elem_bytes("bf16") / kvmath.elem_bytes(self.dtype)
+        if self.dtype in kv_cache.FP8_DTYPES or self.dtype in kv_cache.FP4_DTYPES:
+            ratio = kv_cache.elem_bytes("bf16") / kv_cache.elem_bytes(self.dtype)
             self.warnings.append(
                 _issue(
                     "kv_dtype_quality",
@@ -692,7 +699,7 @@ class _Planner:
                     "quality. A trade-off the operator chooses: check quality on your task.",
                 )
             )
-        if self.dtype in kvmath.FP4_DTYPES and not self.shape.is_mla:
+        if self.dtype in kv_cache.FP4_DTYPES and not self.shape.is_mla:
             self.warnings.append(
                 _issue(
                     "fp4_cell_size_estimate",
@@ -731,7 +738,7 @@ class _Planner:
         cap = (
             max(1, asked // self.attn_dp)
             if asked
-            else kvmath.sglang_default_max_running_requests(tokens, context)
+            else kv_cache.sglang_default_max_running_requests(tokens, context)
         )
         # Each attention-DP rank and each data-parallel replica has its own KV pool and
         # scheduler.
@@ -743,7 +750,7 @@ class _Planner:
         if given:
             bandwidth, source = float(given), "gpu_memory_bandwidth_gbs"
         else:
-            bandwidth, key = attndp.gpu_bandwidth_gbs(self.host.get("gpu_name"))
+            bandwidth, key = attention_dp.gpu_bandwidth_gbs(self.host.get("gpu_name"))
             source = f"table: {key}" if key else ""
         if bandwidth is None:
             return {
@@ -752,7 +759,7 @@ class _Planner:
                 "set gpu_memory_bandwidth_gbs (--gpu-memory-bandwidth-gbs)",
             }
         context = self.a["avg_input_len"] + self.a["avg_output_len"] // 2
-        line = attndp.decode_roofline(
+        line = attention_dp.decode_roofline(
             self.weights,
             self.layout,
             batch=concurrent,
@@ -799,7 +806,7 @@ class _Planner:
         return chunk // self.attn_dp if chunk > 0 else chunk
 
     def run(self) -> dict[str, Any]:
-        cell = kvmath.cell_size_bytes(self.shape, self.dtype, self.layout.attn_tp_size)
+        cell = kv_cache.cell_size_bytes(self.shape, self.dtype, self.layout.attn_tp_size)
         rest, tokens = self.kv_tokens(cell)
         self.check_gpus()
         self.check_oom_risk()
@@ -821,7 +828,7 @@ class _Planner:
             "decode_roofline": self.roofline(concurrent, cell),
             "max_concurrent_requests": concurrent,
             "kv_bound_output_tok_s": round(concurrent * speed, 1),
-            "headroom_gib": round(kvmath.headroom_gib(self.pre, self.fraction), 2),
+            "headroom_gib": round(kv_cache.headroom_gib(self.pre, self.fraction), 2),
             "hicache_host_gib_total": round(hicache_total, 2),
             "warnings": self.warnings,
             "errors": self.errors,
@@ -885,8 +892,8 @@ class _CpuPlanner(_Planner):
         page = int(self.a["page_size"])
         fitting = None
         if self.ram_gib is not None:
-            budget = self.ram_gib * kvmath.CPU_RAM_FRACTION
-            fitting = kvmath.cpu_tokens_fitting(
+            budget = self.ram_gib * kv_cache.CPU_RAM_FRACTION
+            fitting = kv_cache.cpu_tokens_fitting(
                 budget,
                 self.weight_bytes,
                 cell_size=cell,
@@ -897,7 +904,7 @@ class _CpuPlanner(_Planner):
         given = self.a["max_total_tokens"]
         if given is not None:
             return int(given) // page * page, fitting
-        hint = f" ({fitting} fit in {kvmath.CPU_RAM_FRACTION:.0%} of host RAM)" if fitting else ""
+        hint = f" ({fitting} fit in {kv_cache.CPU_RAM_FRACTION:.0%} of host RAM)" if fitting else ""
         self.errors.append(
             _issue(
                 "cpu_max_total_tokens",
@@ -914,14 +921,14 @@ class _CpuPlanner(_Planner):
                 _issue("host_ram_unknown", "host_ram_gib is not known: host RAM is not checked.")
             )
             return
-        budget = self.ram_gib * kvmath.CPU_RAM_FRACTION
+        budget = self.ram_gib * kv_cache.CPU_RAM_FRACTION
         if needed_gib > budget:
             self.errors.append(
                 _issue(
                     "cpu_host_ram",
                     f"max_total_tokens {tokens} needs {needed_gib:.2f} GiB of host RAM (weights "
-                    f"{self.weight_bytes * self.dp / kvmath.GIB:.2f} GiB, KV and process "
-                    f"overhead), more than {kvmath.CPU_RAM_FRACTION:.0%} of the host's "
+                    f"{self.weight_bytes * self.dp / kv_cache.GIB:.2f} GiB, KV and process "
+                    f"overhead), more than {kv_cache.CPU_RAM_FRACTION:.0%} of the host's "
                     f"{self.ram_gib:.1f} GiB; at most {fitting or 0} tokens fit.",
                 )
             )
@@ -940,10 +947,10 @@ class _CpuPlanner(_Planner):
             )
 
     def run(self) -> dict[str, Any]:
-        cell = kvmath.cell_size_bytes(self.shape, self.dtype, self.tp)
+        cell = kv_cache.cell_size_bytes(self.shape, self.dtype, self.tp)
         tokens, fitting = self._tokens(cell)
-        kv_bytes = kvmath.cpu_kv_bytes(cell, self.tp, self.dp, tokens)
-        needed = kvmath.cpu_host_ram_gib(self.weight_bytes, kv_bytes, self.tp, self.dp)
+        kv_bytes = kv_cache.cpu_kv_bytes(cell, self.tp, self.dp, tokens)
+        needed = kv_cache.cpu_host_ram_gib(self.weight_bytes, kv_bytes, self.tp, self.dp)
         self.check_ram(tokens, needed, fitting)
         self.check_ignored()
         self.check_dtype()
@@ -966,8 +973,8 @@ class _CpuPlanner(_Planner):
                 "attention": self.shape.attention,
                 "architecture": self.shape.architecture,
                 "kv_cache_dtype": self.dtype,
-                "kv_pool_gib": round(kv_bytes / kvmath.GIB, 3),
-                "weights_gib": round(self.weight_bytes * self.dp / kvmath.GIB, 3),
+                "kv_pool_gib": round(kv_bytes / kv_cache.GIB, 3),
+                "weights_gib": round(self.weight_bytes * self.dp / kv_cache.GIB, 3),
                 "host_ram_needed_gib": round(needed, 3),
                 "host_ram_gib": self.ram_gib,
                 "max_total_tokens_fitting": fitting,
@@ -998,7 +1005,7 @@ def plan(model_config: dict, weight_bytes: int, args: dict, host: dict) -> dict:
     if planner.a["plan_layouts"] and planner.dp == 1 and planner.tp > 1:
         rows = [
             _layout_plan(model_config, weight_bytes, args, host, n)
-            for n in attndp.attn_dp_sizes(planner.tp)
+            for n in attention_dp.attn_dp_sizes(planner.tp)
         ]
         result["attention_dp_layouts"] = rows
         result["recommended_layout"] = _recommend(rows, planner.attn_dp)
@@ -1088,7 +1095,7 @@ def add_plan_arguments(parser: argparse.ArgumentParser, *, model_required: bool)
     )
     parser.add_argument("--cuda-graph-max-bs-decode", type=int, default=None)
     parser.add_argument("--mem-fraction-static", type=float, default=None)
-    parser.add_argument("--kv-cache-dtype", default=None, choices=sorted(kvmath.KV_ELEM_BYTES))
+    parser.add_argument("--kv-cache-dtype", default=None, choices=sorted(kv_cache.KV_ELEM_BYTES))
     parser.add_argument("--enable-hierarchical-cache", action="store_true", default=None)
     parser.add_argument("--hicache-size", type=float, default=None, help="GB per rank")
     parser.add_argument("--hicache-ratio", type=float, default=None)
@@ -1122,7 +1129,7 @@ def add_plan_arguments(parser: argparse.ArgumentParser, *, model_required: bool)
         "--calibration",
         metavar="JSON",
         default=None,
-        help="calibration record(s) or the host's store file (sglang_fleet.calibration)",
+        help="calibration record(s) or the host's store file (sglang_fleet.capacity.calibration)",
     )
     parser.add_argument(
         "--logged-flag",
@@ -1130,7 +1137,7 @@ def add_plan_arguments(parser: argparse.ArgumentParser, *, model_required: bool)
         action="append",
         default=None,
         help="a flag the --calibrate-from run used that its log does not say (repeatable; "
-        f"one of {', '.join(logged_run.STATABLE)}); the flags above describe the plan",
+        f"one of {', '.join(logged_flags.STATABLE)}); the flags above describe the plan",
     )
     parser.add_argument("--calibration-mode", choices=calibration.MODES, default=None)
     parser.add_argument("--sglang-version", default=None)
@@ -1263,7 +1270,9 @@ def _plan_from_namespace(ns: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     # No abbreviations: `--tp 8` meaning --tp-size today could mean another flag tomorrow.
     parser = argparse.ArgumentParser(
-        prog="python3 -m sglang_fleet.plan", description=__doc__.splitlines()[0], allow_abbrev=False
+        prog="python3 -m sglang_fleet.capacity.planner",
+        description=__doc__.splitlines()[0],
+        allow_abbrev=False,
     )
     add_plan_arguments(parser, model_required=True)
     parser.add_argument("--json", action="store_true", help="print one JSON object")

@@ -4,7 +4,7 @@
 The smoke_gate role copies this single file to a GPU host and runs it there with the host's
 python3 (>= 3.9), so it must not import anything outside the standard library. From the repo:
 
-    python3 -m sglang_fleet.smoke --url http://127.0.0.1:30000 --num-prompts 200 \\
+    python3 -m sglang_fleet.bench.smoke_client --url http://127.0.0.1:30000 --num-prompts 200 \\
         --max-concurrency 32 --random-input-len 512 --random-output-len 128 --json out.json
 
 Flags and metric names follow SGLang's own benchmark client (``sglang.bench_serving``) where they
@@ -1035,7 +1035,7 @@ class _CompletionsStream(_SseStream):
 
 # --------------------------------------------------------------------------------------------
 # Server /metrics (Prometheus text format): the project's one parser of it, also what
-# sglang_fleet/live.py reads a running server's metrics with
+# sglang_fleet/diagnosis/live_metrics.py reads a running server's metrics with
 # --------------------------------------------------------------------------------------------
 
 # Blanks (spaces or tabs) end the name; after a label set's "}" the value may follow at once.

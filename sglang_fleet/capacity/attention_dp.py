@@ -27,7 +27,7 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from sglang_fleet.modelcfg import MAX_DIMENSION, ModelShape, text_config
+from sglang_fleet.capacity.model_config import MAX_DIMENSION, ModelShape, text_config
 
 GIB = 1 << 30
 

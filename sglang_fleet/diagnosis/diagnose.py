@@ -1,14 +1,16 @@
 """Bottleneck diagnosis of a run, or of a running server: what bounds it, what to change next.
 
-    python3 -m sglang_fleet.diagnose [--log SERVER_LOG] [--smoke-result RESULT.json] \
+    python3 -m sglang_fleet.diagnosis.diagnose [--log SERVER_LOG] [--smoke-result RESULT.json] \
         [--concurrency N] [--model-path DIR --gpu-memory-mib MIB ...] --json
-    python3 -m sglang_fleet.diagnose --url http://HOST:PORT [--api-key-file F] [--window 30] \
+    python3 -m sglang_fleet.diagnosis.diagnose --url http://HOST:PORT [--api-key-file F] [--window
+    30] \
         [--json | --table] [--log SERVER_LOG] [--model-path DIR --gpu-memory-mib MIB ...]
-    python3 -m sglang_fleet.diagnose --sample LIVE_SAMPLE.json [--json | --table] ...
+    python3 -m sglang_fleet.diagnosis.diagnose --sample LIVE_SAMPLE.json [--json | --table] ...
 
 After a run it reads what the smoke benchmark sampled from /metrics (`server_metrics.samples`,
 see docs/CONTRACTS.md) and/or the server log's "Decode batch" lines. With --url it samples a
-running server's /metrics for --window seconds without touching it (sglang_fleet.live; with
+running server's /metrics for --window seconds without touching it
+(sglang_fleet.diagnosis.live_metrics; with
 --sample it reads such a sample taken on the GPU host) and judges that window the same way
 (docs/DIAGNOSIS.md). It prints one JSON object: `verdict` (kv_cache_bound, compute_bound,
 client_bound, healthy, idle; `unknown` when there is nothing to judge), `evidence` (the
@@ -30,18 +32,20 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from sglang_fleet import attndp, input_files, kvmath, live, logged_run
-from sglang_fleet.modelcfg import ModelConfigError, model_shape, read_model_dir
-from sglang_fleet.module_utils import bounded_json
-from sglang_fleet.noop_flags import noop_flag_issues
-from sglang_fleet.plan import (
+from sglang_fleet import input_files
+from sglang_fleet.capacity import attention_dp, kv_cache, logged_flags
+from sglang_fleet.capacity.model_config import ModelConfigError, model_shape, read_model_dir
+from sglang_fleet.capacity.noop_flags import noop_flag_issues
+from sglang_fleet.capacity.planner import (
     PLANNER_FLAGS,
     PlanInputError,
     add_plan_arguments,
     plan,
     split_namespace,
 )
-from sglang_fleet.server_log import Calibration, parse_decode_lines, parse_log
+from sglang_fleet.capacity.server_log import Calibration, parse_decode_lines, parse_log
+from sglang_fleet.diagnosis import live_metrics as live
+from sglang_fleet.module_utils import bounded_json
 
 # A run is KV-bound when, over the busy samples, requests waited in the queue at least this
 # share of the time ...
@@ -224,7 +228,7 @@ def _fp8_lever(
     ctx: dict[str, Any] | None, current: dict[str, Any] | None, ev: dict[str, Any]
 ) -> dict[str, str] | None:
     dtype = ((ctx or {}).get("args") or {}).get("kv_cache_dtype", "auto")
-    if dtype in kvmath.FP8_DTYPES or dtype in kvmath.FP4_DTYPES:
+    if dtype in kv_cache.FP8_DTYPES or dtype in kv_cache.FP4_DTYPES:
         return None
     fp8 = _plan_with(ctx, kv_cache_dtype="fp8_e4m3") if ctx else None
     if fp8 and current and not fp8["errors"]:
@@ -254,13 +258,13 @@ def _fraction_lever(ctx: dict[str, Any] | None, current: dict[str, Any] | None) 
         return _lever(
             "mem_fraction_static",
             f"Raise --mem-fraction-static{now_words} in small steps while the memory left after "
-            "CUDA graph capture stays above the planner's margin (run sglang_fleet.plan with "
-            "--calibrate-from this run's log): too high a value runs out of memory during a "
-            "large prefill.",
+            "CUDA graph capture stays above the planner's margin (run "
+            "sglang_fleet.capacity.planner with --calibrate-from this run's log): too high a "
+            "value runs out of memory during a large prefill.",
         )
     d = current["details"]
     now, limit = d["mem_fraction_static"], d["max_safe_mem_fraction_static"]
-    target = kvmath.floor_to(limit, FRACTION_STEP)
+    target = kv_cache.floor_to(limit, FRACTION_STEP)
     raised = _plan_with(ctx, mem_fraction_static=round(target, 3)) if target > now + 1e-9 else None
     if raised is None or raised["errors"]:
         return _lever(
@@ -459,7 +463,7 @@ def _cap_lever(stated: dict[str, Any], ev: dict[str, Any]) -> list[dict[str, str
         return []
     where = (
         " On the CPU engine the cap is what bounds host RAM: raise it within what "
-        "sglang_fleet.plan --device cpu says fits (docs/CPU-SERVERS.md)."
+        "sglang_fleet.capacity.planner --device cpu says fits (docs/CPU-SERVERS.md)."
         if stated.get("device") == "cpu"
         else ""
     )
@@ -493,7 +497,7 @@ def _dropped_note(dropped: list[str]) -> list[str]:
 
 
 def _noop_notes(flags: dict[str, Any], version: str | None) -> list[str]:
-    """Flags that do nothing in the installed SGLang (sglang_fleet.noop_flags)."""
+    """Flags that do nothing in the installed SGLang (sglang_fleet.capacity.noop_flags)."""
     return [f"{i['code']}: {i['message']}" for i in noop_flag_issues(flags, version)]
 
 
@@ -505,7 +509,7 @@ def _model_layout(ctx: dict) -> tuple[Any, Any]:
         return None, None
     try:
         shape = model_shape(config)
-        return shape, attndp.weight_layout(config, shape, int(weight_bytes))
+        return shape, attention_dp.weight_layout(config, shape, int(weight_bytes))
     except (ModelConfigError, TypeError, ValueError):
         return None, None
 
@@ -520,11 +524,11 @@ def _with_log_calibration(
     if log_text:
         cal = cal or parse_log(log_text)
         # The run's own flags are what the levers compare against: as the log states them,
-        # or as its lines show them (sglang_fleet.logged_run), never assumed.
+        # or as its lines show them (sglang_fleet.capacity.logged_flags), never assumed.
         shape, weights = _model_layout(ctx)
-        # logged_run resolves the deprecated `--dp-size N --enable-dp-attention` to
+        # logged_flags resolves the deprecated `--dp-size N --enable-dp-attention` to
         # attn_dp_size N, dp_size 1, as SGLang does.
-        run = logged_run.infer(cal, shape, weights, stated=args.get("calibration_log_flags"))
+        run = logged_flags.infer(cal, shape, weights, stated=args.get("calibration_log_flags"))
         for key in ("tp_size", "dp_size", "attn_dp_size", "mem_fraction_static", "kv_cache_dtype"):
             if run.flags.get(key) is not None:
                 args.setdefault(key, run.flags[key])
@@ -686,7 +690,8 @@ def _not_sampled(sample: dict[str, Any]) -> dict[str, Any]:
 def diagnose_live(
     sample: dict | str, plan_context: dict | None = None, log_text: str | None = None
 ) -> dict:
-    """Classify a running server from a live sample (sglang_fleet.live; JSON text is fine).
+    """Classify a running server from a live sample (sglang_fleet.diagnosis.live_metrics; JSON text
+    is fine).
 
     Pure. The verdict, evidence, levers and notes are diagnose()'s for the window's /metrics
     samples; the server's /server_info flags size the levers (with plan_context's model
@@ -801,18 +806,20 @@ def _summary(result: dict[str, Any]) -> str:
 
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python3 -m sglang_fleet.diagnose",
+        prog="python3 -m sglang_fleet.diagnosis.diagnose",
         description=__doc__.splitlines()[0],
         # An abbreviation would let "--api-key SECRET" pass as --api-key-file and print it.
         allow_abbrev=False,
     )
     parser.add_argument("--log", help="SGLang server log (Decode batch lines, start-up lines)")
     parser.add_argument(
-        "--smoke-result", help="smoke benchmark result JSON (sglang_fleet.smoke --json)"
+        "--smoke-result",
+        help="smoke benchmark result JSON (sglang_fleet.bench.smoke_client --json)",
     )
     live.add_sampling_arguments(parser)
     parser.add_argument(
-        "--sample", help="live sample JSON, as sglang_fleet/live.py writes it on a GPU host"
+        "--sample",
+        help="live sample JSON, as sglang_fleet/diagnosis/live_metrics.py writes it on a GPU host",
     )
     parser.add_argument("--concurrency", type=int, help="concurrency the client asked for")
     out = parser.add_mutually_exclusive_group()

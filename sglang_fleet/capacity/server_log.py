@@ -111,7 +111,7 @@ class Calibration:
     dp_size: int | None = None
     model_path: str | None = None
     decode_samples: list[DecodeSample] = field(default_factory=list)
-    # What the lines themselves show of the run (sglang_fleet.logged_run infers its flags
+    # What the lines themselves show of the run (sglang_fleet.capacity.logged_flags infers its flags
     # from them): the KV pool's torch dtype, the largest decode graph batch, every rank tag
     # seen ("TP3", "DP1", "PP0"), whether the lines carry SGLang's "[time ranks]" prefix at
     # all, and the first line of each kind, to say where an inferred flag came from.

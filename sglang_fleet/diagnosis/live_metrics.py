@@ -2,11 +2,13 @@
 """Sample a running SGLang server without touching it: /metrics over a window, /server_info once.
 
 Standard library only, Python >= 3.9: a playbook copies this file, the one HTTP reader
-(module_utils/fleet_http.py) and the one Prometheus text parser (sglang_fleet/smoke.py, the
+(module_utils/fleet_http.py) and the one Prometheus text parser
+(sglang_fleet/bench/smoke_client.py, the
 smoke client) beside it to a GPU host (servers listen on loopback there) and runs it with the
 host's python3. From the repo:
 
-    python3 -m sglang_fleet.live --url http://127.0.0.1:30000 [--window 30] [--interval 1] \\
+    python3 -m sglang_fleet.diagnosis.live_metrics --url http://127.0.0.1:30000 [--window 30]
+    [--interval 1] \\
         [--api-key-file FILE] [--json OUT]
 
 It only reads: GET /metrics every --interval seconds for --window seconds, and GET /server_info
@@ -55,9 +57,9 @@ try:
 except ImportError:  # alone on a GPU host, without the package
     fleet_http = _beside_this_file("fleet_http", "module_utils/fleet_http.py")
 try:
-    from sglang_fleet.smoke import parse_series
+    from sglang_fleet.bench.smoke_client import parse_series
 except ImportError:  # alone on a GPU host: the smoke client, copied beside it
-    parse_series = _beside_this_file("smoke", "sglang_fleet/smoke.py").parse_series
+    parse_series = _beside_this_file("smoke", "sglang_fleet/bench/smoke_client.py").parse_series
 HttpError, redact_url, request = fleet_http.HttpError, fleet_http.redact_url, fleet_http.request
 check_http_url = fleet_http.check_url
 
@@ -421,7 +423,7 @@ class _RefuseKeyInArgv(argparse.Action):
 
 
 def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
-    """--url, --api-key-file, --window, --interval (shared with sglang_fleet.diagnose)."""
+    """--url, --api-key-file, --window, --interval (shared with sglang_fleet.diagnosis.diagnose)."""
     parser.add_argument("--url", help="server base URL, e.g. http://127.0.0.1:30000")
     parser.add_argument("--api-key", nargs="?", action=_RefuseKeyInArgv, help=argparse.SUPPRESS)
     parser.add_argument(

@@ -3,7 +3,7 @@ own flags").
 
 A full log states its flags (`server_args=`); an excerpt an operator pastes often does not. The
 flags a plan needs from the logged run are fixed by the memory lines themselves, through SGLang's
-own formula (kvmath.rest_gib: rest = post - pre x (1 - f) - reserve, and the pool takes rest):
+own formula (kv_cache.rest_gib: rest = post - pre x (1 - f) - reserve, and the pool takes rest):
 
 - kv_cache_dtype: the `KV Cache is allocated. dtype: torch.X` line, cross-checked against the
   cell size, KV size / #tokens;
@@ -25,10 +25,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sglang_fleet import attndp, kvmath
-from sglang_fleet.modelcfg import ModelShape
-from sglang_fleet.plain import finite_number
-from sglang_fleet.server_log import Calibration
+from sglang_fleet.ansible_values import finite_number
+from sglang_fleet.capacity import attention_dp, kv_cache
+from sglang_fleet.capacity.model_config import ModelShape
+from sglang_fleet.capacity.server_log import Calibration
 
 # The flags a calibration's prediction depends on: without them it would describe another run.
 MATTERS = ("tp_size", "attn_dp_size", "mem_fraction_static", "kv_cache_dtype")
@@ -73,7 +73,7 @@ def _tags(cal: Calibration, kind: str) -> list[int]:
 
 def _same_dtype(a: Any, b: Any) -> bool:
     try:
-        return kvmath.elem_bytes(str(a)) == kvmath.elem_bytes(str(b))
+        return kv_cache.elem_bytes(str(a)) == kv_cache.elem_bytes(str(b))
     except ValueError:
         return str(a) == str(b)
 
@@ -83,7 +83,7 @@ class _Inference:
         self,
         cal: Calibration,
         shape: ModelShape | None,
-        weights: attndp.WeightLayout | None,
+        weights: attention_dp.WeightLayout | None,
         stated: Mapping[str, Any],
     ):
         self.cal, self.shape, self.weights = cal, shape, weights
@@ -137,7 +137,7 @@ class _Inference:
             return None
         attn_tp = int(finite_number(tp) or 1) // int(finite_number(attn) or 1)
         try:
-            return kvmath.cell_size_bytes(self.shape, str(dtype), max(1, attn_tp))
+            return kv_cache.cell_size_bytes(self.shape, str(dtype), max(1, attn_tp))
         except ValueError:
             return None
 
@@ -154,7 +154,7 @@ class _Inference:
         cal = self.cal
         if not cal.kv_tokens or not cal.kv_size_gib or cal.kv_size_gib < 100 * PRINTED_GIB:
             return None
-        return cal.kv_size_gib * kvmath.GIB / cal.kv_tokens
+        return cal.kv_size_gib * kv_cache.GIB / cal.kv_tokens
 
     def layout(self) -> None:
         tp_tags, dp_tags = _tags(self.cal, "TP"), _tags(self.cal, "DP")
@@ -176,7 +176,7 @@ class _Inference:
         for tp in (size for size in TP_SIZES if size >= low_tp):
             if not tp_tags and self.cal.prefixed and tp > 1:
                 break  # prefixed lines without a TP tag: tp 1
-            for attn in attndp.attn_dp_sizes(tp):
+            for attn in attention_dp.attn_dp_sizes(tp):
                 if dp_tags and attn <= dp_tags[-1]:
                     continue
                 if not dp_tags and self.cal.prefixed and attn > 1:
@@ -195,9 +195,9 @@ class _Inference:
         measured = self.cal.weight_gib
         if self.weights is None or not measured or measured <= 0:
             return None, ""
+        per_gpu = attention_dp.weights_per_gpu_bytes
         errors = sorted(
-            (abs(attndp.weights_per_gpu_bytes(self.weights, tp, attn) / kvmath.GIB - measured)
-             / measured, (tp, attn))
+            (abs(per_gpu(self.weights, tp, attn) / kv_cache.GIB - measured) / measured, (tp, attn))
             for tp, attn in candidates
         )  # fmt: skip
         if not errors or errors[0][0] > WEIGHT_TOLERANCE:
@@ -233,13 +233,13 @@ class _Inference:
         cell = self._cell(dtype, tp, flags.get("attn_dp_size")) if None not in (dtype, tp) else None
         if cell:
             # The pool is floored to whole tokens: half a cell more on average.
-            return (cal.kv_tokens + 0.5) * cell / kvmath.GIB
+            return (cal.kv_tokens + 0.5) * cell / kv_cache.GIB
         return cal.kv_size_gib
 
     def _reserve_gib(self) -> float:
         if self.cal.multimodal_reserve_gib is not None:
             return self.cal.multimodal_reserve_gib
-        return kvmath.multimodal_reserve_gib(self.shape) if self.shape is not None else 0.0
+        return kv_cache.multimodal_reserve_gib(self.shape) if self.shape is not None else 0.0
 
     def fraction_uncertainty(self) -> float:
         pre = self.cal.pre_gib or 0.0
@@ -259,7 +259,7 @@ class _Inference:
 def infer(
     cal: Calibration,
     shape: ModelShape | None = None,
-    weights: attndp.WeightLayout | None = None,
+    weights: attention_dp.WeightLayout | None = None,
     stated: Mapping[str, Any] | None = None,
 ) -> LoggedRun:
     """The logged run's flags: stated ones (server_args, then `stated`) checked against the

@@ -1,11 +1,13 @@
 """The fleet dashboard's queries, and a PNG of its main panels from Prometheus's HTTP API.
 
-    python -m sglang_fleet.dashboard --prometheus http://gateway:9090 OUT.png [--minutes 30]
+    python -m sglang_fleet.monitoring.dashboard --prometheus http://gateway:9090 OUT.png [--minutes
+    30]
 
 For operators without a Grafana (it is not in Debian): the dashboard JSON the monitoring role
 provisions (roles/monitoring/files/sglang-fleet-dashboard.json) is the one source of queries;
 this module reads them, asks Prometheus for each over a time range (/api/v1/query_range) and
-draws the main panels with matplotlib, like sglang_fleet.report draws a smoke run. The same
+draws the main panels with matplotlib, like sglang_fleet.bench.smoke_picture draws a smoke run. The
+same
 queries are what the tests check: each parses (promtool) and returns data in the monitoring
 scenario (docs/MONITORING.md).
 
@@ -34,9 +36,9 @@ from matplotlib.figure import Figure
 
 from sglang_fleet.module_utils.bounded_file import read_regular
 from sglang_fleet.module_utils.fleet_http import HttpError, check_url, redact_url, request
-from sglang_fleet.monitoring_settings import SettingError, duration_ms
+from sglang_fleet.monitoring.settings import SettingError, duration_ms
 
-DASHBOARD = Path(__file__).resolve().parent.parent / "roles" / "monitoring" / "files"
+DASHBOARD = Path(__file__).resolve().parents[2] / "roles" / "monitoring" / "files"
 DASHBOARD_JSON = DASHBOARD / "sglang-fleet-dashboard.json"
 # Grafana's own variable; outside Grafana a range of at least four scrape intervals.
 RATE_INTERVAL = "$__rate_interval"

@@ -1,7 +1,8 @@
 """What a server's capacity plan means for the rollout, in words (the sglang_server role's
 pre-flight, roles/sglang_server/tasks/plan.yml; docs/CALIBRATION.md).
 
-verdict() takes one plan (sglang_fleet.plan.plan(), through the sglang_server_plan filter) and
+verdict() takes one plan (sglang_fleet.capacity.planner.plan(), through the sglang_server_plan
+filter) and
 says three things:
 - bounds: what bounds the server's throughput, the line the pre-flight shows for every server;
 - refusal: why this host's calibration refuses the flag set ("" when it does not), which the
