@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 ALL_SCENARIOS := $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/molecule.yml))))
 # Longest first, so that the parallel slots finish together (each one's time in a fresh-clone
 # `make test`: docs/TESTING.md); any scenario not named here runs last.
-LONGEST_FIRST := real_sglang fleet deploy upgrade rollout tuning staging monitoring provision gpu_cleanup
+LONGEST_FIRST := upgrade real_sglang fleet deploy staging rollout tuning monitoring provision gpu_cleanup
 # Scenarios left out of `make test` until they have passed a whole run (check, converge,
 # idempotence, verify) on these machines; run one by name: make molecule SCENARIOS=<name>.
 OPT_IN :=
