@@ -105,11 +105,11 @@ import json
 import os
 import re
 import shlex
-import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.bounded_file import read_regular
 from ansible.module_utils.owned_folder import OwnedFolder
+from ansible.module_utils.timed_command import Runner, run_command
 
 VERSIONS = "versions"
 BUILDING = ".building-"
@@ -183,18 +183,20 @@ def _dropin_users(root: str, units_dir: str, state_dir: str) -> dict[str, list[s
     return users
 
 
-def _running_users(root: str, run) -> dict[str, list[str]]:
+def _running_users(root: str, run: Runner) -> dict[str, list[str]]:
     """{version name: [unit (running)]} from each active sglang@ unit's main process."""
     users: dict[str, list[str]] = {}
     rc, out, _err = run(
         ["systemctl", "list-units", "--type=service", "--state=active", "--plain",
-         "--no-legend", "--no-pager", "sglang@*"]
+         "--no-legend", "--no-pager", "sglang@*"], SYSTEMCTL_TIMEOUT_S
     )  # fmt: skip
     if rc != 0:
         return users
     units = [line.split()[0] for line in out.splitlines() if line.strip()][:MAX_UNITS]
     for unit in units:
-        rc, pid, _err = run(["systemctl", "show", "-p", "MainPID", "--value", unit])
+        rc, pid, _err = run(
+            ["systemctl", "show", "-p", "MainPID", "--value", unit], SYSTEMCTL_TIMEOUT_S
+        )
         if rc != 0 or not pid.strip().isdigit() or int(pid) == 0:
             continue
         try:
@@ -208,7 +210,7 @@ def _running_users(root: str, run) -> dict[str, list[str]]:
     return users
 
 
-def survey(root: str, wanted_key: str, run, units_dir: str, state_dir: str) -> dict:
+def survey(root: str, wanted_key: str, run: Runner, units_dir: str, state_dir: str) -> dict:
     """What the module reports: every version folder with its users, and the legacy one."""
     users = _dropin_users(root, units_dir, state_dir)
     for name, who in _running_users(root, run).items():
@@ -323,16 +325,7 @@ def main() -> None:
     if p["keep"] < 1:
         module.fail_json(msg=f"ml_env_keep_versions must be at least 1 (got {p['keep']})")
 
-    def run(argv: list[str]) -> tuple[int, str, str]:
-        try:
-            done = subprocess.run(
-                argv, capture_output=True, text=True, timeout=SYSTEMCTL_TIMEOUT_S, check=False
-            )
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            return 1, "", str(exc)
-        return done.returncode, done.stdout, done.stderr
-
-    found = survey(root, p["wanted_key"], run, p["units_dir"], p["state_dir"])
+    found = survey(root, p["wanted_key"], run_command, p["units_dir"], p["state_dir"])
     removed: list[str] = []
     try:
         if p["state"] == "installed":
@@ -347,7 +340,7 @@ def main() -> None:
         or (p["state"] == "pruned" and bool(found["building"]))
     )
     if changed and not module.check_mode:
-        found = survey(root, p["wanted_key"], run, p["units_dir"], p["state_dir"])
+        found = survey(root, p["wanted_key"], run_command, p["units_dir"], p["state_dir"])
     wanted = _wanted(found, p["wanted"])
     module.exit_json(
         changed=changed,

@@ -29,7 +29,7 @@ def dropin(units: Path, unit: str, python: str) -> None:
     )
 
 
-def no_units(argv: list[str]) -> tuple[int, str, str]:
+def no_units(argv: list[str], timeout: float) -> tuple[int, str, str]:
     return 0, "", ""
 
 
@@ -64,7 +64,7 @@ def test_users_come_from_units_last_known_good_and_running_processes(
         Path(path).read_bytes() if Path(path).exists() else None,
     )  # fmt: skip
 
-    def run(argv: list[str]) -> tuple[int, str, str]:
+    def run(argv: list[str], timeout: float) -> tuple[int, str, str]:
         if argv[1] == "list-units":
             return 0, "sglang@b.service loaded active running SGLang b\n", ""
         return 0, "42\n", ""
