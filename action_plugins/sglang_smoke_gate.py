@@ -5,7 +5,8 @@ One operator verb, sequenced on the controller through modules on the host (as
 gate.evaluate, gate.compact, diagnose.diagnose):
 
 1. on the host, in one module run (library/sglang_smoke_run.py): the client (the installed
-   sglang_fleet package's smoke.py, standard library only) written where it differs, the
+   sglang_fleet package's smoke client as one zipapp, standard library only, built by
+   sglang_fleet.host_zipapp) written where it differs, the
    benchmark run with the server's API key on stdin (never argv, never a result: the run is
    under no_log), bounded by coreutils' timeout, its result and this start's journal read back;
 2. the result kept on the control node (reports_dir/<host>/<server>/<UTC stamp>.json), with the
@@ -47,8 +48,11 @@ from sglang_fleet.module_utils.bounded_json import loads as bounded_loads
 from sglang_fleet.bench import gate
 from sglang_fleet.bench.smoke_argv import smoke_argv
 from sglang_fleet.diagnosis.diagnose import diagnose
+from sglang_fleet.host_zipapp import build as build_zipapp
 from sglang_fleet.rollout.verb_action import StepFailed, VerbAction
 
+# The client's entry module: the host gets it and what it imports as one zipapp.
+SMOKE_CLIENT = "sglang_fleet.bench.smoke_client.command_line"
 REQUIRED = ("server", "workload", "python", "client_path", "state_dir", "reports_dir")
 OPTIONAL = ("api_key", "timeout", "journal_lines", "thresholds", "lock")
 THRESHOLDS = (
@@ -116,8 +120,6 @@ class ActionModule(VerbAction):
             raise AnsibleActionFail(f"sglang_smoke_gate: {what}: {done.get('msg')}")
 
     def _measure(self, server: Mapping[str, Any], args: Mapping[str, Any]) -> dict[str, Any]:
-        from sglang_fleet.bench import smoke_client as smoke  # noqa: PLC0415 (its source goes to the host)
-
         name, client = str(server["name"]), str(args["client_path"])
         stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
         remote_json = f"{args['state_dir']}/{name}/smoke/{stamp}.json"
@@ -142,7 +144,7 @@ class ActionModule(VerbAction):
             ran = self._module(
                 "sglang_smoke_run",
                 {
-                    "client_source": Path(smoke.__file__).read_text(encoding="utf-8"),
+                    "client_zipapp": base64.b64encode(build_zipapp(SMOKE_CLIENT)).decode(),
                     "client_path": client,
                     "result_path": remote_json,
                     "argv": argv,

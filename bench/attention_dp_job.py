@@ -43,7 +43,7 @@ from gpusim.state import Hardware
 from gpusim import state as gpusim_state
 from sglang_fleet.capacity.model_config import read_model_dir
 from sglang_fleet.capacity.planner import plan
-from sglang_fleet.tuning import autotune
+from sglang_fleet.tuning import autotune_state, trial_choice, trial_outcome
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures"
@@ -149,7 +149,7 @@ def setup(workdir: Path, decode_step_s: float) -> grid_bench.Setup:
 
 def run_autotune(env: grid_bench.Setup) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     config, weight_bytes = read_model_dir(env.model_dir)
-    state = autotune.new_state(
+    state = autotune_state.new_state(
         server="kimi",
         base_flags=HAND_TUNED,
         space=SPACE,
@@ -158,18 +158,18 @@ def run_autotune(env: grid_bench.Setup) -> tuple[dict[str, Any], list[dict[str, 
         kv_cache_dtypes_allowed=["auto", "fp8_e4m3"],
     )
     rows = []
-    while (trial := autotune.next_trial(state)) is not None:
+    while (trial := trial_choice.next_trial(state)) is not None:
         label = f"trial-{trial['n']:02d}-{trial['candidate']}"
         result = grid_bench.run_trial(env, trial["flags"], label)
-        autotune.record_trial(state, trial, result)
+        trial_outcome.record_trial(state, trial, result)
         rows.append(grid_bench._row(trial["candidate"], trial["tuned"], result))
         grid_bench._print_row("autotune", len(rows), rows[-1])
     return state, rows
 
 
 def summarize(state: dict[str, Any], rows: list[dict[str, Any]]) -> bool:
-    base = rows[0] if rows and rows[0]["candidate"] == autotune.BASELINE_ID else None
-    win = autotune.winner(state)
+    base = rows[0] if rows and rows[0]["candidate"] == trial_choice.BASELINE_ID else None
+    win = trial_choice.winner(state)
     print(f"\nautotune stopped: {state['stop_reason']}; {len(rows)} trials")
     pruned: dict[str, int] = {}
     for c in state["candidates"]:

@@ -7,7 +7,7 @@
 Each trial is what the playbook does on a canary, on a simulated 8 x 96 GB host: start the
 server with the candidate's flags (`python -m gpusim.sglang_server`), wait for /health,
 build the calibration record from the start-up log and /server_info, run the smoke client
-(`sglang_fleet/bench/smoke_client.py`) with the Kimi job, stop the server.
+(`python -m sglang_fleet.bench.smoke_client`) with the Kimi job, stop the server.
 
 The story's job is 150 concurrent requests of 2000 + 2000 tokens on Kimi-K2.5 int4, tp 8.
 Scaled down in time (--scale S, default 20): requests of 2000/S + 2000/S tokens on a copy of
@@ -54,7 +54,14 @@ from gpusim.state import Hardware, Timing
 from gpusim import state as gpusim_state
 from sglang_fleet.capacity import calibration
 from sglang_fleet.capacity.model_config import read_model_dir
-from sglang_fleet.tuning import autotune
+from sglang_fleet.tuning import (
+    autotune_candidates,
+    autotune_inputs,
+    autotune_report,
+    autotune_state,
+    trial_choice,
+    trial_outcome,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 GPUSIM = REPO / "gpusim"
@@ -263,7 +270,7 @@ def _tail(path: Path, lines: int = 30) -> str:
 # --- the two searches ---------------------------------------------------------------------
 def new_search(env: Setup, tolerance: float) -> dict[str, Any]:
     config, weight_bytes = read_model_dir(env.model_dir)
-    return autotune.new_state(
+    return autotune_state.new_state(
         server="kimi",
         base_flags=BASE_FLAGS,
         space=env.space,
@@ -279,7 +286,7 @@ def run_grid(env: Setup) -> list[dict[str, Any]]:
     state = new_search(env, 0.0)
     rows = []
     for candidate in state["candidates"]:
-        flags = autotune.candidate_flags(state, candidate)
+        flags = autotune_candidates.candidate_flags(state, candidate)
         result = run_trial(env, flags, f"grid-{candidate['id']}")
         rows.append(_row(candidate["id"], candidate["tuned"], result))
         _print_row("grid", len(rows), rows[-1])
@@ -309,9 +316,9 @@ def _print_row(kind: str, n: int, row: dict[str, Any]) -> None:
 def run_autotune(env: Setup, tolerance: float) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     state = new_search(env, tolerance)
     rows = []
-    while (trial := autotune.next_trial(state)) is not None:
+    while (trial := trial_choice.next_trial(state)) is not None:
         result = run_trial(env, trial["flags"], f"autotune-{trial['n']:02d}-{trial['candidate']}")
-        autotune.record_trial(state, trial, result)
+        trial_outcome.record_trial(state, trial, result)
         rows.append(_row(trial["candidate"], trial["tuned"], result))
         _print_row("autotune", len(rows), rows[-1])
     return state, rows
@@ -375,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
         default="default",
         help="full adds cuda_graph_max_bs_decode [256, 512] (64 candidates instead of 32)",
     )
-    parser.add_argument("--tolerance", type=float, default=autotune.DEFAULT_TOLERANCE)
+    parser.add_argument("--tolerance", type=float, default=autotune_inputs.DEFAULT_TOLERANCE)
     parser.add_argument("--only", choices=("grid", "autotune"), default=None)
     parser.add_argument("--keep", type=Path, default=None, help="keep logs and results here")
     parser.add_argument(
@@ -403,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
         state, tuned_rows = run_autotune(env, args.tolerance) if args.only != "grid" else ({}, [])
         print(f"\nwall time: grid {grid_s:.0f} s, autotune {time.monotonic() - tic - grid_s:.0f} s")
         if args.report_dir and state:
-            print(autotune.write_report(state, args.report_dir, "bench"))
+            print(autotune_report.write_report(state, args.report_dir, "bench"))
         if args.only:
             rows = grid or tuned_rows
             print(f"{args.only}: {len(rows)} trials, best {_fmt(best(rows))}")

@@ -52,7 +52,8 @@ from gpusim.state import Hardware, Timing
 
 from gpusim import state as gpusim_state
 from sglang_fleet.capacity.model_config import read_model_dir
-from sglang_fleet.capacity.planner import PlanInputError, plan
+from sglang_fleet.capacity.planner import plan
+from sglang_fleet.capacity.planner_inputs import PlanInputError
 from sglang_fleet.capacity.server_log import Calibration, parse_log
 from sglang_fleet.diagnosis import diagnose
 

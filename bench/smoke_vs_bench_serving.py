@@ -219,7 +219,8 @@ def run_child(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
 def run_smoke(python: str, url: str, n: int, args: argparse.Namespace, out: Path) -> Run:
     cmd = [
         python,
-        str(REPO / "sglang_fleet" / "bench" / "smoke_client.py"),
+        "-m",
+        "sglang_fleet.bench.smoke_client",
         "--url",
         url,
         "--backend",
@@ -237,7 +238,10 @@ def run_smoke(python: str, url: str, n: int, args: argparse.Namespace, out: Path
         "--json",
         str(out),
     ]
-    cpu, wall = run_child(cmd, dict(os.environ))
+    # The package from this checkout, whichever interpreter runs it (the reference venv's has
+    # no sglang_fleet installed).
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    cpu, wall = run_child(cmd, {**os.environ, "PYTHONPATH": path})
     result = json.loads(out.read_text())
     return _checked("smoke", n, result, cpu, wall)
 
@@ -385,8 +389,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--smoke-python",
         default=str(REFERENCE_PYTHON) if REFERENCE_PYTHON.exists() else sys.executable,
-        help="interpreter for smoke.py (default: the reference venv's, so both clients run on "
-        "the same Python)",
+        help="interpreter for the smoke client (default: the reference venv's, so both clients "
+        "run on the same Python)",
     )
     parser.add_argument("--skip-reference", action="store_true", help="measure smoke only")
     args = parser.parse_args(argv)

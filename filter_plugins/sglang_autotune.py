@@ -5,8 +5,9 @@
     {{ autotune_workload | sglang_autotune_smoke_workload }}        smoke_gate_workload's keys
     {{ trial_result | sglang_autotune_trial_result(smoke_json) }}   RESULT.json of `record`
 
-Thin wrappers over the installed sglang_fleet package (autotune.py, docs/AUTOTUNE.md): a bad
-input fails the task naming the variable and what it allows, before any host is touched.
+Thin wrappers over the installed sglang_fleet package (tuning/autotune_inputs.py,
+docs/AUTOTUNE.md): a bad input fails the task naming the variable and what it allows, before
+any host is touched.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from ansible.errors import AnsibleFilterError
 from sglang_fleet.module_utils.bounded_json import loads as bounded_loads
 
 from sglang_fleet.ansible_values import plain
-from sglang_fleet.tuning import autotune
+from sglang_fleet.tuning import autotune_inputs
 
 # Every request the same length (the smoke client sends exactly these token counts), as the
 # search's wave model assumes; no warm-up beyond one request.
@@ -30,12 +31,13 @@ def sglang_autotune_inputs(  # noqa: PLR0917 (Jinja passes filter arguments by p
     workload: Any,
     slo: Any = None,
     kv_cache_dtypes_allowed: Any = None,
-    tolerance: Any = autotune.DEFAULT_TOLERANCE,
+    tolerance: Any = autotune_inputs.DEFAULT_TOLERANCE,
     max_trials: Any = None,
 ) -> dict[str, Any]:
-    """autotune.validate_inputs(): the operator's inputs typed; an error names the variable."""
+    """autotune_inputs.validate_inputs(): the operator's inputs typed; an error names the
+    variable."""
     try:
-        return autotune.validate_inputs(
+        return autotune_inputs.validate_inputs(
             space=plain(space),
             workload=plain(workload),
             slo=plain(slo),
@@ -43,15 +45,15 @@ def sglang_autotune_inputs(  # noqa: PLR0917 (Jinja passes filter arguments by p
             tolerance=tolerance,
             max_trials=max_trials,
         )
-    except autotune.AutotuneInputError as exc:
+    except autotune_inputs.AutotuneInputError as exc:
         raise AnsibleFilterError(str(exc)) from exc
 
 
 def sglang_autotune_smoke_workload(workload: Any) -> dict[str, Any]:
     """The search's workload as the smoke client's flags (smoke_gate_workload)."""
     try:
-        typed = autotune.validate_workload(plain(workload))
-    except autotune.AutotuneInputError as exc:
+        typed = autotune_inputs.validate_workload(plain(workload))
+    except autotune_inputs.AutotuneInputError as exc:
         raise AnsibleFilterError(str(exc)) from exc
     return _SMOKE_FIXED | {
         "num_prompts": typed["num_prompts"],

@@ -5,8 +5,9 @@ action's, action_plugins/sglang_smoke_gate.py).
                                    message) }}   one server's row, as restart.yml notes it
     {{ ansible_play_hosts_all | sglang_rollout_table(hostvars, ansible_check_mode) }}
                                                  the fleet summary, as lines
-    {{ 'bench.smoke_client' | sglang_fleet_module_file }}   the installed
-    sglang_fleet/bench/smoke_client.py (copied to hosts)
+    {{ 'module_utils.nvidia_smi' | sglang_fleet_module_file }}   the installed file of a
+    module (one the monitoring role copies to hosts alone; the smoke client and the live sampler
+    go as zipapps, sglang_fleet/host_zipapp.py)
 
 Thin wrappers over the installed sglang_fleet package (gate.py; tested there).
 """
@@ -95,7 +96,7 @@ def sglang_rollout_table(
 
 
 def sglang_fleet_module_file(name: str) -> str:
-    """Path of a module of the installed sglang_fleet package (the smoke client goes to hosts)."""
+    """Path of a module of the installed sglang_fleet package (a file copied to hosts alone)."""
     spec = importlib.util.find_spec(f"sglang_fleet.{name}")
     if spec is None or not spec.origin:
         raise AnsibleFilterError(f"sglang_fleet.{name} is not installed on the control node")

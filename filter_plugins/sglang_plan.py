@@ -12,11 +12,10 @@ is {store: the host's calibration.json as slurped (text, may be empty), mode: en
 | ignore, sglang_version: the installed version} (docs/CALIBRATION.md). model_config and
 weights may be what `slurp` + `b64decode` give (JSON text) or already parsed; weights may be
 a byte count or the parsed model.safetensors.index.json. The logic lives in
-sglang_fleet.capacity.planner
-and sglang_fleet.rollout.preflight_inputs (docs/ARCHITECTURE.md); what a plan means for the rollout
-(the line
-that says what bounds the server, a calibrated refusal, the message that fails the host) in
-sglang_fleet.capacity.verdict.
+sglang_fleet.capacity.planner (its inputs typed in sglang_fleet.capacity.planner_inputs) and
+sglang_fleet.rollout.preflight_inputs (docs/ARCHITECTURE.md); what a plan means for the rollout
+(the line that says what bounds the server, a calibrated refusal, the message that fails the
+host) in sglang_fleet.capacity.verdict.
 """
 
 from __future__ import annotations
@@ -27,7 +26,8 @@ from ansible.errors import AnsibleFilterError
 
 from sglang_fleet.ansible_values import plain_mapping
 from sglang_fleet.capacity.model_config import ModelConfigError
-from sglang_fleet.capacity.planner import PlanInputError, plan
+from sglang_fleet.capacity.planner import plan
+from sglang_fleet.capacity.planner_inputs import PlanInputError
 from sglang_fleet.capacity.verdict import verdict
 from sglang_fleet.rollout.preflight_inputs import server_plan, weight_bytes
 

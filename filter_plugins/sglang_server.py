@@ -31,7 +31,7 @@ from sglang_fleet.module_utils.bounded_json import loads as bounded_loads
 
 from sglang_fleet import server_secrets as _server_secrets
 from sglang_fleet.ansible_values import plain
-from sglang_fleet.servers import describe as _servers
+from sglang_fleet.servers import describe
 from sglang_fleet.servers import host_checks as _validate
 from sglang_fleet.servers import nodes as _nodes
 from sglang_fleet.servers import restart_decision as _restart_plan
@@ -40,7 +40,7 @@ from sglang_fleet.servers import restart_decision as _restart_plan
 def _wrap(func: Callable[..., Any], *args: Any) -> Any:
     try:
         return func(*(plain(arg) for arg in args))
-    except (_servers.ServerConfigError, ValueError) as exc:
+    except (describe.ServerConfigError, ValueError) as exc:
         raise AnsibleFilterError(str(exc)) from exc
 
 
@@ -59,7 +59,7 @@ def sglang_server_describe(  # noqa: PLR0917 (Jinja passes filter arguments by p
     cluster {host: inventory_hostname} gives the default host of a router's worker URL; device
     is the host's default (sglang_server_device)."""
     try:
-        return _servers.describe_servers(
+        return describe.describe_servers(
             plain(servers),
             plain(profiles or {}),
             plain(overrides or {}),
@@ -70,7 +70,7 @@ def sglang_server_describe(  # noqa: PLR0917 (Jinja passes filter arguments by p
             tuned=plain(tuned or {}),
             device=plain(device),
         )
-    except (_servers.ServerConfigError, ValueError) as exc:
+    except (describe.ServerConfigError, ValueError) as exc:
         raise AnsibleFilterError(str(exc)) from exc
 
 
@@ -118,13 +118,13 @@ def sglang_restart_decision(
 def sglang_server_records_and_routers(servers: list) -> dict[str, list[dict]]:
     """sglang_fleet.servers.describe.records_and_routers(): what sglang_host_state checks besides
     files."""
-    return _wrap(_servers.records_and_routers, servers)
+    return _wrap(describe.records_and_routers, servers)
 
 
 def sglang_server_secret_files(servers: list, secrets: dict) -> list[dict]:
     """sglang_fleet.servers.describe.secret_files(): the secrets files (the keys): no_log tasks
     only."""
-    return _wrap(_servers.secret_files, servers, secrets)
+    return _wrap(describe.secret_files, servers, secrets)
 
 
 def sglang_server_secrets(servers: Any) -> dict[str, dict[str, str]]:
@@ -176,7 +176,7 @@ def sglang_servers_on_gpus(servers: list, gpus: list) -> list[dict]:
 
 def sglang_server_api_keys(servers: Any) -> dict[str, str]:
     """{name: API key}: read only by no_log tasks (the secrets file, the smoke client's stdin)."""
-    return _servers.api_keys(plain(servers))
+    return describe.api_keys(plain(servers))
 
 
 def sglang_rollout_groups(hosts: list, hostvars: Mapping) -> dict[str, list[str]]:

@@ -11,8 +11,9 @@ DOCUMENTATION = r"""
 module: sglang_smoke_run
 short_description: Put the smoke client on the host, run it against a server, return its result
 description:
-  - Writes the smoke client (its source is an argument; written only when it differs, atomically,
-    root only writable) and makes the result folder.
+  - Writes the smoke client (a zipapp built on the control node by sglang_fleet.host_zipapp,
+    given base64-encoded; written only when it differs, atomically, root only writable) and
+    makes the result folder.
   - Runs the client's command (C(argv), built on the control node by
   sglang_fleet.bench.smoke_argv:
     bounded by coreutils' timeout, the key read from stdin) with the API key on stdin, never in
@@ -24,8 +25,9 @@ description:
 version_added: "0.4.0"
 author: sglang-fleet
 options:
-  client_source:
-    description: The client's source (sglang_fleet/bench/smoke_client.py of the control node).
+  client_zipapp:
+    description: The client, a zipapp (the package sglang_fleet/bench/smoke_client/ of the control
+      node in one file), base64-encoded.
     type: str
     required: true
   client_path:
@@ -62,10 +64,10 @@ options:
 EXAMPLES = r"""
 - name: Benchmark the server (the sglang_smoke_gate action calls this)
   sglang_smoke_run:
-    client_source: "{{ lookup('file', 'smoke.py') }}"
-    client_path: /usr/local/lib/sglang-fleet/smoke.py
+    client_zipapp: "{{ lookup('file', 'smoke.pyz.b64') }}"
+    client_path: /usr/local/lib/sglang-fleet/smoke.pyz
     result_path: /var/lib/sglang-fleet/llama/smoke/20261203T120000Z.json
-    argv: [timeout, "600", /usr/bin/python3, /usr/local/lib/sglang-fleet/smoke.py, --url, "..."]
+    argv: [timeout, "600", /usr/bin/python3, /usr/local/lib/sglang-fleet/smoke.pyz, --url, "..."]
   no_log: true
 """
 
@@ -92,6 +94,8 @@ client_changed:
   type: bool
 """
 
+import base64
+import binascii
 import os
 import subprocess
 
@@ -104,9 +108,8 @@ JOURNAL_MAX_BYTES = 4 * 1024 * 1024
 JOURNAL_TIMEOUT_S = 60
 
 
-def write_if_changed(path: str, text: str, mode: int) -> bool:
-    """The file holds `text` afterwards; written (atomically) only when it differed."""
-    data = text.encode()
+def write_if_changed(path: str, data: bytes, mode: int) -> bool:
+    """The file holds `data` afterwards; written (atomically) only when it differed."""
     try:
         same = read_regular(path, len(data)) == data
     except ValueError:  # longer, or not a regular file: replaced
@@ -145,7 +148,11 @@ def journal(unit: str, lines: int) -> str:
 def run(params: dict, check_mode: bool) -> dict:
     if check_mode:
         return {"changed": False, "client_changed": False}
-    client_changed = write_if_changed(params["client_path"], params["client_source"], 0o755)
+    try:
+        client = base64.b64decode(params["client_zipapp"], validate=True)
+    except binascii.Error as err:
+        raise ValueError(f"client_zipapp is not base64: {err}") from None
+    client_changed = write_if_changed(params["client_path"], client, 0o755)
     os.makedirs(os.path.dirname(params["result_path"]), mode=0o755, exist_ok=True)
     done = subprocess.run(
         params["argv"],
@@ -168,7 +175,7 @@ def run(params: dict, check_mode: bool) -> dict:
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
-            "client_source": {"type": "str", "required": True},
+            "client_zipapp": {"type": "str", "required": True},
             "client_path": {"type": "path", "required": True},
             "result_path": {"type": "path", "required": True},
             "argv": {"type": "list", "elements": "str", "required": True},

@@ -19,9 +19,10 @@ from kimi_job import GPU, KIMI_LOG, KIMI_RUN_FLAGS
 
 from sglang_fleet.capacity import attention_dp, calibration
 from sglang_fleet.capacity.model_config import model_shape, read_model_dir
-from sglang_fleet.capacity.planner import PlanInputError, main, plan
+from sglang_fleet.capacity.planner import main, plan
+from sglang_fleet.capacity.planner_inputs import PlanInputError
 from sglang_fleet.diagnosis.diagnose import diagnose
-from sglang_fleet.tuning import autotune
+from sglang_fleet.tuning import autotune_inputs, autotune_state
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -412,7 +413,7 @@ def _record() -> dict[str, Any]:
 
 
 def _search(space: dict, base: dict | None = None, **work: int) -> dict[str, Any]:
-    return autotune.new_state(
+    return autotune_state.new_state(
         server="kimi",
         base_flags=base or KIMI_RUN_FLAGS,
         space=space,
@@ -435,10 +436,10 @@ def _by(state: dict, **tuned: Any) -> dict[str, Any]:
 
 
 def test_noop_flag_is_refused_in_the_space():
-    with pytest.raises(autotune.AutotuneInputError) as info:
-        autotune.validate_space({"num_continuous_decode_steps": [1, 4]})
+    with pytest.raises(autotune_inputs.AutotuneInputError) as info:
+        autotune_inputs.validate_space({"num_continuous_decode_steps": [1, 4]})
     assert "num_continuous_decode_steps does nothing in SGLang 0.5.23" in str(info.value)
-    assert "num_continuous_decode_steps" not in autotune.SPACE_FLAGS
+    assert "num_continuous_decode_steps" not in autotune_inputs.SPACE_FLAGS
 
 
 def test_per_rank_chunk_becomes_the_flag_sglang_divides():
@@ -461,8 +462,8 @@ def test_per_rank_chunk_becomes_the_flag_sglang_divides():
     assert one["predicted"]["sglang_adjusts"] == {}
     # Four pools hold more than one: the planner's total, per rank x 4.
     assert four["predicted"]["total_kv_tokens"] > one["predicted"]["total_kv_tokens"]
-    with pytest.raises(autotune.AutotuneInputError, match="not both"):
-        autotune.validate_space(
+    with pytest.raises(autotune_inputs.AutotuneInputError, match="not both"):
+        autotune_inputs.validate_space(
             {"chunked_prefill_size": [8192], "chunked_prefill_size_per_rank": [1]}
         )
 

@@ -1,4 +1,4 @@
-"""The autotune search (sglang_fleet.tuning.autotune) driven by synthetic measurement functions.
+"""The autotune search (sglang_fleet.tuning) driven by synthetic measurement functions.
 
 The "server" here is a function of the flag set: the calibrated planner's own token budget
 (the Kimi job's calibration: Kimi-K2.5 tp 8 at 0.85, bf16) gives the KV-bound concurrency, and
@@ -25,8 +25,17 @@ from yamllint import linter as yamllint_linter
 
 from sglang_fleet.capacity import calibration
 from sglang_fleet.capacity.model_config import model_shape, read_model_dir
-from sglang_fleet.tuning import autotune
-from sglang_fleet.tuning.autotune import AutotuneInputError
+from sglang_fleet.tuning import (
+    autotune,
+    autotune_candidates,
+    autotune_inputs,
+    autotune_report,
+    autotune_state,
+    speed_model,
+    trial_choice,
+    trial_outcome,
+)
+from sglang_fleet.tuning.autotune_inputs import AutotuneInputError
 from sglang_fleet.tuning.autotune_picture import PANEL_CANDIDATES, PANEL_TRIALS, render_png
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -80,7 +89,7 @@ def search(calibrated: bool = True, **overrides: Any) -> dict[str, Any]:
         "context": context(calibrated),
         "kv_cache_dtypes_allowed": ["auto", "fp8_e4m3"],
     }
-    return autotune.new_state(**(args | overrides))
+    return autotune_state.new_state(**(args | overrides))
 
 
 def true_tokens(flags: dict[str, Any]) -> int:
@@ -114,21 +123,21 @@ def run(state: dict[str, Any], measure: Measure, check_rule: bool = True) -> lis
     rows = []
     while True:
         before = copy.deepcopy(state)
-        trial = autotune.next_trial(state)
+        trial = trial_choice.next_trial(state)
         if trial is None:
             break
-        if check_rule and trial["candidate"] != autotune.BASELINE_ID:
+        if check_rule and trial["candidate"] != trial_choice.BASELINE_ID:
             assert not _rule_met(before), "a trial ran although the stop rule was met"
         smoke = measure(trial["flags"])
-        rows.append(autotune.record_trial(state, trial, {"smoke": smoke}))
-    if check_rule and autotune.pending(state):
+        rows.append(trial_outcome.record_trial(state, trial, {"smoke": smoke}))
+    if check_rule and trial_choice.pending(state):
         assert _rule_met(state)
     return rows
 
 
 def _rule_met(state: dict[str, Any]) -> bool:
-    best = autotune.best_trial(state)
-    todo = autotune.pending(state)
+    best = trial_choice.best_trial(state)
+    todo = trial_choice.pending(state)
     if best is None or not todo:
         return False
     top = max(c["predicted"]["output_tok_s"] for c in todo)
@@ -143,7 +152,9 @@ def grid_best(state: dict[str, Any], measure: Measure) -> float:
         prune = candidate["prune"] or {}
         if prune.get("code") in ("oom_risk", "cannot_start", "cannot_fit"):
             continue
-        results.append(measure(autotune.candidate_flags(state, candidate))["output_throughput"])
+        results.append(
+            measure(autotune_candidates.candidate_flags(state, candidate))["output_throughput"]
+        )
     return max(results)
 
 
@@ -162,26 +173,28 @@ def grid_best(state: dict[str, Any], measure: Measure) -> float:
 )
 def test_bad_space_names_the_variable(space: dict, message: str):
     with pytest.raises(AutotuneInputError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        autotune.validate_space(space)
+        autotune_inputs.validate_space(space)
 
 
 def test_fp8_must_be_opted_into():
     with pytest.raises(AutotuneInputError) as info:
-        autotune.validate_space({"kv_cache_dtype": ["auto", "fp8_e4m3"]})
+        autotune_inputs.validate_space({"kv_cache_dtype": ["auto", "fp8_e4m3"]})
     assert "fp8_e4m3 is not in autotune_kv_cache_dtypes_allowed (auto, bf16" in str(info.value)
     assert "trade output quality" in str(info.value)
-    space = autotune.validate_space({"kv_cache_dtype": ["auto", "fp8_e4m3"]}, ["auto", "fp8_e4m3"])
+    space = autotune_inputs.validate_space(
+        {"kv_cache_dtype": ["auto", "fp8_e4m3"]}, ["auto", "fp8_e4m3"]
+    )
     assert space == {"kv_cache_dtype": ["auto", "fp8_e4m3"]}
 
 
 def test_bad_workload_slo_and_tolerance():
     with pytest.raises(AutotuneInputError, match=r"autotune_workload\.output_len is required"):
-        autotune.validate_workload({"input_len": 10, "concurrency": 2})
-    assert autotune.validate_workload(KIMI_JOB)["num_prompts"] == 150
+        autotune_inputs.validate_workload({"input_len": 10, "concurrency": 2})
+    assert autotune_inputs.validate_workload(KIMI_JOB)["num_prompts"] == 150
     with pytest.raises(AutotuneInputError, match="autotune_slo: unknown key"):
-        autotune.validate_slo({"ttft": 1})
+        autotune_inputs.validate_slo({"ttft": 1})
     with pytest.raises(AutotuneInputError, match=r"autotune_slo\.max_failures"):
-        autotune.validate_slo({"max_failures": -1})
+        autotune_inputs.validate_slo({"max_failures": -1})
     with pytest.raises(AutotuneInputError, match="autotune_tolerance"):
         search(tolerance=1.5)
 
@@ -197,7 +210,7 @@ def test_grid_is_every_combination_over_the_servers_flags():
         "kv_cache_dtype": "auto",
         "cuda_graph_max_bs_decode": 256,
     }
-    flags = autotune.candidate_flags(state, first)
+    flags = autotune_candidates.candidate_flags(state, first)
     assert flags["disable_custom_all_reduce"] is True and flags["tp_size"] == 8
     assert first["changes"] == 3  # mrr, chunk and decode steps differ from the base
 
@@ -233,21 +246,21 @@ def test_without_calibration_the_current_flags_start_first_and_calibrate():
     state = search(calibrated=False)
     assert all(not c["predicted"]["calibrated"] for c in state["candidates"])
     assert not any(c["status"] == "pruned" for c in state["candidates"])  # nothing measured
-    trial = autotune.next_trial(state)
-    assert trial["candidate"] == autotune.BASELINE_ID
+    trial = trial_choice.next_trial(state)
+    assert trial["candidate"] == trial_choice.BASELINE_ID
     assert trial["flags"] == BASE
-    autotune.record_trial(
+    trial_outcome.record_trial(
         state, trial, {"smoke": wave_server()(BASE), "calibration": kimi_record()}
     )
     # Measured memory now: 0.93 is pruned, everything else is planned with it.
     assert all(c["predicted"]["calibrated"] for c in state["candidates"])
     assert all(c["status"] == "pruned" for c in by_tuned(state, mem_fraction_static=0.93))
-    assert autotune.next_trial(state)["candidate"] != autotune.BASELINE_ID
+    assert trial_choice.next_trial(state)["candidate"] != trial_choice.BASELINE_ID
 
 
 def test_with_a_calibration_no_baseline_is_needed():
     state = search()
-    assert autotune.next_trial(state)["candidate"] != autotune.BASELINE_ID
+    assert trial_choice.next_trial(state)["candidate"] != trial_choice.BASELINE_ID
 
 
 def test_no_baseline_restart_when_no_candidate_could_ever_run():
@@ -256,32 +269,32 @@ def test_no_baseline_restart_when_no_candidate_could_ever_run():
     state = search(calibrated=False)
     for candidate in state["candidates"]:
         candidate.update(status="pruned", prune={"code": "invalid", "reason": "test"})
-    assert autotune.next_trial(state) is None
+    assert trial_choice.next_trial(state) is None
     assert state["done"] and state["stop_reason"] == "every candidate was tried or pruned"
     state = search(calibrated=False)
     for candidate in state["candidates"]:
         candidate.update(status="pruned", prune={"code": "cannot_start", "reason": "test"})
-    assert autotune.next_trial(state)["candidate"] == autotune.BASELINE_ID
+    assert trial_choice.next_trial(state)["candidate"] == trial_choice.BASELINE_ID
 
 
 # --- driving from Ansible -----------------------------------------------------------------
 def test_next_trial_is_stable_until_recorded_so_a_rerun_resumes():
     state = search(calibrated=False)
-    first = autotune.next_trial(state)
-    assert autotune.next_trial(json.loads(json.dumps(state))) == first  # after a reload
+    first = trial_choice.next_trial(state)
+    assert trial_choice.next_trial(json.loads(json.dumps(state))) == first  # after a reload
     with pytest.raises(AutotuneInputError, match="not the one in flight"):
-        autotune.record_trial(state, {"candidate": "c999"}, {"smoke": None})
+        trial_outcome.record_trial(state, {"candidate": "c999"}, {"smoke": None})
     result = {"smoke": wave_server()(first["flags"]), "calibration": kimi_record()}
-    autotune.record_trial(state, first, result)
-    assert autotune.next_trial(state)["n"] == 2
+    trial_outcome.record_trial(state, first, result)
+    assert trial_choice.next_trial(state)["n"] == 2
 
 
 def test_best_predicted_goes_first():
     state = search()
-    order = autotune.pending(state)
+    order = trial_choice.pending(state)
     tops = [c["predicted"]["output_tok_s"] for c in order]
     assert tops == sorted(tops, reverse=True)
-    assert autotune.next_trial(state)["candidate"] == order[0]["id"]
+    assert trial_choice.next_trial(state)["candidate"] == order[0]["id"]
     # the best predictions are fp8 (twice the KV tokens of bf16) at the highest safe fraction
     assert order[0]["tuned"]["kv_cache_dtype"] == "fp8_e4m3"
     assert order[0]["tuned"]["mem_fraction_static"] == 0.90
@@ -293,7 +306,7 @@ def test_stops_exactly_when_the_rule_is_met_and_matches_the_grid():
     measure = wave_server()
     rows = run(state, measure)
     assert state["done"] and state["stop_reason"].startswith("early stop")
-    best = autotune.best_trial(state)["output_throughput"]
+    best = trial_choice.best_trial(state)["output_throughput"]
     grid = grid_best(state, measure)
     assert best >= (1 - state["tolerance"]) * grid
     assert len(rows) <= len(state["candidates"]) / 3
@@ -301,8 +314,8 @@ def test_stops_exactly_when_the_rule_is_met_and_matches_the_grid():
 
 def test_from_no_calibration_two_trials_fit_the_model():
     state = search(calibrated=False)
-    baseline = autotune.next_trial(state)
-    autotune.record_trial(
+    baseline = trial_choice.next_trial(state)
+    trial_outcome.record_trial(
         state, baseline, {"smoke": wave_server()(BASE), "calibration": kimi_record()}
     )
     rows = run(state, wave_server())
@@ -311,7 +324,7 @@ def test_from_no_calibration_two_trials_fit_the_model():
     assert state["speed_model"]["source"] == "fitted"
     assert state["speed_model"]["a"] == pytest.approx(2000 * A_STEP)
     assert len(rows) == 1
-    best = autotune.best_trial(state)["output_throughput"]
+    best = trial_choice.best_trial(state)["output_throughput"]
     assert best == pytest.approx(grid_best(state, wave_server()))
 
 
@@ -320,11 +333,11 @@ def test_tolerance_trades_trials_for_certainty(tolerance: float):
     noisy = wave_server(lambda f: 1.0 + 0.03 * (f["cuda_graph_max_bs_decode"] == 256))
     state = search(tolerance=tolerance)
     rows = run(state, noisy)
-    best = autotune.best_trial(state)["output_throughput"]
+    best = trial_choice.best_trial(state)["output_throughput"]
     assert best >= (1 - tolerance) * max(r["output_throughput"] for r in rows)
     if tolerance == 0.0:
         # Nothing may be left whose prediction beats the best measured.
-        assert all(c["predicted"]["output_tok_s"] <= best for c in autotune.pending(state))
+        assert all(c["predicted"]["output_tok_s"] <= best for c in trial_choice.pending(state))
 
 
 def test_fewer_trials_with_more_tolerance():
@@ -342,9 +355,9 @@ def test_an_unexpected_oom_prunes_everything_predicted_as_tight():
         return wave_server()(flags)
 
     state = search()
-    trial = autotune.next_trial(state)
+    trial = trial_choice.next_trial(state)
     assert trial["tuned"]["mem_fraction_static"] == 0.90
-    row = autotune.record_trial(
+    row = trial_outcome.record_trial(
         state, trial, {"smoke": None, "error": "torch.OutOfMemoryError: CUDA out of memory."}
     )
     assert row["oom"] and row["outcome"] == "failed"
@@ -373,12 +386,12 @@ def test_failures_and_slo_misses_never_win():
     state = search(slo={"p99_tpot_ms": 100.0})
     rows = run(state, measure, check_rule=False)
     assert any(r["outcome"] == "slo_miss" for r in rows)
-    best = autotune.winner(state)
+    best = trial_choice.winner(state)
     assert best is not None and best["flags"]["kv_cache_dtype"] == "auto"
     failed = search()
-    trial = autotune.next_trial(failed)
-    autotune.record_trial(failed, trial, {"smoke": None, "error": "exited", "phase": "start"})
-    assert autotune.winner(failed) is None
+    trial = trial_choice.next_trial(failed)
+    trial_outcome.record_trial(failed, trial, {"smoke": None, "error": "exited", "phase": "start"})
+    assert trial_choice.winner(failed) is None
 
 
 def test_trial_budget_ends_the_search():
@@ -390,13 +403,13 @@ def test_trial_budget_ends_the_search():
 
 # --- the speed model --------------------------------------------------------------------------
 def test_speed_model_fit():
-    assert autotune.fit_speed_model([], 100.0) == {"a": 100.0, "k": 0.0, "source": "prior"}
-    scaled = autotune.fit_speed_model([(2, 300.0), (2, 310.0)], 100.0)
+    assert speed_model.fit_speed_model([], 100.0) == {"a": 100.0, "k": 0.0, "source": "prior"}
+    scaled = speed_model.fit_speed_model([(2, 300.0), (2, 310.0)], 100.0)
     assert scaled == {"a": 152.5, "k": 0.0, "source": "scaled"}
-    exact = autotune.fit_speed_model([(2, 350.0), (5, 650.0)], 100.0)
+    exact = speed_model.fit_speed_model([(2, 350.0), (5, 650.0)], 100.0)
     assert exact["a"] == pytest.approx(100.0) and exact["k"] == pytest.approx(150.0)
     # Noise that tilts the line negative falls back to a physical (non-negative) fit.
-    tilted = autotune.fit_speed_model([(2, 400.0), (3, 390.0)], 100.0)
+    tilted = speed_model.fit_speed_model([(2, 400.0), (3, 390.0)], 100.0)
     assert tilted["a"] > 0 and tilted["k"] >= 0
 
 
@@ -404,14 +417,14 @@ def test_speed_model_fit():
 def test_report_profile_and_picture(tmp_path: Path):
     state = search()
     run(state, wave_server())
-    paths = autotune.write_report(state, tmp_path / "reports" / "gpu-1" / "kimi", "20261129")
+    paths = autotune_report.write_report(state, tmp_path / "reports" / "gpu-1" / "kimi", "20261129")
     text = Path(paths["markdown"]).read_text()
     assert "| trial | candidate |" in text and "**Winner**: trial" in text
     assert "oom_risk: mem_fraction_static 0.930 leaves a predicted" in text
     profile_text = Path(paths["profile"]).read_text()
     profile = yaml.safe_load(profile_text)
     tuned = profile["sglang_server_profiles"]["kimi-autotuned"]
-    assert tuned == {k: v for k, v in autotune.winner(state)["flags"].items() if k in SPACE}
+    assert tuned == {k: v for k, v in trial_choice.winner(state)["flags"].items() if k in SPACE}
     # The operator commits it: it passes the repository's own yamllint rules.
     rules = yamllint_config.YamlLintConfig(file=str(ROOT / ".yamllint"))
     assert list(yamllint_linter.run(profile_text, rules)) == []
@@ -423,7 +436,7 @@ def test_report_profile_and_picture(tmp_path: Path):
 def test_picture_panels():
     state = search()
     run(state, wave_server())
-    best = autotune.winner(state)
+    best = trial_choice.winner(state)
     assert best is not None
     figure = render_png(state, "/dev/null", best)
     titles = [ax.get_title(loc="left") for ax in figure.axes]
@@ -493,9 +506,9 @@ def test_init_resumes_the_same_search_and_replaces_one_of_other_inputs(
     first = init(spec)
     assert (first["resumed"], first["replaced"]) == (False, None)
     state = json.loads(state_file.read_text())
-    trial = autotune.next_trial(state)
-    autotune.record_trial(state, trial, {"smoke": wave_server()(trial["flags"])})
-    autotune.save_state(state, state_file)
+    trial = trial_choice.next_trial(state)
+    trial_outcome.record_trial(state, trial, {"smoke": wave_server()(trial["flags"])})
+    autotune_state.save_state(state, state_file)
     again = init(spec)
     assert again["resumed"] and again["trials"] == 1 and again["replaced"] is None
     assert again["started_at"] == first["started_at"]
@@ -514,7 +527,7 @@ def test_init_resumes_the_same_search_and_replaces_one_of_other_inputs(
 def test_report_is_stamped_with_the_start_of_the_search(tmp_path: Path):
     state = search()
     out = tmp_path / "state.json"
-    autotune.save_state(state, out)
+    autotune_state.save_state(state, out)
     args = ["report", "--state", str(out), "--out-dir", str(tmp_path / "r")]
     assert autotune.main(args) == 0
     assert (tmp_path / "r" / f"autotune-{state['started_at']}.md").exists()
@@ -533,10 +546,10 @@ def test_report_is_stamped_with_the_start_of_the_search(tmp_path: Path):
 def test_inputs_are_checked_without_a_host(inputs: dict[str, Any], message: str):
     given = {"space": {"mem_fraction_static": [0.9]}, "workload": KIMI_JOB} | inputs
     with pytest.raises(AutotuneInputError) as err:
-        autotune.validate_inputs(**given)
+        autotune_inputs.validate_inputs(**given)
     assert message in str(err.value)
     assert (
-        autotune.validate_inputs(
+        autotune_inputs.validate_inputs(
             space=SPACE, workload=KIMI_JOB, kv_cache_dtypes_allowed=["auto", "fp8_e4m3"]
         )["workload"]["num_prompts"]
         == 150
@@ -561,11 +574,11 @@ def test_trials_at_most_bounds_the_tuning_loop(calibrated, overrides, factor) ->
     bounds, steps = [], 0
     while True:
         bounds.append(autotune.trials_at_most(state))
-        trial = autotune.next_trial(state)
+        trial = trial_choice.next_trial(state)
         if trial is None:
             break
         steps += 1
-        autotune.record_trial(state, trial, {"smoke": measure(trial["flags"])})
+        trial_outcome.record_trial(state, trial, {"smoke": measure(trial["flags"])})
     assert steps > 0
     assert all(bound >= steps - taken for taken, bound in enumerate(bounds))
     assert autotune.trials_at_most(state) == 0

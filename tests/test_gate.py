@@ -14,7 +14,6 @@ from ansible.errors import AnsibleFilterError
 from conftest import load_plugin
 
 from sglang_fleet.bench import gate
-from sglang_fleet.bench import smoke_client as smoke
 from sglang_fleet.bench.gate import (
     GateInputError,
     compact,
@@ -23,6 +22,7 @@ from sglang_fleet.bench.gate import (
     same_workload,
 )
 from sglang_fleet.bench.smoke_argv import smoke_argv
+from sglang_fleet.bench.smoke_client.command_line import build_parser
 from sglang_fleet.rollout.fleet_summary import format_rollout_table, rollout_rows
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -456,7 +456,7 @@ def test_smoke_argv_is_the_clients_command_with_the_key_from_stdin() -> None:
         "--max-concurrency", "16", "--random-output-len", "128", "--request-rate", "2.5",
     ]  # fmt: skip
     # What the client parses is what the workload asked for (the SLO left out was null).
-    parsed = smoke.build_parser().parse_args(argv[8:])
+    parsed = build_parser().parse_args(argv[8:])
     assert (parsed.num_prompts, parsed.max_concurrency, parsed.request_rate) == (64, 16, 2.5)
     assert parsed.slo_ttft_ms is None
 

@@ -56,15 +56,14 @@ from conftest import load_plugin
 from kimi_job import GPU as KIMI_GPU
 from kimi_job import KIMI_LOG, KIMI_RUN_FLAGS
 
-from sglang_fleet.capacity import calibration
-from sglang_fleet.capacity import planner as plan_mod
+from sglang_fleet.capacity import calibration, planner
 from sglang_fleet.capacity.model_config import ModelConfigError, read_model_dir
-from sglang_fleet.capacity.planner import PlanInputError, plan
+from sglang_fleet.capacity.planner import plan
+from sglang_fleet.capacity.planner_inputs import PlanInputError
 from sglang_fleet.diagnosis.diagnose import diagnose, diagnose_live
 from sglang_fleet.rollout import preflight_inputs as preflight
 from sglang_fleet.servers import host_checks as validate
-from sglang_fleet.servers import launch_line as flags
-from sglang_fleet.servers import nodes
+from sglang_fleet.servers import launch_line, nodes
 from sglang_fleet.servers.describe import ServerConfigError, resolve_servers
 from sglang_fleet.tuning import autotune
 
@@ -1450,9 +1449,9 @@ PYTHON = "/opt/ml-env/bin/python"
 
 def _render(server: dict[str, Any]) -> str:
     """What the templates write: the unit's ExecStart= value and the EnvironmentFile lines."""
-    argv = [PYTHON, "-m", "sglang.launch_server", *flags.to_argv(server["flags"])]
-    lines = [server["unit"], f"api_key_set={server['api_key_set']}", flags.exec_start(argv)]
-    lines += [flags.env_file_line(key, value) for key, value in server["environment"].items()]
+    argv = [PYTHON, "-m", "sglang.launch_server", *launch_line.to_argv(server["flags"])]
+    lines = [server["unit"], f"api_key_set={server['api_key_set']}", launch_line.exec_start(argv)]
+    lines += [launch_line.env_file_line(key, value) for key, value in server["environment"].items()]
     return "\n".join(lines)
 
 
@@ -1545,7 +1544,7 @@ def run_plan_cli(argv: list[str], tmp: Path, capsys: pytest.CaptureFixture[str])
     words = [_cli_word(word, tmp) for word in argv]
     capsys.readouterr()
     try:
-        status = plan_mod.main(words)
+        status = planner.main(words)
     except SystemExit as exc:  # argparse's own usage errors
         status = exc.code
     out, err = capsys.readouterr()

@@ -8,8 +8,8 @@ end to end against the GPU-less double under a KV-bound load (docs/DIAGNOSIS.md)
 
 from __future__ import annotations
 
-import ast
 import contextlib
+import io
 import json
 import os
 import re
@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 import urllib.request
+import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -39,16 +40,16 @@ from gpusim_helpers import (
     stop_server,
 )
 
-from sglang_fleet.bench import smoke_client as smoke
+from sglang_fleet.bench.smoke_client import prometheus_text
 from sglang_fleet.capacity.model_config import read_model_dir
 from sglang_fleet.diagnosis import diagnose as diagnose_mod
 from sglang_fleet.diagnosis import live_metrics as live
 from sglang_fleet.diagnosis.diagnose import diagnose_live, table_lines
+from sglang_fleet.host_zipapp import build as build_zipapp
 
 ROOT = Path(__file__).resolve().parent.parent
 LIVE_PY = ROOT / "sglang_fleet" / "diagnosis" / "live_metrics.py"
-READER_PY = ROOT / "module_utils" / "fleet_http.py"
-SMOKE_PY = ROOT / "sglang_fleet" / "bench" / "smoke_client.py"
+SAMPLER = "sglang_fleet.diagnosis.live_metrics"
 KIMI_DIR = ROOT / "tests" / "fixtures" / "models" / "kimi-k2.5-int4"
 API_KEY = "s3cret-live"
 
@@ -196,8 +197,8 @@ def test_parse_series_reads_labels_and_skips_comments_and_nan():
 
 
 def test_the_sampler_reads_metrics_with_the_smoke_clients_parser():
-    """One Prometheus text parser in the project: smoke.py's, which live.py imports."""
-    assert live.parse_series is smoke.parse_series
+    """One Prometheus text parser in the project: the smoke client's, which the sampler imports."""
+    assert live.parse_series is prometheus_text.parse_series
 
 
 def test_aggregate_sums_data_parallel_groups_and_drops_duplicates():
@@ -317,27 +318,25 @@ def test_restart_inside_the_window_and_failed_readings_are_said(scripted):
 
 
 # ------------------------------------------------------------------------------------------
-# live.py as a single file on a GPU host
+# The sampler as one file (a zipapp) on a GPU host
 # ------------------------------------------------------------------------------------------
 
 
-def _imports(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text())
-    return {
-        (node.module if isinstance(node, ast.ImportFrom) else alias.name).split(".")[0]
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Import | ast.ImportFrom)
-        for alias in node.names
+def test_the_sampler_zipapp_holds_the_sampler_its_reader_and_its_parser_only():
+    """What the diagnosis role puts on a host: three modules and their packages, all standard
+    library (host_zipapp refuses anything else)."""
+    names = set(zipfile.ZipFile(io.BytesIO(build_zipapp(SAMPLER))).namelist())
+    assert names == {
+        "__main__.py",
+        "sglang_fleet/__init__.py",
+        "sglang_fleet/bench/__init__.py",
+        "sglang_fleet/bench/smoke_client/__init__.py",
+        "sglang_fleet/bench/smoke_client/prometheus_text.py",
+        "sglang_fleet/diagnosis/__init__.py",
+        "sglang_fleet/diagnosis/live_metrics.py",
+        "sglang_fleet/module_utils/__init__.py",
+        "sglang_fleet/module_utils/fleet_http.py",
     }
-
-
-def test_live_py_imports_only_the_standard_library():
-    """Beside the standard library, only its HTTP reader and the smoke client (its Prometheus
-    text parser), which import nothing else either (the package's copies, or the ones
-    diagnose.yml puts beside live.py on the host)."""
-    assert _imports(LIVE_PY) - {"__future__", "sglang_fleet"} <= sys.stdlib_module_names
-    assert _imports(READER_PY) - {"__future__"} <= sys.stdlib_module_names
-    assert _imports(SMOKE_PY) - {"__future__"} <= sys.stdlib_module_names
 
 
 def _host_pythons() -> list[str]:
@@ -350,14 +349,12 @@ def _host_pythons() -> list[str]:
 
 
 @pytest.mark.parametrize("python", _host_pythons())
-def test_live_py_runs_alone_with_the_key_from_stdin(python, scripted, tmp_path):
+def test_the_sampler_zipapp_runs_alone_with_the_key_from_stdin(python, scripted, tmp_path):
     url, script = scripted
     script.metrics = [(200, metrics_text(3, 0, 0.1, 100)), (200, metrics_text(3, 0, 0.1, 160))]
     script.api_key = API_KEY
-    alone = tmp_path / "live.py"
-    shutil.copy(LIVE_PY, alone)
-    shutil.copy(READER_PY, tmp_path / "fleet_http.py")  # as roles/smoke_gate/tasks/diagnose.yml
-    shutil.copy(SMOKE_PY, tmp_path / "smoke.py")  # likewise
+    alone = tmp_path / "live.pyz"  # as the diagnosis role puts it on the host
+    alone.write_bytes(build_zipapp(SAMPLER))
     out = tmp_path / "sample.json"
     # -S: no site-packages, so no sglang_fleet either, as on a GPU host
     argv = [python, "-I", "-S", str(alone), "--url", url, "--window", "0.2", "--interval", "0.1"]
@@ -376,32 +373,6 @@ def test_live_py_runs_alone_with_the_key_from_stdin(python, scripted, tmp_path):
     assert json.loads(done.stdout) == written
     assert written["server_info"]["served_model_name"] == "kimi"
     assert written["server_metrics"]["generation_tokens_delta"] == 60
-
-
-@pytest.mark.parametrize("missing", ["fleet_http.py", "smoke.py"])
-def test_live_py_alone_names_the_file_it_misses(missing, tmp_path):
-    shutil.copy(LIVE_PY, tmp_path / "live.py")
-    shutil.copy(READER_PY, tmp_path / "fleet_http.py")
-    shutil.copy(SMOKE_PY, tmp_path / "smoke.py")
-    (tmp_path / missing).unlink()
-    done = subprocess.run(
-        [sys.executable, "-I", "-S", str(tmp_path / "live.py"), "--help"],
-        check=False,
-        capture_output=True,
-        text=True,
-        env={"PATH": os.environ["PATH"]},
-        timeout=60,
-    )
-    assert done.returncode == 1
-    assert done.stderr.strip() == (
-        f"live.py: {tmp_path / missing} is missing: copy "
-        + (
-            "module_utils/fleet_http.py"
-            if missing == "fleet_http.py"
-            else "sglang_fleet/bench/smoke_client.py"
-        )
-        + " beside live.py"
-    )
 
 
 def run_live(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

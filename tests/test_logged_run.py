@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 from kimi_job import GPU, KIMI_LOG
 
-from sglang_fleet.capacity import logged_flags
-from sglang_fleet.capacity import planner as plan_mod
-from sglang_fleet.capacity.model_config import read_model_dir
-from sglang_fleet.capacity.planner import PlanInputError, plan
+from sglang_fleet.capacity import attention_dp, logged_flags, planner
+from sglang_fleet.capacity.model_config import ModelConfigError, read_model_dir
+from sglang_fleet.capacity.planner import plan
+from sglang_fleet.capacity.planner_inputs import PlanInputError
 from sglang_fleet.capacity.server_log import parse_log
 from sglang_fleet.diagnosis import diagnose
 from sglang_fleet.diagnosis import live_metrics as live
@@ -163,7 +163,7 @@ def cli(tmp_path: Path, *words: str) -> tuple[int, str]:
     log = tmp_path / "excerpt.log"
     log.write_text(EXCERPT)
     argv = ["--model-path", str(KIMI_DIR), "--tp-size", "8", "--gpu-memory-mib", "97887"]
-    return plan_mod.main([*argv, "--calibrate-from", str(log), *words]), str(log)
+    return planner.main([*argv, "--calibrate-from", str(log), *words]), str(log)
 
 
 def test_cli_what_if_from_an_excerpt(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
@@ -204,7 +204,7 @@ def test_calibrate_from_takes_a_regular_file_only(tmp_path, capsys, kind):
     if kind == "fifo":
         os.mkfifo(path)
     argv = ["--model-path", str(KIMI_DIR), "--gpu-memory-mib", "97887"]
-    status = run_with_deadline(lambda: plan_mod.main([*argv, "--calibrate-from", str(path)]))
+    status = run_with_deadline(lambda: planner.main([*argv, "--calibrate-from", str(path)]))
     assert status == 2
     assert "argument --calibrate-from" in capsys.readouterr().err
 
@@ -319,7 +319,7 @@ def test_a_log_of_zero_free_memory_is_no_traceback(tmp_path, capsys, tool):
     log.write_text(re.sub(r"avail mem=[\d.]+ GB", "avail mem=0.00 GB", KIMI_LOG))
     argv = ["--model-path", str(KIMI_DIR), "--tp-size", "8", "--gpu-memory-mib", "97887"]
     if tool == "plan":
-        status = plan_mod.main([*argv, "--calibrate-from", str(log)])
+        status = planner.main([*argv, "--calibrate-from", str(log)])
         assert status in (0, 1)
         assert "calibration_incomplete" in capsys.readouterr().out
     else:
@@ -346,7 +346,7 @@ def test_model_config_that_is_a_fifo_is_refused(tmp_path):
     model = tmp_path / "model"
     model.mkdir()
     os.mkfifo(model / "config.json")
-    with pytest.raises(plan_mod.ModelConfigError, match="not a regular file"):
+    with pytest.raises(ModelConfigError, match="not a regular file"):
         run_with_deadline(lambda: read_model_dir(model))
 
 
@@ -383,7 +383,7 @@ def test_a_logs_deprecated_attention_dp_spelling_keeps_its_layout():
         "'enable_dp_attention': True, 'mem_fraction_static': 0.85}\n"
     )
     args = diagnose._with_log_calibration({"args": {}}, log)["args"]
-    layout = plan_mod.attention_dp.resolve_layout(
+    layout = attention_dp.resolve_layout(
         args["tp_size"], args["dp_size"], args.get("attn_dp_size"), args.get("enable_dp_attention")
     )
     assert (layout.attn_dp_size, layout.dp_size) == (4, 1)

@@ -23,10 +23,10 @@ import pytest
 from ansible.errors import AnsibleFilterError
 from conftest import load_plugin
 
-from sglang_fleet.capacity import logged_flags
-from sglang_fleet.capacity import planner as plan_mod
+from sglang_fleet.capacity import logged_flags, planner
 from sglang_fleet.capacity.model_config import read_model_dir
-from sglang_fleet.capacity.planner import PlanInputError, plan
+from sglang_fleet.capacity.planner import plan
+from sglang_fleet.capacity.planner_inputs import MIN_FREE_AFTER_GRAPH_GIB, PlanInputError
 from sglang_fleet.capacity.server_log import parse_log
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -156,7 +156,7 @@ def test_kimi_job_calibrated_oom_error_can_be_overruled():
 
 
 def test_kimi_job_margin_is_the_documented_constant():
-    assert plan_mod.MIN_FREE_AFTER_GRAPH_GIB == 5.0
+    assert MIN_FREE_AFTER_GRAPH_GIB == 5.0
     # A caller may demand more room: with 7 GiB, 0.90 (6.29 GiB free) fails too.
     result = kimi(True, mem_fraction_static=0.90, min_free_after_graph_gib=7.0)
     assert "oom_risk_mem_fraction" in codes(result["errors"])
@@ -361,7 +361,7 @@ def test_log_without_memory_lines_is_not_a_calibration():
 # --- command line -----------------------------------------------------------------------
 def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     try:
-        rc = plan_mod.main(list(argv))
+        rc = planner.main(list(argv))
     except SystemExit as exc:  # argparse
         rc = int(exc.code or 0)
     out = capsys.readouterr()

@@ -19,12 +19,27 @@ from unittest import mock
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sglang_fleet.bench import smoke_client as smoke
+from sglang_fleet.bench.smoke_client import server_json, streams
+from sglang_fleet.bench.smoke_client.command_line import build_parser, config_from_args
+from sglang_fleet.bench.smoke_client.failures import (
+    LONG_OUTPUT,
+    MALFORMED,
+    NO_FINAL_RECORD,
+    PARSE_ERRORS,
+    SERVER_ERROR,
+    SHORT_OUTPUT,
+)
+from sglang_fleet.bench.smoke_client.prometheus_text import parse_prometheus
+from sglang_fleet.bench.smoke_client.server_metrics import MetricsSampler, server_summary
+from sglang_fleet.bench.smoke_client.streams import (
+    CompletionsStream,
+    GenerateStream,
+    RequestRecord,
+    Timeline,
+)
+from sglang_fleet.bench.smoke_client.workload import Config
 
-REASONS = {
-    smoke.SHORT_OUTPUT, smoke.LONG_OUTPUT, smoke.NO_FINAL_RECORD, smoke.MALFORMED,
-    smoke.SERVER_ERROR,
-}  # fmt: skip
+REASONS = {SHORT_OUTPUT, LONG_OUTPUT, NO_FINAL_RECORD, MALFORMED, SERVER_ERROR}
 counts = st.one_of(
     st.integers(-5, 80),
     st.sampled_from([10**6, 10**11, 2**63, 10**400]),
@@ -85,27 +100,27 @@ def test_any_stream_is_a_right_answer_or_a_failure_with_a_reason(
     items: list[Any], cuts: list[int], expected: int, completions: bool, newline: bytes
 ) -> None:
     data = b"".join(_sse(item) for item in items).replace(b"\n", newline)
-    kind = smoke._CompletionsStream if completions else smoke._GenerateStream
+    kind = CompletionsStream if completions else GenerateStream
 
     async def main() -> Any:
-        record = smoke.RequestRecord()
-        stream = kind(record, smoke.Timeline(0.0), expected)
+        record = RequestRecord()
+        stream = kind(record, Timeline(0.0), expected)
         stream.on_head(200, 0.0)
         for index, piece in enumerate(_reads(data, cuts)):
             try:
                 stream.on_body(piece, 0.01 * (index + 1))
-            except smoke._PARSE_ERRORS as err:  # what _Connection catches and reports
-                stream.on_error(f"malformed response: {err}", smoke.MALFORMED)
+            except PARSE_ERRORS as err:  # what _Connection catches and reports
+                stream.on_error(f"malformed response: {err}", MALFORMED)
         stream.on_end(1.0)
         return stream
 
     stream = asyncio.run(main())
     record = stream.record
-    assert len(record.itl) <= expected + smoke._TOKEN_ALLOWANCE
-    assert sum(stream.timeline.counts) <= 2 * (expected + smoke._TOKEN_ALLOWANCE)
+    assert len(record.itl) <= expected + streams._TOKEN_ALLOWANCE
+    assert sum(stream.timeline.counts) <= 2 * (expected + streams._TOKEN_ALLOWANCE)
     if stream.error is None:
         assert record.output_tokens == expected
-        assert 0 <= record.prompt_tokens <= smoke._MAX_PROMPT_TOKENS
+        assert 0 <= record.prompt_tokens <= streams._MAX_PROMPT_TOKENS
     else:
         assert stream.reason in REASONS, (stream.reason, stream.error)
 
@@ -131,12 +146,12 @@ def test_metrics_sums_and_differences_are_finite_or_left_out_by_name(
         return "".join(f"{name}{labels} {value}\n" for name, labels, value in lines)
 
     left_out: set[str] = set()
-    first = smoke.parse_prometheus(text(before), left_out)
-    second = smoke.parse_prometheus(text(after), left_out)
+    first = parse_prometheus(text(before), left_out)
+    second = parse_prometheus(text(after), left_out)
     assert all(math.isfinite(v) for v in [*first.values(), *second.values()])
-    sampler = smoke.MetricsSampler(None, 1.0, lambda: 0.0, 0.0)  # type: ignore[arg-type]
+    sampler = MetricsSampler(None, 1.0, lambda: 0.0, 0.0)  # type: ignore[arg-type]
     sampler.left_out = left_out
-    summary = smoke._server_summary(first, second, sampler)
+    summary = server_summary(first, second, sampler)
     json.dumps(summary, allow_nan=False)
     assert set(summary["left_out"]) >= left_out
 
@@ -151,7 +166,7 @@ def test_metrics_sums_and_differences_are_finite_or_left_out_by_name(
 )
 def test_the_clients_json_reader_answers_or_refuses(text: str) -> None:
     with contextlib.suppress(ValueError):
-        smoke._json(text)
+        server_json.loads(text)
 
 
 flags = st.sampled_from(
@@ -176,16 +191,16 @@ def test_the_command_line_gives_a_config_or_exit_2_and_never_shows_the_key(
     if key_in_env:
         env["SGLANG_API_KEY"] = KEY + "\n"  # a key no header can carry
     out, err = io.StringIO(), io.StringIO()
-    parser = smoke.build_parser()
+    parser = build_parser()
     with (
         mock.patch.dict(os.environ, env, clear=True),
         contextlib.redirect_stdout(out),
         contextlib.redirect_stderr(err),
     ):
         try:
-            cfg = smoke.config_from_args(parser.parse_args(words), parser)
+            cfg = config_from_args(parser.parse_args(words), parser)
         except SystemExit as done:
             assert done.code == 2
         else:
-            assert isinstance(cfg, smoke.Config)
+            assert isinstance(cfg, Config)
     assert KEY not in out.getvalue() + err.getvalue()

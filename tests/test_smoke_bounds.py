@@ -31,7 +31,17 @@ from test_smoke_client import (
     sse,
 )
 
-from sglang_fleet.bench import smoke_client as smoke
+from sglang_fleet.bench.smoke_client import streams
+from sglang_fleet.bench.smoke_client.failures import LONG_OUTPUT
+from sglang_fleet.bench.smoke_client.server_metrics import MetricsSampler, server_summary
+from sglang_fleet.bench.smoke_client.streams import (
+    CompletionsStream,
+    GenerateStream,
+    RequestRecord,
+    Timeline,
+)
+from sglang_fleet.bench.smoke_client.summary import format_summary
+from sglang_fleet.bench.smoke_client.workload import vocab_size_of
 
 
 def _feed(stream_class: type, expected: int, events: list[bytes]) -> tuple[Any, int]:
@@ -39,8 +49,8 @@ def _feed(stream_class: type, expected: int, events: list[bytes]) -> tuple[Any, 
     the peak memory its parsing took (bytes)."""
 
     async def main() -> Any:
-        record = smoke.RequestRecord()
-        stream = stream_class(record, smoke.Timeline(0.0), expected)
+        record = RequestRecord()
+        stream = stream_class(record, Timeline(0.0), expected)
         stream.on_head(200, 0.0)
         for index, data in enumerate(events):
             stream.on_body(data, 0.1 * (index + 1))
@@ -61,17 +71,17 @@ def test_a_4_token_request_answered_with_millions_fails_without_the_memory(claim
     claim = sse(
         {"text": "tok tok", "meta_info": {"prompt_tokens": 7, "completion_tokens": claimed}}
     )
-    stream, peak = _feed(smoke._GenerateStream, 4, [gen_event(1), claim, DONE])
-    assert stream.reason == smoke.LONG_OUTPUT, stream.error
+    stream, peak = _feed(GenerateStream, 4, [gen_event(1), claim, DONE])
+    assert stream.reason == LONG_OUTPUT, stream.error
     assert f"counts {claimed} completion tokens, 4 asked for" in str(stream.error)
-    assert len(stream.record.itl) <= 4 + smoke._TOKEN_ALLOWANCE
+    assert len(stream.record.itl) <= 4 + streams._TOKEN_ALLOWANCE
     assert peak < 4 * 1024 * 1024, peak
 
 
 def test_completion_chunks_beyond_the_request_fail_at_once() -> None:
-    stream, _ = _feed(smoke._CompletionsStream, 4, [oai_event("x") * 1000, DONE])
-    assert stream.reason == smoke.LONG_OUTPUT, stream.error
-    assert len(stream.record.itl) <= 4 + smoke._TOKEN_ALLOWANCE
+    stream, _ = _feed(CompletionsStream, 4, [oai_event("x") * 1000, DONE])
+    assert stream.reason == LONG_OUTPUT, stream.error
+    assert len(stream.record.itl) <= 4 + streams._TOKEN_ALLOWANCE
 
 
 def test_a_prompt_count_no_float_can_hold_is_a_wrong_answer_not_a_traceback() -> None:
@@ -100,13 +110,13 @@ def test_counters_that_sum_past_the_float_maximum_are_left_out_by_name() -> None
     assert server["generation_tokens_delta"] is None
     assert "sglang:generation_tokens_total" in server["left_out"]
     assert "sglang:huge_total" in server["left_out"]
-    assert "Left out" in smoke.format_summary(result)
+    assert "Left out" in format_summary(result)
 
 
 def test_a_difference_of_two_finite_sums_past_the_maximum_is_left_out() -> None:
-    sampler = smoke.MetricsSampler(None, 1.0, lambda: 0.0, 0.0)  # type: ignore[arg-type]
+    sampler = MetricsSampler(None, 1.0, lambda: 0.0, 0.0)  # type: ignore[arg-type]
     name = "sglang:generation_tokens_total"
-    summary = smoke._server_summary({name: -1.7e308}, {name: 1.7e308}, sampler)
+    summary = server_summary({name: -1.7e308}, {name: 1.7e308}, sampler)
     assert summary["generation_tokens_delta"] is None and summary["left_out"] == [name]
     assert all(not isinstance(v, float) or math.isfinite(v) for v in summary.values())
 
@@ -114,7 +124,7 @@ def test_a_difference_of_two_finite_sums_past_the_maximum_is_left_out() -> None:
 def test_a_model_file_that_is_a_fifo_does_not_hold_the_run(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "config.json")
     found: list[Any] = []
-    worker = threading.Thread(target=lambda: found.append(smoke.vocab_size_of(str(tmp_path))))
+    worker = threading.Thread(target=lambda: found.append(vocab_size_of(str(tmp_path))))
     worker.daemon = True
     worker.start()
     worker.join(10)

@@ -20,7 +20,12 @@ from typing import Any
 
 import pytest
 
-from sglang_fleet.bench import smoke_client as smoke
+from sglang_fleet.bench.smoke_client import command_line
+from sglang_fleet.bench.smoke_client.benchmark import Benchmark
+from sglang_fleet.bench.smoke_client.prometheus_text import parse_prometheus, parse_series
+from sglang_fleet.bench.smoke_client.streams import GenerateStream, RequestRecord
+from sglang_fleet.bench.smoke_client.summary import percentile
+from sglang_fleet.bench.smoke_client.workload import Config, vocab_size_of
 
 # The model /model_info names: the double's fixture (config.json and a word-level tokenizer.json),
 # whose vocabulary bounds the token ids the client draws.
@@ -250,7 +255,7 @@ def run_against(
         try:
             # a short timeout turns a hang into a failed request the test reports
             settings = {"warmup_requests": 0, "max_concurrency": 1, "timeout": 10.0, **config}
-            return await smoke.Benchmark(smoke.Config(url=url, **settings), clock).run()
+            return await Benchmark(Config(url=url, **settings), clock).run()
         finally:
             await server.stop()
 
@@ -350,10 +355,10 @@ def test_goodput_is_the_share_of_all_requests_within_the_slos() -> None:
 
 
 def test_percentile_matches_numpy_linear_interpolation() -> None:
-    assert smoke.percentile(list(range(1, 101)), 99) == pytest.approx(99.01)
-    assert smoke.percentile([5.0], 99) == 5.0
-    assert smoke.percentile([], 99) == 0.0
-    assert smoke.percentile([1.0, 2.0, 3.0, 4.0], 50) == pytest.approx(2.5)
+    assert percentile(list(range(1, 101)), 99) == pytest.approx(99.01)
+    assert percentile([5.0], 99) == 5.0
+    assert percentile([], 99) == 0.0
+    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == pytest.approx(2.5)
 
 
 # ------------------------------------------------------------------------------------------
@@ -698,7 +703,7 @@ def _parse_cpu_seconds(event_bytes: int, read_bytes: int = 4096) -> float:
     reads = [event[i : i + read_bytes] for i in range(0, len(event), read_bytes)]
 
     async def parse() -> float:
-        stream = smoke._GenerateStream(smoke.RequestRecord(), None, expected=1)
+        stream = GenerateStream(RequestRecord(), None, expected=1)
         stream.on_head(200, 0.0)
         tic = time.process_time()
         for data in reads:
@@ -843,7 +848,7 @@ def test_metrics_cross_check_and_samples() -> None:
     async def main() -> dict[str, Any]:
         url = await server.start()
         try:
-            config = smoke.Config(
+            config = Config(
                 url=url,
                 num_prompts=3,
                 max_concurrency=1,
@@ -851,7 +856,7 @@ def test_metrics_cross_check_and_samples() -> None:
                 metrics_interval=0.01,
                 random_output_len=3,
             )
-            return await smoke.Benchmark(config, clock).run()
+            return await Benchmark(config, clock).run()
         finally:
             await server.stop()
 
@@ -879,7 +884,7 @@ def test_metrics_cross_check_and_samples() -> None:
 
 
 def test_parse_prometheus_sums_label_sets_and_skips_comments() -> None:
-    values = smoke.parse_prometheus(
+    values = parse_prometheus(
         METRICS_TEMPLATE.format(running=3, queued=1, usage=0.5, generated=10, prompted=4)
         + "plain_metric 4 1700000000000\n"
         + 'odd{path="/a b}"} 2\n'
@@ -893,14 +898,14 @@ def test_parse_prometheus_sums_label_sets_and_skips_comments() -> None:
 
 
 def test_parse_prometheus_reads_tabs_and_a_value_right_after_the_labels() -> None:
-    values = smoke.parse_prometheus('m\t3 1700000000000\ng{a="x}"}2\ng{a="y"} 1\n')
+    values = parse_prometheus('m\t3 1700000000000\ng{a="x}"}2\ng{a="y"} 1\n')
     assert values == {"m": 3.0, "g": 3.0}
-    assert smoke.parse_series('g{a="x}"}2\n') == [("g", {"a": "x}"}, 2.0)]
+    assert parse_series('g{a="x}"}2\n') == [("g", {"a": "x}"}, 2.0)]
 
 
 def test_parse_prometheus_skips_infinities() -> None:
     """+Inf is legal Prometheus text but no count: it would reach the result as Infinity."""
-    values = smoke.parse_prometheus('g{r="0"} +Inf\ng{r="1"} 2\nh -Inf\nk 1e400\n')
+    values = parse_prometheus('g{r="0"} +Inf\ng{r="1"} 2\nh -Inf\nk 1e400\n')
     assert values == {"g": 2.0}
 
 
@@ -910,7 +915,7 @@ def test_parse_prometheus_skips_infinities() -> None:
 
 
 class ThreadedServer:
-    """The scripted server on its own event loop, for driving smoke.main()."""
+    """The scripted server on its own event loop, for driving command_line.main()."""
 
     def __init__(self, handler: Handler, metrics_text: str | None = None) -> None:
         self.server = ScriptedServer(FakeClock(), handler, metrics_text)
@@ -942,7 +947,7 @@ def test_main_writes_json_and_sends_the_api_key_from_the_environment(
     monkeypatch.setenv("SGLANG_API_KEY", "s3cret")
     out = tmp_path / "result.json"
     with ThreadedServer(always_two_tokens) as srv:
-        code = smoke.main(["--url", srv.url, "--num-prompts", "4", "--json", str(out), *TWO])
+        code = command_line.main(["--url", srv.url, "--num-prompts", "4", "--json", str(out), *TWO])
     assert code == 0
     result = json.loads(out.read_text())
     assert result["completed"] == 4
@@ -954,14 +959,17 @@ def test_main_writes_json_and_sends_the_api_key_from_the_environment(
 def test_api_key_flag_wins_over_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("SGLANG_API_KEY", raising=False)
     with ThreadedServer(always_two_tokens) as srv:
-        assert smoke.main(["--url", srv.url, "--num-prompts", "1", "--api-key", "k1", *TWO]) == 0
+        assert (
+            command_line.main(["--url", srv.url, "--num-prompts", "1", "--api-key", "k1", *TWO])
+            == 0
+        )
     assert srv.server.generate_requests()[0].headers["authorization"] == "Bearer k1"
 
 
 def test_no_api_key_sends_no_authorization(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("SGLANG_API_KEY", raising=False)
     with ThreadedServer(always_two_tokens) as srv:
-        assert smoke.main(["--url", srv.url, "--num-prompts", "1", *TWO]) == 0
+        assert command_line.main(["--url", srv.url, "--num-prompts", "1", *TWO]) == 0
     assert all("authorization" not in r.headers for r in srv.server.requests)
 
 
@@ -971,7 +979,7 @@ def test_exit_code_zero_even_when_requests_fail(tmp_path: Path) -> None:
 
     out = tmp_path / "r.json"
     with ThreadedServer(broken) as srv:
-        code = smoke.main(["--url", srv.url, "--num-prompts", "3", "--json", str(out)])
+        code = command_line.main(["--url", srv.url, "--num-prompts", "3", "--json", str(out)])
     assert code == 0
     result = json.loads(out.read_text())
     assert result["completed"] == 0
@@ -981,7 +989,7 @@ def test_exit_code_zero_even_when_requests_fail(tmp_path: Path) -> None:
 
 def test_duration_mode_stops_sending_and_counts_everything_it_sent() -> None:
     with ThreadedServer(always_two_tokens) as srv:
-        config = smoke.Config(
+        config = Config(
             url=srv.url,
             num_prompts=None,
             duration=0.3,
@@ -989,7 +997,7 @@ def test_duration_mode_stops_sending_and_counts_everything_it_sent() -> None:
             warmup_requests=0,
             random_output_len=2,
         )
-        result = asyncio.run(smoke.Benchmark(config).run())
+        result = asyncio.run(Benchmark(config).run())
     sent = len(srv.server.generate_requests())
     assert sent > 0
     assert result["completed"] == sent
@@ -999,10 +1007,10 @@ def test_duration_mode_stops_sending_and_counts_everything_it_sent() -> None:
 
 def test_request_rate_sends_every_request() -> None:
     with ThreadedServer(always_two_tokens) as srv:
-        config = smoke.Config(
+        config = Config(
             url=srv.url, num_prompts=5, request_rate=500.0, warmup_requests=0, random_output_len=2
         )
-        result = asyncio.run(smoke.Benchmark(config).run())
+        result = asyncio.run(Benchmark(config).run())
     assert result["completed"] == 5
     assert result["request_rate"] == 500.0
 
@@ -1010,7 +1018,7 @@ def test_request_rate_sends_every_request() -> None:
 def test_unreachable_server_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
     with ThreadedServer(always_two_tokens) as srv:
         url = srv.url  # the port is free again once the server stops
-    assert smoke.main(["--url", url, "--num-prompts", "1"]) == 1
+    assert command_line.main(["--url", url, "--num-prompts", "1"]) == 1
     err = capsys.readouterr().err
     assert f"cannot reach the server at {url} (GET /metrics): ConnectionRefusedError" in err
 
@@ -1022,7 +1030,7 @@ def test_unreachable_with_no_reason_from_the_system_still_says_what_and_where(
         raise ConnectionRefusedError()  # str() of it is empty
 
     monkeypatch.setattr(asyncio.BaseEventLoop, "create_connection", refuse)
-    assert smoke.main(["--url", "http://10.9.8.7:31234", "--num-prompts", "1"]) == 1
+    assert command_line.main(["--url", "http://10.9.8.7:31234", "--num-prompts", "1"]) == 1
     err = capsys.readouterr().err.strip()
     assert err == (
         "smoke: cannot reach the server at http://10.9.8.7:31234 (GET /metrics): "
@@ -1042,7 +1050,7 @@ def test_a_server_that_accepts_but_never_answers_is_unreachable_with_a_reason(
         port = server.sockets[0].getsockname()[1]
         try:
             argv = ["--url", f"http://127.0.0.1:{port}", "--num-prompts", "1", "--timeout", "0.3"]
-            return await asyncio.get_running_loop().run_in_executor(None, smoke.main, argv)
+            return await asyncio.get_running_loop().run_in_executor(None, command_line.main, argv)
         finally:
             server.close()
 
@@ -1067,7 +1075,7 @@ def test_an_api_key_no_header_can_carry_is_refused_before_any_request(
     else:
         argv += ["--api-key", key]
     with ThreadedServer(always_two_tokens) as srv, pytest.raises(SystemExit) as exc:
-        smoke.main(["--url", srv.url, *argv])
+        command_line.main(["--url", srv.url, *argv])
     assert exc.value.code == 2
     assert srv.server.requests == []
     out = capsys.readouterr()
@@ -1081,7 +1089,7 @@ def test_an_api_key_no_header_can_carry_is_refused_before_any_request(
 def test_a_latin1_api_key_is_sent(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SGLANG_API_KEY", "clé")
     with ThreadedServer(always_two_tokens) as srv:
-        assert smoke.main(["--url", srv.url, "--num-prompts", "1", *TWO]) == 0
+        assert command_line.main(["--url", srv.url, "--num-prompts", "1", *TWO]) == 0
     # the scripted server reads headers as Latin-1, as SGLang's (uvicorn's) does
     assert srv.server.generate_requests()[0].headers["authorization"] == "Bearer clé"
 
@@ -1105,7 +1113,7 @@ def test_a_latin1_api_key_is_sent(monkeypatch: pytest.MonkeyPatch) -> None:
 )
 def test_bad_usage_exits_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
-        smoke.main(argv)
+        command_line.main(argv)
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "error: " in err and "Traceback" not in err
@@ -1172,14 +1180,14 @@ def write_model(folder: Path, vocab_size: int, tokenizer_ids: int | None = None)
 
 
 def test_vocab_size_is_the_smaller_of_config_and_tokenizer(tmp_path: Path) -> None:
-    assert smoke.vocab_size_of(str(write_model(tmp_path / "a", 1000))) == 1000
-    assert smoke.vocab_size_of(str(write_model(tmp_path / "b", 1000, 600))) == 600
-    assert smoke.vocab_size_of(str(write_model(tmp_path / "c", 500, 600))) == 500
-    assert smoke.vocab_size_of(str(tmp_path / "missing")) is None
+    assert vocab_size_of(str(write_model(tmp_path / "a", 1000))) == 1000
+    assert vocab_size_of(str(write_model(tmp_path / "b", 1000, 600))) == 600
+    assert vocab_size_of(str(write_model(tmp_path / "c", 500, 600))) == 500
+    assert vocab_size_of(str(tmp_path / "missing")) is None
     wrapped = tmp_path / "d"
     wrapped.mkdir()
     (wrapped / "config.json").write_text(json.dumps({"text_config": {"vocab_size": 77}}))
-    assert smoke.vocab_size_of(str(wrapped)) == 77
+    assert vocab_size_of(str(wrapped)) == 77
 
 
 def test_token_ids_stay_below_a_small_vocabulary(tmp_path: Path) -> None:
@@ -1197,10 +1205,10 @@ def test_token_ids_stay_below_a_small_vocabulary(tmp_path: Path) -> None:
         server._route = handler_first(server, handler)  # type: ignore[method-assign]
         url = await server.start()
         try:
-            config = smoke.Config(
+            config = Config(
                 url=url, num_prompts=4, warmup_requests=0, random_input_len=500, random_output_len=1
             )
-            return await smoke.Benchmark(config, server.clock).run(), server
+            return await Benchmark(config, server.clock).run(), server
         finally:
             await server.stop()
 
@@ -1242,7 +1250,7 @@ def test_unknown_vocabulary_is_refused_before_any_generation(
 
     with ThreadedServer(always_two_tokens) as srv:
         srv.server._route = handler_first(srv.server, nowhere)  # type: ignore[method-assign]
-        code = smoke.main(["--url", srv.url, "--num-prompts", "1", *TWO])
+        code = command_line.main(["--url", srv.url, "--num-prompts", "1", *TWO])
     assert code == 2
     assert srv.server.generate_requests() == []
     err = capsys.readouterr().err
@@ -1262,7 +1270,7 @@ def test_a_server_that_dies_in_the_warmup_ends_with_its_name_not_a_traceback(
         return None  # and this connection closes without an answer
 
     with ThreadedServer(die, metrics_text="sglang:num_running_reqs 0\n") as srv:
-        code = smoke.main(["--url", srv.url, "--num-prompts", "2", *TWO])
+        code = command_line.main(["--url", srv.url, "--num-prompts", "2", *TWO])
     assert code == 1
     err = capsys.readouterr().err
     assert f"cannot reach the server at {srv.url} (GET /metrics after the warm-up)" in err

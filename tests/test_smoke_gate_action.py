@@ -12,7 +12,9 @@ unknown workload key fails before the host is touched; check mode runs nothing.
 from __future__ import annotations
 
 import base64
+import io
 import json
+import zipfile
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -25,7 +27,7 @@ ACTION = load_plugin("action_plugins/sglang_smoke_gate.py")
 KEY = "sk-very-secret"
 SERVER = {"name": "llama", "unit": "sglang@llama.service", "port": 30000}
 WORKLOAD = {"num_prompts": 4, "max_concurrency": 2, "random_input_len": 8, "random_output_len": 4}
-CLIENT = "/usr/local/lib/sglang-fleet/smoke.py"
+CLIENT = "/usr/local/lib/sglang-fleet/smoke.pyz"
 
 
 def smoke_result(short: int = 0, throughput: float = 120.0) -> dict[str, Any]:
@@ -72,7 +74,10 @@ class FakeGate(ACTION.ActionModule):
     def host_sglang_smoke_run(self, args: dict) -> dict:
         """The host's part: the client's command run, its result and the journal read back."""
         argv = args["argv"]
-        assert args["client_source"].startswith('"""') or "smoke" in args["client_source"]
+        client = zipfile.ZipFile(io.BytesIO(base64.b64decode(args["client_zipapp"])))
+        assert b"from sglang_fleet.bench.smoke_client.command_line import main" in client.read(
+            "__main__.py"
+        )
         self.copied.append(args["client_path"])
         result = json.dumps(self.host["result"])
         assert argv[argv.index("--json") + 1] == args["result_path"]

@@ -7,6 +7,7 @@ past the bound is refused, and check mode writes and runs nothing.
 
 from __future__ import annotations
 
+import base64
 import json
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ from conftest import load_plugin
 
 smoke_run = load_plugin("library/sglang_smoke_run.py")
 KEY = "sk-very-secret"
+CLIENT = b"PK\x05\x06" + bytes(18)  # the bytes of an empty zip archive stand in for the client
 
 
 def params(tmp_path: Path, **change: object) -> dict:
@@ -26,8 +28,8 @@ def params(tmp_path: Path, **change: object) -> dict:
         f"open({str(result)!r}, 'w').write(json.dumps({{'key_length': len(key)}}))"
     )
     return {
-        "client_source": "# the client\n",
-        "client_path": str(tmp_path / "lib" / "smoke.py"),
+        "client_zipapp": base64.b64encode(CLIENT).decode(),
+        "client_path": str(tmp_path / "lib" / "smoke.pyz"),
         "result_path": str(result),
         "argv": [sys.executable, "-c", code],
         "api_key": KEY,
@@ -44,8 +46,14 @@ def test_the_client_runs_with_the_key_on_stdin_and_its_result_comes_back(tmp_pat
     assert json.loads(done["result"]) == {"key_length": len(KEY)}
     assert KEY not in " ".join(given["argv"])
     client = Path(given["client_path"])
-    assert client.read_text() == "# the client\n" and client.stat().st_mode & 0o777 == 0o755
+    assert client.read_bytes() == CLIENT and client.stat().st_mode & 0o777 == 0o755
     assert smoke_run.run(given, check_mode=False)["client_changed"] is False
+
+
+def test_a_client_that_is_not_base64_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="client_zipapp is not base64"):
+        smoke_run.run(params(tmp_path, client_zipapp="not base64!"), check_mode=False)
+    assert not (tmp_path / "lib" / "smoke.pyz").exists()
 
 
 def test_a_failing_command_says_how_it_ended(tmp_path: Path) -> None:

@@ -36,13 +36,8 @@ from sglang_fleet import input_files
 from sglang_fleet.capacity import attention_dp, kv_cache, logged_flags
 from sglang_fleet.capacity.model_config import ModelConfigError, model_shape, read_model_dir
 from sglang_fleet.capacity.noop_flags import noop_flag_issues
-from sglang_fleet.capacity.planner import (
-    PLANNER_FLAGS,
-    PlanInputError,
-    add_plan_arguments,
-    plan,
-    split_namespace,
-)
+from sglang_fleet.capacity.planner import add_plan_arguments, plan, split_namespace
+from sglang_fleet.capacity.planner_inputs import PLANNER_FLAGS, PlanInputError
 from sglang_fleet.capacity.server_log import Calibration, parse_decode_lines, parse_log
 from sglang_fleet.diagnosis import live_metrics as live
 from sglang_fleet.module_utils import bounded_json

@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
 """Sample a running SGLang server without touching it: /metrics over a window, /server_info once.
 
-Standard library only, Python >= 3.9: a playbook copies this file, the one HTTP reader
+Standard library only, Python >= 3.9: it runs on a GPU host (servers listen on loopback there)
+with the host's python3, as one file: the diagnosis role ships it as a zipapp
+(sglang_fleet/host_zipapp.py) holding this module, the one HTTP reader
 (module_utils/fleet_http.py) and the one Prometheus text parser
-(sglang_fleet/bench/smoke_client.py, the
-smoke client) beside it to a GPU host (servers listen on loopback there) and runs it with the
-host's python3. From the repo:
+(sglang_fleet/bench/smoke_client/prometheus_text.py). On the host, and from the repo:
 
-    python3 -m sglang_fleet.diagnosis.live_metrics --url http://127.0.0.1:30000 [--window 30]
-    [--interval 1] \\
+    python3 live.pyz --url http://127.0.0.1:30000 [--window 30] [--interval 1] \\
         [--api-key-file FILE] [--json OUT]
+    python3 -m sglang_fleet.diagnosis.live_metrics --url http://127.0.0.1:30000
 
 It only reads: GET /metrics every --interval seconds for --window seconds, and GET /server_info
 once. /metrics is exempt from SGLang's API key, /server_info is not: the key comes from
@@ -28,7 +28,6 @@ was given for), and a URL is printed without its ``user:password@``.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import os
@@ -38,28 +37,9 @@ import sys
 import time
 from typing import Any, Callable
 
+from sglang_fleet.bench.smoke_client.prometheus_text import parse_series
+from sglang_fleet.module_utils import fleet_http
 
-def _beside_this_file(name: str, source: str) -> Any:
-    """source (a file of the repository) as diagnose.yml copies it beside live.py on a GPU
-    host, named name.py."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None or not os.path.isfile(path):
-        sys.exit(f"live.py: {path} is missing: copy {source} beside live.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while the file runs
-    spec.loader.exec_module(module)
-    return module
-
-
-try:
-    from sglang_fleet.module_utils import fleet_http
-except ImportError:  # alone on a GPU host, without the package
-    fleet_http = _beside_this_file("fleet_http", "module_utils/fleet_http.py")
-try:
-    from sglang_fleet.bench.smoke_client import parse_series
-except ImportError:  # alone on a GPU host: the smoke client, copied beside it
-    parse_series = _beside_this_file("smoke", "sglang_fleet/bench/smoke_client.py").parse_series
 HttpError, redact_url, request = fleet_http.HttpError, fleet_http.redact_url, fleet_http.request
 check_http_url = fleet_http.check_url
 
@@ -140,7 +120,7 @@ class SampleError(Exception):
 
 
 # --------------------------------------------------------------------------------------------
-# Prometheus text: read by smoke.py's parse_series, the project's one parser of it
+# Prometheus text: read by the smoke client's parse_series, the project's one parser of it
 # --------------------------------------------------------------------------------------------
 
 
@@ -523,7 +503,7 @@ def _write_json(path: str, payload: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="live.py",
+        prog="live.pyz",
         description=(__doc__ or "").splitlines()[0],
         # An abbreviation would let "--api-key SECRET" pass as --api-key-file and print it.
         allow_abbrev=False,
@@ -544,12 +524,12 @@ def main(argv: list[str] | None = None) -> int:
         status = 0
     except SampleError as exc:
         result, status = error_sample(ns.url, exc.code, str(exc)), 1
-        print(f"live.py: {exc}", file=sys.stderr)
+        print(f"live.pyz: {exc}", file=sys.stderr)
     if ns.json_out:
         try:
             _write_json(ns.json_out, result)
         except OSError as exc:
-            print(f"live.py: --json {ns.json_out}: {exc}", file=sys.stderr)
+            print(f"live.pyz: --json {ns.json_out}: {exc}", file=sys.stderr)
             return 2
     print(json.dumps(result))
     return status

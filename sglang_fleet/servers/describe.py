@@ -84,7 +84,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sglang_fleet import server_secrets as _secrets
-from sglang_fleet.capacity.planner import PLANNER_FLAGS
+from sglang_fleet.capacity.planner_inputs import PLANNER_FLAGS
 from sglang_fleet.module_utils.fleet_http import HttpError, check_url, redact_url
 from sglang_fleet.servers import nodes as _nodes
 from sglang_fleet.servers.launch_line import env_file_line, exec_start, normalize_key, to_argv

@@ -1,7 +1,7 @@
 """The autotune report's picture: throughput per trial, what was pruned and why, the winner.
 
-Two panels from an autotune state (sglang_fleet.tuning.autotune): output tok/s of every trial in the
-order they ran (colour = outcome, a cross = what the planner predicted, the winner outlined),
+Two panels from an autotune state (sglang_fleet.tuning.autotune_state): output tok/s of every trial
+in the order they ran (colour = outcome, a cross = what the planner predicted, the winner outlined),
 and every candidate's predicted tok/s coloured by what became of it (tried, pruned by
 reason, left untried by the early stop). The headline names the winner and why the search
 stopped.
@@ -40,7 +40,8 @@ def render_png(
 ) -> Figure:
     """Draw the state as a PNG at png_path; returns the figure (its axes carry titles).
 
-    best: the search's winner (sglang_fleet.tuning.autotune.winner), None when no trial qualified.
+    best: the search's winner (sglang_fleet.tuning.trial_choice.winner), None when no trial
+    qualified.
     """
     figure = Figure(figsize=(13, 8.5), dpi=100, layout="constrained")
     FigureCanvasAgg(figure)

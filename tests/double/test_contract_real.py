@@ -31,7 +31,8 @@ import pytest
 from gpusim_helpers import init_root, start_server, stop_server
 from prometheus_client.parser import text_string_to_metric_families
 
-from sglang_fleet.bench import smoke_client as smoke
+from sglang_fleet.bench.smoke_client.benchmark import Benchmark
+from sglang_fleet.bench.smoke_client.workload import Config, vocab_size_of
 from sglang_fleet.capacity import calibration
 from sglang_fleet.capacity.server_log import parse_log
 
@@ -295,7 +296,7 @@ def test_model_info_names_the_model_directory(both: dict[str, Any]) -> None:
     for name, server in both.items():
         info = json.loads(_get(server.url, "/model_info")[1])
         assert info["model_path"] == str(both["real"].model), name
-        assert smoke.vocab_size_of(info["model_path"]) == 32000, name
+        assert vocab_size_of(info["model_path"]) == 32000, name
 
 
 # ------------------------------------------------------------------------------ errors
@@ -397,7 +398,7 @@ def test_smoke_client_exact_counts_on_both(both: dict[str, Any]) -> None:
     import asyncio  # noqa: PLC0415
 
     for name, server in both.items():
-        config = smoke.Config(
+        config = Config(
             url=server.url,
             num_prompts=4,
             max_concurrency=2,
@@ -405,7 +406,7 @@ def test_smoke_client_exact_counts_on_both(both: dict[str, Any]) -> None:
             random_output_len=8,
             warmup_requests=1,
         )
-        result = asyncio.run(smoke.Benchmark(config).run())
+        result = asyncio.run(Benchmark(config).run())
         assert (result["completed"], result["failed"]) == (4, 0), (name, result["errors"])
         assert result["total_output_tokens"] == 32, name
         assert result["server_metrics"]["generation_tokens_delta"] == 32, name

@@ -25,7 +25,8 @@ from gpusim_helpers import LLAMA, Server, init_root, start_server, stop_server
 
 from gpusim import state
 from sglang_fleet.bench import gate
-from sglang_fleet.bench import smoke_client as smoke
+from sglang_fleet.bench.smoke_client.benchmark import Benchmark
+from sglang_fleet.bench.smoke_client.workload import Config
 
 ARGS = {"port": 30000, "chunked_prefill_size": None, "served_model_name": "llama"}
 
@@ -146,7 +147,7 @@ def smoke_run(server: Server, **config: Any) -> dict[str, Any]:
         "warmup_requests": 0,
         **config,
     }
-    return asyncio.run(smoke.Benchmark(smoke.Config(url=server.url, **settings)).run())
+    return asyncio.run(Benchmark(Config(url=server.url, **settings)).run())
 
 
 @pytest.mark.slow

@@ -38,7 +38,7 @@ SCRAPE_S, EVAL_S, DOWN_FOR_S, UNOWNED_FOR_S, SLO_FOR_S, RATE_WINDOW_S = 2, 2, 6,
 # Detection after the condition starts: a scrape, then two evaluations (pending, firing), then
 # the push to Alertmanager; doubled and padded for two busy shared cores.
 DETECTION_S = 2 * (SCRAPE_S + 2 * EVAL_S) + 10
-SMOKE = "/usr/local/lib/sglang-fleet/smoke.py"
+SMOKE = "/usr/local/lib/sglang-fleet/smoke.pyz"
 FIRED: dict[str, float] = {}
 
 

@@ -249,7 +249,7 @@ def test_sglangs_own_benchmark_agrees_with_our_smoke_client(host):
     assert ran.rc == 0, ran.stdout[-2000:] + ran.stderr[-2000:]
     theirs = json.loads(host.file("/tmp/bench.jsonl").content_string.splitlines()[-1])
     ours_cmd = (
-        f"/usr/bin/python3 /usr/local/lib/sglang-fleet/smoke.py --url http://127.0.0.1:{PORT}"
+        f"/usr/bin/python3 /usr/local/lib/sglang-fleet/smoke.pyz --url http://127.0.0.1:{PORT}"
         f" --num-prompts {PROMPTS} --random-input-len {INPUT_LEN}"
         f" --random-output-len {OUTPUT_LEN} --max-concurrency {CONCURRENCY}"
         " --json /tmp/smoke.json"

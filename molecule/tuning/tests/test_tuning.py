@@ -170,7 +170,7 @@ def test_the_kimi_jobs_kv_bound_load_is_diagnosed_with_the_fp8_and_fraction_leve
     before = unit_identity(host)
     load = host.check_output(
         f"SGLANG_API_KEY=$(cat {KEY_FILE}) nohup timeout 90 python3 "
-        f"/usr/local/lib/sglang-fleet/smoke.py --url http://127.0.0.1:{PORT} --duration 60 "
+        f"/usr/local/lib/sglang-fleet/smoke.pyz --url http://127.0.0.1:{PORT} --duration 60 "
         "--max-concurrency 150 --random-input-len 100 --random-output-len 100 "
         "--warmup-requests 0 > /tmp/kv-load.log 2>&1 & echo $!"
     )

@@ -1,0 +1,412 @@
+"""The HTTP/1.1 client: keep-alive connections that parse responses as bytes arrive
+(chunked transfer decoding included), the server's URL and API key checked, and bounds
+on what a server can make it hold."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from typing import Any, Callable
+from urllib.parse import urlsplit
+
+from sglang_fleet.bench.smoke_client.failures import (
+    CONNECT_FAILED,
+    CONNECTION_CLOSED,
+    MALFORMED,
+    PARSE_ERRORS,
+    TIMEOUT,
+    os_reason,
+)
+
+Clock = Callable[[], float]
+
+_READ_BUFFER_BYTES = 64 * 1024
+_GET_TIMEOUT_S = 10.0
+# Bounds on what a server can make this client hold: a response head, a GET document
+# (/metrics). A stream's own bounds are in streams.py.
+_MAX_HEAD_BYTES = 64 * 1024
+_MAX_DOCUMENT_BYTES = 16 * 1024 * 1024
+
+
+class Exchange:
+    """One request/response on a connection; collects the body unless a subclass streams it."""
+
+    def __init__(self) -> None:
+        self.status = 0
+        self.body = bytearray()
+        self.error: str | None = None
+        self.reason: str | None = None
+        self.got_bytes = False
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def on_head(self, status: int, t: float) -> None:
+        self.status = status
+
+    def on_body(self, data: bytes, t: float) -> None:
+        self.body += data
+        if len(self.body) > _MAX_DOCUMENT_BYTES:
+            self.on_error(f"response larger than {_MAX_DOCUMENT_BYTES} bytes", MALFORMED)
+
+    def on_end(self, t: float) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+
+    def on_error(self, message: str, reason: str) -> None:
+        if self.error is None:
+            self.error = message
+            self.reason = reason
+        if not self.done.done():
+            self.done.set_result(None)
+
+
+_HEAD, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_CRLF, _TRAILER, _DONE, _LENGTH, _UNTIL_CLOSE = range(8)
+
+
+def _chunk_size(line: bytes) -> int:
+    size = int(line.split(b";", 1)[0], 16)  # chunk extensions carry nothing we need
+    if size < 0:
+        raise ValueError("negative chunk size")
+    return size
+
+
+def _line_after_chunk(state: int, blank: bool) -> int:
+    """The CRLF that ends a chunk, or a trailer line (a blank one ends the response)."""
+    if state == _CHUNK_CRLF:
+        if not blank:
+            raise ValueError("chunk not followed by CRLF")
+        return _CHUNK_SIZE
+    return _DONE if blank else _TRAILER
+
+
+class _Connection(asyncio.BufferedProtocol):
+    """An HTTP/1.1 connection that parses responses as bytes arrive (no pipelining).
+
+    A buffered protocol, because a plain one makes asyncio allocate a fresh 256 KiB bytes
+    object for every read: that alone costs several times the parsing of a streamed token.
+    """
+
+    def __init__(self, clock: Clock) -> None:
+        self._read_buffer = memoryview(bytearray(_READ_BUFFER_BYTES))
+        self.clock = clock
+        self.transport: asyncio.Transport | None = None
+        self.exchange: Exchange | None = None
+        self.closed = False
+        self.keep_alive = True
+        self._state = _HEAD
+        self._buf = b""
+        self._remaining = 0
+
+    # asyncio.Protocol -------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        exchange = self.exchange
+        if exchange is None:
+            return
+        if self._state == _UNTIL_CLOSE:
+            try:
+                self._finish(self.clock())
+            except PARSE_ERRORS as err:  # never leave the request waiting for its timeout
+                exchange.on_error(f"malformed response: {type(err).__name__}: {err}", MALFORMED)
+        elif exchange.got_bytes:
+            exchange.on_error("connection closed mid-response", CONNECTION_CLOSED)
+        else:
+            exchange.on_error("connection closed before a response", CONNECTION_CLOSED)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._read_buffer
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.data_received(self._read_buffer[:nbytes].tobytes())
+
+    def data_received(self, data: bytes) -> None:
+        t = self.clock()
+        exchange = self.exchange
+        if exchange is None:  # bytes nobody asked for: the connection cannot be trusted
+            self.close()
+            return
+        exchange.got_bytes = True
+        try:
+            if self._state == _HEAD:
+                data = self._parse_head(data, t)
+            if data and self.exchange is not None:
+                self._feed_body(data, t)
+        except PARSE_ERRORS as err:
+            # whatever the server sent cannot be read as HTTP + SSE + JSON: fail this request
+            exchange.on_error(f"malformed response: {type(err).__name__}: {err}", MALFORMED)
+            self.exchange = None
+            self.close()
+
+    # requests --------------------------------------------------------------------------
+    def start(self, request: bytes, exchange: Exchange) -> None:
+        self.exchange = exchange
+        self._state = _HEAD
+        self._buf = b""
+        assert self.transport is not None
+        self.transport.write(request)
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+    # parsing ---------------------------------------------------------------------------
+    def _parse_head(self, data: bytes, t: float) -> bytes:
+        buf = self._buf + data
+        end = buf.find(b"\r\n\r\n")
+        if end < 0:
+            if len(buf) > _MAX_HEAD_BYTES:
+                raise ValueError(f"response head larger than {_MAX_HEAD_BYTES} bytes")
+            self._buf = buf
+            return b""
+        lines = buf[:end].decode("latin-1").split("\r\n")
+        version, status = lines[0].split(" ", 2)[:2]
+        if status.startswith("1") and status != "101":
+            # An interim answer (100 Continue, 103 Early Hints): the response follows it.
+            self._buf = b""
+            return self._parse_head(buf[end + 4 :], t)
+        headers = {}
+        for line in lines[1:]:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+        connection = headers.get("connection", "").lower()
+        self.keep_alive = version == "HTTP/1.1" and connection != "close"
+        if "chunked" in headers.get("transfer-encoding", "").lower():
+            self._state = _CHUNK_SIZE
+        elif "content-length" in headers:
+            self._state = _LENGTH
+            self._remaining = int(headers["content-length"])
+        else:
+            self._state = _UNTIL_CLOSE
+            self.keep_alive = False
+        self._buf = b""
+        assert self.exchange is not None
+        self.exchange.on_head(int(status), t)
+        rest = buf[end + 4 :]
+        if self._state == _LENGTH and self._remaining == 0:
+            self._finish(t)
+        return rest
+
+    def _feed_body(self, data: bytes, t: float) -> None:
+        state = self._state
+        if state == _LENGTH:
+            take = data[: self._remaining]
+            self._remaining -= len(take)
+            assert self.exchange is not None
+            self.exchange.on_body(take, t)
+            if self._remaining == 0:
+                self._finish(t)
+        elif state == _UNTIL_CLOSE:
+            assert self.exchange is not None
+            self.exchange.on_body(data, t)
+        else:
+            self._feed_chunked(data, t)
+
+    def _feed_chunked(self, data: bytes, t: float) -> None:
+        buf = self._buf + data if self._buf else data
+        size_of = len(buf)
+        pos = 0
+        pieces = []
+        state = self._state
+        while pos < size_of and state != _DONE:
+            if state == _CHUNK_SIZE:
+                eol = buf.find(b"\r\n", pos)
+                if eol < 0:
+                    break
+                size = _chunk_size(buf[pos:eol])
+                pos = eol + 2
+                end = pos + size
+                if size == 0:
+                    state = _TRAILER
+                elif end + 2 <= size_of:  # the whole chunk is here: the usual case
+                    if buf[end : end + 2] != b"\r\n":
+                        raise ValueError("chunk not followed by CRLF")
+                    pieces.append(buf[pos:end])
+                    pos = end + 2
+                else:
+                    self._remaining = size
+                    state = _CHUNK_DATA
+            elif state == _CHUNK_DATA:
+                take = min(self._remaining, size_of - pos)
+                pieces.append(buf[pos : pos + take])
+                pos += take
+                self._remaining -= take
+                if self._remaining == 0:
+                    state = _CHUNK_CRLF
+            else:  # the CRLF after a chunk, or trailer lines up to a blank one
+                eol = buf.find(b"\r\n", pos)
+                if eol < 0:
+                    break
+                state = _line_after_chunk(state, blank=eol == pos)
+                pos = eol + 2
+        self._state = state
+        self._buf = buf[pos:]
+        self._deliver(pieces, t)
+
+    def _deliver(self, pieces: list[bytes], t: float) -> None:
+        """Hand the body bytes of one read over at once, then end the response if it ended."""
+        if pieces:
+            assert self.exchange is not None
+            self.exchange.on_body(pieces[0] if len(pieces) == 1 else b"".join(pieces), t)
+        if self._state == _DONE:
+            self._finish(t)
+
+    def _finish(self, t: float) -> None:
+        exchange = self.exchange
+        self.exchange = None
+        self._state = _HEAD
+        if not self.keep_alive:
+            self.close()
+        if exchange is not None:
+            exchange.on_end(t)
+
+
+def shown_url(url: str) -> str:
+    """The URL as messages print it: a password in it is never shown."""
+    scheme, sep, rest = url.partition("://")
+    netloc, slash, path = rest.partition("/")
+    if "@" in netloc:
+        netloc = "***@" + netloc.rpartition("@")[2]
+    return f"{scheme}{sep}{netloc}{slash}{path}" if sep else url
+
+
+def split_url(url: str) -> tuple[Any, int]:
+    """(urlsplit result, port); ValueError with a message that names --url."""
+    shown = shown_url(url)
+    if not url.isascii() or not url.isprintable():
+        raise ValueError(
+            f"--url must be printable ASCII (an international host name in its xn-- form), "
+            f"got {shown!r}"
+        )
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as err:
+        raise ValueError(f"--url {shown!r} cannot be read: {err}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"--url must look like http://HOST:PORT, got {shown!r}")
+    return parts, port or (443 if parts.scheme == "https" else 80)
+
+
+def api_key_problem(key: str) -> str | None:
+    """What keeps the key out of an HTTP header, or None. Never quotes the key."""
+    if key != key.strip():
+        return "begins or ends with white space, which HTTP drops from a header"
+    for position, char in enumerate(key, start=1):
+        code = ord(char)
+        if code > 0xFF or code < 0x20 or 0x7F <= code <= 0x9F:
+            return (
+                f"has a character at position {position} that an HTTP header cannot carry "
+                "(allowed: printable Latin-1 characters)"
+            )
+    return None
+
+
+class HttpClient:
+    """Connection pool for one server: connections are reused while the server keeps them."""
+
+    def __init__(self, url: str, api_key: str | None, clock: Clock, timeout: float) -> None:
+        parts, port = split_url(url)
+        problem = api_key_problem(api_key) if api_key else None
+        if problem:
+            raise ValueError(f"the API key {problem}")
+        self.host = parts.hostname or ""
+        self.port = port
+        self.ssl = ssl.create_default_context() if parts.scheme == "https" else None
+        self.base_path = parts.path.rstrip("/")
+        self.clock = clock
+        self.timeout = timeout
+        self._idle: list[_Connection] = []
+        host_header = parts.netloc.rpartition("@")[2]
+        auth = f"Authorization: Bearer {api_key}\r\n" if api_key else ""
+        self._common_headers = f"Host: {host_header}\r\n{auth}User-Agent: sglang-fleet-smoke\r\n"
+
+    async def _connect(self) -> _Connection:
+        """A new connection; a host that never answers the SYN fails at the request timeout."""
+        loop = asyncio.get_running_loop()
+        connecting = loop.create_connection(
+            lambda: _Connection(self.clock), self.host, self.port, ssl=self.ssl
+        )
+        try:
+            _, conn = await asyncio.wait_for(connecting, self.timeout)
+        except asyncio.TimeoutError:
+            raise OSError(f"no connection within {self.timeout:g} s") from None
+        return conn
+
+    def request_bytes(self, method: str, path: str, body: bytes | None) -> bytes:
+        head = f"{method} {self.base_path}{path} HTTP/1.1\r\n{self._common_headers}"
+        if body is None:
+            return (head + "\r\n").encode("latin-1")
+        head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        return head.encode("latin-1") + body
+
+    async def _connection(self) -> tuple[_Connection, bool]:
+        while self._idle:
+            conn = self._idle.pop()
+            if not conn.closed:
+                return conn, True
+        return await self._connect(), False
+
+    async def send(
+        self, request: bytes, exchange: Exchange, before_send: Callable[[], None]
+    ) -> None:
+        """Run one exchange; sets ``exchange.error`` instead of raising for request failures.
+
+        A reused keep-alive connection that the server closed meanwhile fails before any byte
+        comes back: that request is sent once more on a fresh connection.
+        """
+        for attempt in range(2):
+            try:
+                conn, reused = await self._connection()
+            except OSError as err:
+                exchange.on_error(f"connect failed: {os_reason(err)}", CONNECT_FAILED)
+                return
+            before_send()
+            conn.start(request, exchange)
+            timer = asyncio.get_running_loop().call_later(
+                self.timeout, self._expire, conn, exchange
+            )
+            try:
+                await exchange.done
+            finally:
+                timer.cancel()
+            stale = reused and exchange.error is not None and not exchange.got_bytes
+            if stale and attempt == 0 and exchange.reason != TIMEOUT:
+                exchange.error = exchange.reason = None
+                exchange.done = asyncio.get_running_loop().create_future()
+                continue
+            # A wrong answer that ended cleanly (short output, ...) leaves a usable connection.
+            if conn.exchange is None and conn.keep_alive and not conn.closed:
+                self._idle.append(conn)
+            elif not conn.closed:
+                conn.close()
+            return
+
+    def _expire(self, conn: _Connection, exchange: Exchange) -> None:
+        conn.exchange = None
+        conn.close()
+        exchange.on_error("timeout", TIMEOUT)
+
+    async def get(self, path: str) -> tuple[int, bytes]:
+        """GET a small document; raises OSError (with a reason) when that fails."""
+        conn = await self._connect()
+        exchange = Exchange()
+        conn.start(self.request_bytes("GET", path, None), exchange)
+        # small documents; a server that sits on one must not hold up the run's end
+        wait = min(self.timeout, _GET_TIMEOUT_S)
+        try:
+            await asyncio.wait_for(exchange.done, wait)
+        except asyncio.TimeoutError:
+            raise OSError(f"no answer within {wait:g} s") from None
+        finally:
+            conn.close()
+        if exchange.error is not None:
+            raise OSError(exchange.error)
+        return exchange.status, bytes(exchange.body)
+
+    def close(self) -> None:
+        for conn in self._idle:
+            conn.close()
+        self._idle.clear()

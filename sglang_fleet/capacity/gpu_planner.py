@@ -1,0 +1,527 @@
+"""The capacity plan of a GPU server: KV pool, out-of-memory risk, HiCache, throughput bound.
+
+Memory model (SGLang 0.5.23, see kv_cache.py): pre = free GiB before weights load, post =
+free GiB after; rest = post - pre * (1 - mem_fraction_static); max_total_num_tokens =
+rest / cell_size. Without a calibration pre = GPU total - CUDA_CONTEXT_GIB and
+post = pre - weights / tp. A calibration (args `calibration`: records the deploy stored on
+the host, see sglang_fleet/capacity/calibration.py and docs/CALIBRATION.md; or `calibration_log`:
+the text of an earlier server log) that matches the flag set replaces the estimates with what
+SGLang measured; one that does not match is a `calibration_mismatch` warning.
+
+Out-of-memory risk of a high mem_fraction_static (the memory left outside the static pool
+must hold CUDA graphs and the activations of the largest prefill):
+- without calibration: warn above the fraction SGLang 0.5.23 would choose for this GPU size,
+  model and tp (its own reserve estimate; conservative by design);
+- with calibration: free memory after CUDA graph capture is predicted from the measured
+  figure (the static pool grows by (new - calibrated fraction) * pre; graph memory by
+  SGLang's estimate when batch sizes change), and below MIN_FREE_AFTER_GRAPH_GIB
+  (planner_inputs.py) it is an **error** naming the prediction, the margin and the highest
+  fraction that keeps it. `calibration_mode: warn` makes it a warning (the operator overrules
+  it), `ignore` plans with estimates only.
+
+GpuPlanner is also the CPU planner's base (cpu_planner.py): the layout, dtype, context and
+throughput checks are the same on both devices.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sglang_fleet.capacity import attention_dp, calibration, kv_cache, logged_flags
+from sglang_fleet.capacity.model_config import ModelConfigError, model_shape
+from sglang_fleet.capacity.noop_flags import noop_flag_issues
+from sglang_fleet.capacity.planner_inputs import (
+    PlanInputError,
+    check_inputs,
+    check_weight_bytes,
+    log_calibration,
+    merge_args,
+    typed_host,
+)
+from sglang_fleet.capacity.server_log import Calibration
+
+# Decode speed of one request when neither the caller nor a calibration log says: the
+# Kimi job's server decoded ~600 tok/s over ~50 running requests. A guess for other models.
+DEFAULT_PER_REQUEST_TOK_S = 12.0
+
+
+def issue(code: str, message: str) -> dict[str, str]:
+    """A plan's warning or error: its code and its message."""
+    return {"code": code, "message": message}
+
+
+class GpuPlanner:
+    """One planning run of a GPU server; collects warnings and errors while it computes."""
+
+    def __init__(
+        self, config: dict[str, Any], weight_bytes: int, args: dict[str, Any], host: dict[str, Any]
+    ):
+        self.a = merge_args(args)
+        self.host = typed_host(host)
+        check_inputs(self.a)
+        try:
+            self.shape = model_shape(config)
+        except ModelConfigError as exc:
+            raise PlanInputError(str(exc), "model_config") from exc
+        self.weight_bytes = check_weight_bytes(weight_bytes)
+        self.warnings: list[dict[str, str]] = []
+        self.errors: list[dict[str, str]] = []
+        # Store entries no plan may use (damaged, or no calibration): named, not a warning,
+        # so a damaged store never blocks a deploy whose warnings are fatal.
+        self.calibration_set_aside: list[str] = []
+        # The calibration log's own flags, each with the line it came from.
+        self.calibration_log_flags: list[str] = []
+        self.layout = self._layout()
+        self.tp = self.layout.tp_size
+        self.dp = self.layout.dp_size
+        self.attn_dp = self.layout.attn_dp_size
+        self.weights = attention_dp.weight_layout(config, self.shape, self.weight_bytes)
+        self.extra_weight_gib = attention_dp.extra_weight_gib(self.weights, self.tp, self.attn_dp)
+        self.dtype = str(self.a["kv_cache_dtype"])
+        self.gpu_mib = float(self.host["gpu_memory_mib"])
+        self.cal = log_calibration(self.a)
+        self.defaults = kv_cache.sglang_default_mem_fraction(
+            self.gpu_mib,
+            self.shape,
+            self.tp,
+            chunked_prefill_size=self.a["chunked_prefill_size"],
+            max_running_requests=self.a["max_running_requests"],
+            attn_dp_size=self.attn_dp,
+            cuda_graph_max_bs_decode=self.a["cuda_graph_max_bs_decode"]
+            if self.attn_dp > 1
+            else None,
+        )
+        given = self.a["mem_fraction_static"]
+        self.fraction = float(given) if given is not None else self.defaults.mem_fraction_static
+        self.calibration = self._apply_calibration(config, weight_bytes)
+        self.prediction = self.calibration.prediction if self.calibration else None
+        self.pre, self.post = self._free_memory()
+
+    def _layout(self) -> attention_dp.Layout:
+        """tp, attention DP and replicas as SGLang resolves them (both flag spellings)."""
+        a = self.a
+        try:
+            layout = attention_dp.resolve_layout(
+                int(a["tp_size"]), int(a["dp_size"]), a["attn_dp_size"], a["enable_dp_attention"]
+            )
+        except attention_dp.LayoutError as exc:
+            raise PlanInputError(str(exc), exc.argument) from exc
+        if layout.attn_dp_size > 1 and a["cuda_graph_max_bs_decode"] is None:
+            self.warnings.append(
+                issue(
+                    "attn_dp_graph_batch",
+                    f"Attention DP {layout.attn_dp_size} without --cuda-graph-max-bs-decode: "
+                    "SGLang captures decode graphs up to its default batch (512 on a GPU of "
+                    "this class) and reserves batch x attn_dp x 4.5 MiB for them. Set it to the "
+                    "batch one rank runs (attention_dp_layouts gives one per layout).",
+                )
+            )
+        if layout.deprecated_spelling:
+            self.warnings.append(
+                issue("deprecated_enable_dp_attention", attention_dp.deprecation_message(layout))
+            )
+        return layout
+
+    # --- calibration -----------------------------------------------------------------
+    def _calibration_flags(self) -> dict[str, Any]:
+        """The flag set as SGLang will see it: the server's flags under the planner's."""
+        flags = dict(self.a["server_flags"] or {})
+        for key in (
+            "tp_size",
+            "dp_size",
+            "kv_cache_dtype",
+            "chunked_prefill_size",
+            "max_running_requests",
+            "context_length",
+            "page_size",
+            "cuda_graph_max_bs_decode",
+        ):
+            if self.a[key] is not None:
+                flags[key] = self.a[key]
+        flags.pop("enable_dp_attention", None)
+        flags |= {"dp_size": self.dp, "attn_dp_size": self.attn_dp}
+        flags["mem_fraction_static"] = self.fraction
+        return flags
+
+    def _calibration_records(self) -> list[dict]:
+        """Records given as data, plus one built from the calibration log (parsed once, in
+        self.cal); the entries of the store no plan may use are named in
+        calibration_set_aside (calibration.read_store)."""
+        read = calibration.read_store(self.a["calibration"])
+        records = read.records
+        self.calibration_set_aside += [entry.describe() for entry in read.set_aside]
+        if self.cal is not None:
+            logged = {"logged_flags": self._logged_run_flags(self.cal)}
+            try:
+                records.append(calibration.build_record(self.cal, None, logged))
+            except calibration.CalibrationError as exc:
+                self.warnings.append(
+                    issue(
+                        "calibration_incomplete",
+                        f"The calibration log is incomplete: {exc}; using estimates instead.",
+                    )
+                )
+        return records
+
+    def _logged_run_flags(self, cal: Calibration) -> dict[str, Any]:
+        """The logged run's own flags (sglang_fleet.capacity.logged_flags): what the log or the
+        operator
+        states (`calibration_log_flags`), checked against its lines, the rest inferred from
+        them, each named with its source in calibration_log_flags; never the flags being
+        planned. A flag that matters and that nothing fixes refuses the log."""
+        if not cal.has_memory:
+            return {}  # build_record names what is missing
+        stated = self.a["calibration_log_flags"] or {}
+        run = logged_flags.infer(cal, self.shape, self.weights, stated=stated)
+        if run.unknown:
+            names = ", ".join(run.unknown)
+            raise PlanInputError(
+                f"the calibration log does not say which {names} it ran with, and its lines "
+                "cannot fix it: give the logged run's value with --logged-flag NAME=VALUE (the "
+                "planner's own flags describe the plan, not the log)",
+                "calibration_log",
+            )
+        for problem in run.disagreements:
+            self.warnings.append(
+                issue("calibration_flags_disagree", f"The calibration log disagrees: {problem}.")
+            )
+        self.calibration_log_flags += run.describe()
+        return run.flags
+
+    def _apply_calibration(
+        self, config: dict[str, Any], weight_bytes: int
+    ) -> calibration.Applied | None:
+        records = self._calibration_records()
+        if not records:
+            return None
+        host = {
+            "gpu_memory_mib": self.gpu_mib,
+            "gpu_name": self.host.get("gpu_name"),
+            "sglang_version": self.a["sglang_version"],
+            "model_fingerprint": calibration.model_fingerprint(config, weight_bytes),
+            "architecture": self.shape.architecture,
+        }
+        try:
+            applied = calibration.apply(
+                records,
+                self._calibration_flags(),
+                host,
+                self.shape,
+                margin_gib=float(self.a["min_free_after_graph_gib"]),
+                mode=str(self.a["calibration_mode"]),
+                flags_complete=self.a["server_flags"] is not None,
+                extra_weight_gib=lambda n: attention_dp.extra_weight_gib(self.weights, self.tp, n),
+            )
+        except calibration.CalibrationError as exc:
+            raise PlanInputError(str(exc)) from exc
+        self.warnings += applied.warnings
+        self.errors += applied.errors
+        return applied
+
+    def _free_memory(self) -> tuple[float, float]:
+        if self.prediction is not None:
+            return self.prediction.pre_gib, self.prediction.post_gib
+        pre = kv_cache.estimate_pre_gib(self.gpu_mib)
+        post = kv_cache.estimate_post_gib(pre, self.weight_bytes, self.tp)
+        return pre, post - self.extra_weight_gib
+
+    # --- KV budget -------------------------------------------------------------------
+    def kv_tokens(self, cell: int) -> tuple[float, int]:
+        if self.prediction is not None:
+            rest = self.prediction.kv_budget_gib
+            tokens = self.prediction.max_total_num_tokens
+        else:
+            reserve = kv_cache.multimodal_reserve_gib(self.shape)
+            rest = kv_cache.rest_gib(self.pre, self.post, self.fraction, reserve)
+            tokens = kv_cache.max_total_num_tokens(rest, cell, int(self.a["page_size"]))
+        if self.a["max_total_tokens"] is not None:
+            # SGLang caps the pool it computed at --max-total-tokens.
+            tokens = min(tokens, int(self.a["max_total_tokens"]))
+        if rest <= 0:
+            self._not_enough_memory(rest)
+        return rest, tokens
+
+    def _not_enough_memory(self, rest: float) -> None:
+        needed = kv_cache.min_mem_fraction_for_kv(self.pre, self.post)
+        self.errors.append(
+            issue(
+                "not_enough_memory",
+                f"Not enough memory. Please try to increase --mem-fraction-static: at "
+                f"{self.fraction:.3f} the KV cache gets {rest:.2f} GiB per GPU (weights leave "
+                f"{self.post:.2f} of {self.pre:.2f} GiB free); it must be above {needed:.3f}, "
+                "or use more GPUs (tp) or a smaller model.",
+            )
+        )
+
+    # --- out-of-memory risk ----------------------------------------------------------
+    def free_after_graph(self) -> float | None:
+        return None if self.prediction is None else self.prediction.free_after_graph_gib
+
+    def max_safe_fraction(self) -> float:
+        if self.prediction is None:
+            return self.defaults.mem_fraction_static
+        return self.prediction.max_safe_mem_fraction_static
+
+    def check_oom_risk(self) -> None:
+        if self.prediction is not None:
+            return  # calibration.apply judged the measured figure (error or warning)
+        default = self.defaults.mem_fraction_static
+        if self.fraction > default + 1e-9:
+            self.warnings.append(
+                issue(
+                    "oom_risk_mem_fraction",
+                    f"mem_fraction_static {self.fraction:.3f} is above {default:.3f}, the fraction "
+                    f"SGLang 0.5.23 would choose itself for a {self.gpu_mib:.0f} MiB GPU with this "
+                    f"model at tp={self.tp} (it keeps {self.defaults.reserved_mib:.0f} MiB for "
+                    "activations and CUDA graphs): risk of CUDA out of memory during CUDA graph "
+                    "capture or a large prefill. SGLang's estimate is conservative; calibrate "
+                    "with a run of this model (--calibration or --calibrate-from) for a "
+                    "measured limit.",
+                )
+            )
+
+    # --- HiCache, GPUs, dtype, context ----------------------------------------------
+    def check_hicache(self, device_pool_gib: float) -> float:
+        a = self.a
+        if not a["enable_hierarchical_cache"]:
+            return 0.0
+        host_ram = self.host.get("host_ram_gib")
+        ranks = self.tp * self.dp
+        per_rank = kv_cache.hicache_host_gib_per_rank(
+            a["hicache_size"] or None,
+            a["hicache_ratio"],
+            max(device_pool_gib, 0.0),
+            float(host_ram or 0),
+            ranks,
+        )
+        total = per_rank * ranks
+        self.warnings.append(
+            issue(
+                "hicache_no_decode_slots",
+                "HiCache spills evicted prefix-cache entries to host RAM; it adds no decode "
+                "slots (a running request's KV must be on the GPU). To decode more requests at "
+                "once use a smaller KV dtype (fp8), more GPU memory for KV, more GPUs, or "
+                "for an MLA model attention data parallelism (--attn-dp-size: one KV pool per "
+                "rank; attention_dp_layouts).",
+            )
+        )
+        if host_ram is None:
+            self.warnings.append(
+                issue(
+                    "host_ram_unknown",
+                    "host_ram_gib is not known: the HiCache host pool is not checked.",
+                )
+            )
+        elif total + kv_cache.HICACHE_HOST_RESERVE_GIB > float(host_ram):
+            size_note = f"{a['hicache_size']} GB per rank" if a["hicache_size"] else "the pool size"
+            self.errors.append(
+                issue(
+                    "hicache_host_ram",
+                    f"HiCache host pool is per rank: {size_note} x {ranks} ranks = "
+                    f"{total:.1f} GiB, "
+                    f"plus SGLang's {kv_cache.HICACHE_HOST_RESERVE_GIB:.0f} GiB reserve, exceeds "
+                    "the "
+                    f"host's {float(host_ram):.1f} GiB RAM (Not enough host memory available). "
+                    f"At most {self._max_hicache_gb(float(host_ram), ranks)} GB per rank fits.",
+                )
+            )
+        if 0 < per_rank <= device_pool_gib:
+            self.warnings.append(
+                issue(
+                    "hicache_smaller_than_device",
+                    f"The HiCache host pool ({per_rank:.1f} GiB per rank) is not larger than the "
+                    f"GPU KV pool ({device_pool_gib:.1f} GiB): it can hold little beyond what the "
+                    "GPU already caches.",
+                )
+            )
+        return total
+
+    @staticmethod
+    def _max_hicache_gb(host_ram_gib: float, ranks: int) -> int:
+        spare = max(0.0, host_ram_gib - kv_cache.HICACHE_HOST_RESERVE_GIB)
+        return int(spare * kv_cache.GIB / ranks // kv_cache.GB)
+
+    def check_gpus(self) -> None:
+        count = self.host.get("gpu_count")
+        if count is not None and self.tp * self.dp > int(count):
+            self.errors.append(
+                issue(
+                    "not_enough_gpus",
+                    f"tp_size {self.tp} x dp_size {self.dp} = {self.tp * self.dp} GPUs, "
+                    f"but the host has {count}.",
+                )
+            )
+
+    def check_dtype(self) -> None:
+        if self.dtype in kv_cache.FP8_DTYPES or self.dtype in kv_cache.FP4_DTYPES:
+            ratio = kv_cache.elem_bytes("bf16") / kv_cache.elem_bytes(self.dtype)
+            self.warnings.append(
+                issue(
+                    "kv_dtype_quality",
+                    f"--kv-cache-dtype {self.dtype} stores KV in fewer bits: about "
+                    f"{float(ratio):g}x "
+                    "the tokens of bf16 (more concurrent decodes), at some cost in output "
+                    "quality. A trade-off the operator chooses: check quality on your task.",
+                )
+            )
+        if self.dtype in kv_cache.FP4_DTYPES and not self.shape.is_mla:
+            self.warnings.append(
+                issue(
+                    "fp4_cell_size_estimate",
+                    "FP4 KV for MHA models keeps recipe-specific scale buffers; the planned "
+                    "token count is an upper estimate.",
+                )
+            )
+
+    def check_context(self) -> None:
+        context = self.a["context_length"] or self.shape.context_length
+        per_request = self.a["avg_input_len"] + self.a["avg_output_len"]
+        if context and per_request > context:
+            self.warnings.append(
+                issue(
+                    "exceeds_context_length",
+                    f"avg_input_len + avg_output_len = {per_request} exceeds the context "
+                    f"length {context}.",
+                )
+            )
+
+    # --- throughput ------------------------------------------------------------------
+    def per_request_tok_s(self) -> tuple[float, str]:
+        if self.a["per_request_tok_s"]:
+            return float(self.a["per_request_tok_s"]), "argument"
+        if self.cal is not None and (speed := self.cal.per_request_tok_s()):
+            return speed, "calibration log"
+        return DEFAULT_PER_REQUEST_TOK_S, "default guess"
+
+    def concurrency(self, tokens: int) -> int:
+        """Concurrent decodes of the whole server; `tokens` is one rank's pool."""
+        tokens_per_request = self.a["avg_input_len"] + self.a["avg_output_len"]
+        fit = tokens // tokens_per_request
+        context = self.a["context_length"] or self.shape.context_length
+        asked = self.a["max_running_requests"]
+        # SGLang divides --max-running-requests over the attention-DP ranks.
+        cap = (
+            max(1, asked // self.attn_dp)
+            if asked
+            else kv_cache.sglang_default_max_running_requests(tokens, context)
+        )
+        # Each attention-DP rank and each data-parallel replica has its own KV pool and
+        # scheduler.
+        return min(fit, cap) * self.layout.pools
+
+    def roofline(self, concurrent: int, cell: int) -> dict[str, Any]:
+        """The decode roofline at the planned concurrency (docs/ATTENTION-DP.md)."""
+        given = self.a["gpu_memory_bandwidth_gbs"]
+        if given:
+            bandwidth, source = float(given), "gpu_memory_bandwidth_gbs"
+        else:
+            bandwidth, key = attention_dp.gpu_bandwidth_gbs(self.host.get("gpu_name"))
+            source = f"table: {key}" if key else ""
+        if bandwidth is None:
+            return {
+                "tok_s": None,
+                "reason": f"memory bandwidth of GPU {self.host.get('gpu_name')!r} unknown: "
+                "set gpu_memory_bandwidth_gbs (--gpu-memory-bandwidth-gbs)",
+            }
+        context = self.a["avg_input_len"] + self.a["avg_output_len"] // 2
+        line = attention_dp.decode_roofline(
+            self.weights,
+            self.layout,
+            batch=concurrent,
+            context_tokens=context,
+            cell_size_bytes=cell,
+            bandwidth_gbs=bandwidth,
+            bandwidth_source=source,
+        )
+        if line is None:
+            return {"tok_s": None, "reason": "no request fits: no decode step to bound"}
+        return line.as_dict()
+
+    def layout_row(self, tokens: int, concurrent: int, speed: float, rest: float) -> dict:
+        free = self.free_after_graph()
+        margin = None if self.prediction is None else self.prediction.margin_gib
+        return {
+            "tp_size": self.tp,
+            "attn_dp_size": self.attn_dp,
+            "attn_tp_size": self.layout.attn_tp_size,
+            "dp_size": self.dp,
+            "kv_pools": self.layout.pools,
+            "weights_per_gpu_gib": round(self.post_weights_gib(), 2),
+            "extra_weights_per_gpu_gib": round(self.extra_weight_gib, 2),
+            "kv_pool_per_rank_gib": round(max(rest, 0.0), 2),
+            "kv_tokens_per_rank": tokens,
+            "total_kv_tokens": tokens * self.layout.pools,
+            "max_concurrent_requests": concurrent,
+            "kv_bound_output_tok_s": round(concurrent * speed, 1),
+            "free_after_graph_gib_per_rank": None if free is None else round(free, 2),
+            "oom_margin_gib_per_rank": None
+            if free is None or margin is None
+            else round(free - margin, 2),
+            "cuda_graph_max_bs_decode": self.a["cuda_graph_max_bs_decode"],
+            "chunked_prefill_size_per_rank": self.chunk_per_rank(),
+        }
+
+    def post_weights_gib(self) -> float:
+        """Weights per GPU: measured (calibrated) or the checkpoint's share, plus the layout's."""
+        return self.pre - self.post
+
+    def chunk_per_rank(self) -> int:
+        """SGLang divides chunked_prefill_size by the attention-DP size."""
+        chunk = self.a["chunked_prefill_size"] or self.defaults.chunked_prefill_size
+        return chunk // self.attn_dp if chunk > 0 else chunk
+
+    def run(self) -> dict[str, Any]:
+        cell = kv_cache.cell_size_bytes(self.shape, self.dtype, self.layout.attn_tp_size)
+        rest, tokens = self.kv_tokens(cell)
+        self.check_gpus()
+        self.check_oom_risk()
+        hicache_total = self.check_hicache(rest)
+        self.check_dtype()
+        self.check_context()
+        self.warnings += noop_flag_issues(self.a["server_flags"], self.a["sglang_version"])
+        concurrent = self.concurrency(tokens)
+        speed, speed_source = self.per_request_tok_s()
+        free_after_graph = self.free_after_graph()
+        row = self.layout_row(tokens, concurrent, speed, rest)
+        return {
+            "cell_size_bytes": cell,
+            # One attention-DP rank's pool (what SGLang logs as max_total_num_tokens).
+            "max_total_num_tokens": tokens,
+            "kv_tokens_per_rank": tokens,
+            "total_kv_tokens": row["total_kv_tokens"],
+            "layout": row,
+            "decode_roofline": self.roofline(concurrent, cell),
+            "max_concurrent_requests": concurrent,
+            "kv_bound_output_tok_s": round(concurrent * speed, 1),
+            "headroom_gib": round(kv_cache.headroom_gib(self.pre, self.fraction), 2),
+            "hicache_host_gib_total": round(hicache_total, 2),
+            "warnings": self.warnings,
+            "errors": self.errors,
+            "details": {
+                "attention": self.shape.attention,
+                "architecture": self.shape.architecture,
+                "kv_cache_dtype": self.dtype,
+                "mem_fraction_static": round(self.fraction, 4),
+                "sglang_default_mem_fraction_static": round(self.defaults.mem_fraction_static, 4),
+                "max_safe_mem_fraction_static": round(self.max_safe_fraction(), 4),
+                "pre_gib": round(self.pre, 2),
+                "post_gib": round(self.post, 2),
+                "kv_pool_gib": round(max(rest, 0.0), 2),
+                "free_after_graph_gib": None
+                if free_after_graph is None
+                else round(free_after_graph, 2),
+                "calibrated": self.prediction is not None,
+                "calibration": None if self.calibration is None else self.calibration.reason,
+                "calibration_notes": [] if self.prediction is None else self.prediction.notes,
+                "calibration_set_aside": self.calibration_set_aside,
+                "calibration_log_flags": self.calibration_log_flags,
+                "free_after_graph_margin_gib": None
+                if self.prediction is None
+                else round(self.prediction.margin_gib, 2),
+                "tokens_per_request": self.a["avg_input_len"] + self.a["avg_output_len"],
+                "per_request_tok_s": round(speed, 2),
+                "per_request_tok_s_source": speed_source,
+                "dp_size": self.dp,
+                "attn_dp_size": self.attn_dp,
+            },
+        }

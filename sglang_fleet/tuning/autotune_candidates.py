@@ -1,0 +1,92 @@
+"""An autotune search's candidates: the grid of the operator's lists (SPACE_FLAGS) over the
+server's flags, each candidate as the whole flag set a trial starts the server with, and what
+SGLang adjusts by itself under attention DP.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+from typing import Any
+
+from sglang_fleet.capacity import attention_dp
+from sglang_fleet.tuning.autotune_inputs import PER_RANK_CHUNK, SPACE_FLAGS, as_float
+
+# SGLang multiplies schedule_conservativeness by this under attention DP (parallel_hook).
+ATTN_DP_CONSERVATIVENESS = 0.3
+
+
+def grid(base: Mapping[str, Any], space: Mapping[str, list]) -> list[dict[str, Any]]:
+    """Every combination of the space's lists as a pending candidate over the base flags."""
+    names = [n for n in SPACE_FLAGS if n in space]
+    candidates = []
+    for index, values in enumerate(itertools.product(*(space[n] for n in names))):
+        tuned = _as_sglang_flags(base, dict(zip(names, values, strict=True)))
+        candidates.append(
+            {
+                "id": f"c{index:03d}",
+                "tuned": tuned,
+                "changes": sum(1 for k, v in tuned.items() if _differs(base.get(k), v)),
+                "status": "pending",
+                "prune": None,
+                "predicted": None,
+            }
+        )
+    return candidates
+
+
+def attn_dp_of(flags: Mapping[str, Any]) -> int:
+    """The attention-DP size a flag set runs (both spellings, as SGLang resolves them)."""
+    try:
+        return attention_dp.resolve_layout(
+            int(flags.get("tp_size") or 1),
+            int(flags.get("dp_size") or 1),
+            int(flags.get("attn_dp_size") or 1),
+            str(flags.get("enable_dp_attention")).lower() in ("true", "1", "yes"),
+        ).attn_dp_size
+    except (attention_dp.LayoutError, TypeError, ValueError):
+        return int(flags.get("attn_dp_size") or 1)  # the planner names the problem
+
+
+def _as_sglang_flags(base: Mapping[str, Any], point: dict[str, Any]) -> dict[str, Any]:
+    """A grid point as the flags a trial overlays on the server's (real SGLang flags only):
+    a per-rank chunk becomes chunked_prefill_size x attn_dp_size, and a candidate attention-DP
+    size replaces the deprecated spelling of the server's flags."""
+    tuned = dict(point)
+    if "attn_dp_size" in tuned and str(base.get("enable_dp_attention")).lower() == "true":
+        tuned |= {"enable_dp_attention": False, "dp_size": 1}
+    per_rank = tuned.pop(PER_RANK_CHUNK, None)
+    if per_rank is not None:
+        ranks = attn_dp_of(dict(base) | tuned)
+        tuned["chunked_prefill_size"] = per_rank * ranks if per_rank > 0 else per_rank
+    return tuned
+
+
+def sglang_adjustments(flags: Mapping[str, Any], layout: Mapping[str, Any]) -> dict[str, Any]:
+    """What SGLang changes by itself under attention DP (parallel_hook, pool_configurator):
+    the prefill chunk and --max-running-requests are divided over the ranks, and
+    schedule_conservativeness is multiplied by 0.3 (the scheduler admits more eagerly, so
+    retractions are likelier). Empty without attention DP."""
+    ranks = int(layout["attn_dp_size"])
+    if ranks <= 1:
+        return {}
+    mrr = flags.get("max_running_requests")
+    return {
+        "attn_dp_size": ranks,
+        "chunked_prefill_size_per_rank": layout["chunked_prefill_size_per_rank"],
+        "max_running_requests_per_rank": None if mrr is None else max(1, int(mrr) // ranks),
+        "schedule_conservativeness": round(
+            float(flags.get("schedule_conservativeness") or 1.0) * ATTN_DP_CONSERVATIVENESS, 3
+        ),
+    }
+
+
+def _differs(current: Any, value: Any) -> bool:
+    if current is None:
+        return True
+    return str(current) != str(value) and as_float(current) != as_float(value)
+
+
+def candidate_flags(state: Mapping[str, Any], candidate: Mapping[str, Any]) -> dict[str, Any]:
+    """The whole flag set a trial starts the server with."""
+    return dict(state["base_flags"]) | dict(candidate.get("tuned") or {})

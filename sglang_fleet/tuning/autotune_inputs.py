@@ -1,0 +1,245 @@
+"""An autotune search's inputs, typed: the operator's space, workload, SLOs, tolerance and
+trial budget (docs/AUTOTUNE.md), and the host context every candidate's plan needs.
+
+Each problem raises AutotuneInputError naming the variable and what it allows; nothing here needs
+a host, so the playbook checks the inputs before it touches one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from sglang_fleet.capacity import kv_cache
+from sglang_fleet.capacity.noop_flags import NOOP_FLAGS
+
+SPACE_FLAGS = (
+    "mem_fraction_static",
+    "max_running_requests",
+    "chunked_prefill_size",
+    "kv_cache_dtype",
+    # Attention DP (docs/ATTENTION-DP.md) and the decode CUDA graph batch its ranks need.
+    "attn_dp_size",
+    "cuda_graph_max_bs_decode",
+    # The prefill chunk one attention-DP rank runs: the candidate's chunked_prefill_size is
+    # this x attn_dp_size, because SGLang divides the flag by the attention-DP size.
+    "chunked_prefill_size_per_rank",
+)
+PER_RANK_CHUNK = "chunked_prefill_size_per_rank"
+# KV dtypes that store as many bits as the model: no quality trade-off to opt into.
+LOSSLESS_KV_DTYPES = ("auto", "bf16", "bfloat16", "fp16", "float16")
+DEFAULT_TOLERANCE = 0.05
+MAX_CANDIDATES = 1024
+WORKLOAD_KEYS = ("input_len", "output_len", "concurrency", "num_prompts")
+# Bounds that keep every figure of a plan finite: no request is longer than 16 Mi tokens and no
+# job has more prompts or concurrency than that.
+MAX_WORKLOAD_VALUE = 1 << 24
+
+
+class AutotuneInputError(ValueError):
+    """The autotune inputs are invalid; the message names the variable and allowed values."""
+
+
+def _positive_int(value: Any, where: str, allow_minus_one: bool = False) -> int:
+    try:
+        number = int(value)
+        ok = not isinstance(value, bool) and float(value) == number
+    except (TypeError, ValueError):
+        ok = False
+    if not ok or not (number >= 1 or (allow_minus_one and number == -1)):
+        extra = " or -1 (disabled)" if allow_minus_one else ""
+        raise AutotuneInputError(f"{where}: {value!r} is not a positive integer{extra}")
+    return number
+
+
+def _fraction(value: Any, where: str) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if isinstance(value, bool) or not 0 < number < 1:
+        raise AutotuneInputError(f"{where}: {value!r} is not a fraction between 0 and 1")
+    return number
+
+
+def _kv_dtype(value: Any, where: str, allowed: list[str]) -> str:
+    text = str(value)
+    if text not in kv_cache.KV_ELEM_BYTES:
+        choices = ", ".join(sorted(kv_cache.KV_ELEM_BYTES))
+        raise AutotuneInputError(f"{where}: {text!r} is not a KV cache dtype ({choices})")
+    if text not in allowed:
+        raise AutotuneInputError(
+            f"{where}: {text} is not in autotune_kv_cache_dtypes_allowed "
+            f"({', '.join(allowed)}). fp8 and fp4 KV caches trade output quality for capacity: "
+            "add the dtype there to opt in."
+        )
+    return text
+
+
+def _space_values(name: str, values: Any, allowed_dtypes: list[str]) -> list[Any]:
+    where = f"autotune_space.{name}"
+    if not isinstance(values, list) or not values:
+        raise AutotuneInputError(f"{where} must be a non-empty list")
+    if name == "mem_fraction_static":
+        out: list[Any] = [_fraction(v, where) for v in values]
+    elif name == "kv_cache_dtype":
+        out = [_kv_dtype(v, where, allowed_dtypes) for v in values]
+    else:
+        chunk = name in ("chunked_prefill_size", PER_RANK_CHUNK)
+        out = [_positive_int(v, where, chunk) for v in values]
+    return list(dict.fromkeys(out))  # keep the operator's order, drop repeats
+
+
+def validate_space(space: Any, allowed_dtypes: Iterable[str] | None = None) -> dict[str, list]:
+    """The candidate space as typed lists; raises AutotuneInputError naming the variable."""
+    allowed = list(allowed_dtypes) if allowed_dtypes is not None else list(LOSSLESS_KV_DTYPES)
+    if not isinstance(space, Mapping) or not space:
+        raise AutotuneInputError(
+            f"autotune_space must be a mapping of lists, keys among {', '.join(SPACE_FLAGS)}"
+        )
+    noop = sorted(set(space) & set(NOOP_FLAGS))
+    if noop:
+        raise AutotuneInputError(
+            f"autotune_space: {', '.join(noop)} does nothing in SGLang 0.5.23 (declared, read "
+            "by no module; docs/SGLANG.md): trials over it would measure noise. Remove it; "
+            f"allowed keys: {', '.join(SPACE_FLAGS)}"
+        )
+    if PER_RANK_CHUNK in space and "chunked_prefill_size" in space:
+        raise AutotuneInputError(
+            f"autotune_space: give chunked_prefill_size or {PER_RANK_CHUNK}, not both (the "
+            "second is the first divided by attn_dp_size, as SGLang divides it)"
+        )
+    unknown = sorted(set(space) - set(SPACE_FLAGS))
+    if unknown:
+        raise AutotuneInputError(
+            f"autotune_space: unknown key(s) {', '.join(unknown)}; "
+            f"allowed: {', '.join(SPACE_FLAGS)}"
+        )
+    typed = {
+        name: _space_values(name, space[name], allowed) for name in SPACE_FLAGS if name in space
+    }
+    size = math.prod(len(v) for v in typed.values())
+    if size > MAX_CANDIDATES:
+        raise AutotuneInputError(
+            f"autotune_space spans {size} candidates; at most {MAX_CANDIDATES} are planned"
+        )
+    return typed
+
+
+def validate_workload(workload: Any) -> dict[str, int]:
+    if not isinstance(workload, Mapping):
+        raise AutotuneInputError(
+            "autotune_workload must be a mapping {input_len, output_len, concurrency, num_prompts}"
+        )
+    unknown = sorted(str(key) for key in workload if key not in WORKLOAD_KEYS)
+    if unknown:
+        raise AutotuneInputError(
+            f"autotune_workload: unknown key(s) {', '.join(unknown)}; "
+            f"allowed: {', '.join(WORKLOAD_KEYS)}"
+        )
+    out = {}
+    for name in ("input_len", "output_len", "concurrency"):
+        if workload.get(name) is None:
+            raise AutotuneInputError(f"autotune_workload.{name} is required")
+        out[name] = _bounded_int(workload[name], f"autotune_workload.{name}")
+    prompts = workload.get("num_prompts")
+    out["num_prompts"] = (
+        out["concurrency"]
+        if prompts is None
+        else _bounded_int(prompts, "autotune_workload.num_prompts")
+    )
+    return out
+
+
+def _bounded_int(value: Any, where: str) -> int:
+    number = _positive_int(value, where)
+    if number > MAX_WORKLOAD_VALUE:
+        raise AutotuneInputError(f"{where}: {value!r} is above {MAX_WORKLOAD_VALUE}")
+    return number
+
+
+def validate_slo(slo: Any) -> dict[str, float | None]:
+    slo = dict(slo or {})
+    unknown = sorted(set(slo) - {"p99_ttft_ms", "p99_tpot_ms", "max_failures"})
+    if unknown:
+        raise AutotuneInputError(
+            f"autotune_slo: unknown key(s) {', '.join(unknown)}; "
+            "allowed: p99_ttft_ms, p99_tpot_ms, max_failures"
+        )
+    out: dict[str, float | None] = {}
+    for name in ("p99_ttft_ms", "p99_tpot_ms"):
+        value = slo.get(name)
+        if value is not None and (not isinstance(value, int | float) or value <= 0):
+            raise AutotuneInputError(f"autotune_slo.{name}: {value!r} is not a positive number")
+        out[name] = None if value is None else float(value)
+    failures = slo.get("max_failures", 0)
+    if isinstance(failures, bool) or not isinstance(failures, int) or failures < 0:
+        raise AutotuneInputError(f"autotune_slo.max_failures: {failures!r} is not an integer >= 0")
+    out["max_failures"] = failures
+    return out
+
+
+def validate_inputs(
+    *,
+    space: Any,
+    workload: Any,
+    slo: Any = None,
+    kv_cache_dtypes_allowed: Iterable[str] | None = None,
+    tolerance: Any = DEFAULT_TOLERANCE,
+    max_trials: Any = None,
+) -> dict[str, Any]:
+    """Every operator input of a search, typed; raises AutotuneInputError naming the variable
+    and what it allows. Needs no host: the playbook calls it before touching one."""
+    try:
+        tol = float(tolerance)
+    except (TypeError, ValueError):
+        tol = math.nan
+    if isinstance(tolerance, bool) or not 0 <= tol < 1:
+        raise AutotuneInputError(f"autotune_tolerance: {tolerance!r} is not a number in [0, 1)")
+    allowed = None if kv_cache_dtypes_allowed is None else [str(d) for d in kv_cache_dtypes_allowed]
+    for dtype in allowed or []:
+        if dtype not in kv_cache.KV_ELEM_BYTES:
+            choices = ", ".join(sorted(kv_cache.KV_ELEM_BYTES))
+            raise AutotuneInputError(
+                f"autotune_kv_cache_dtypes_allowed: {dtype!r} is not a KV cache dtype ({choices})"
+            )
+    return {
+        "space": validate_space(space, allowed),
+        "workload": validate_workload(workload),
+        "slo": validate_slo(slo),
+        "tolerance": tol,
+        "max_trials": None
+        if max_trials is None
+        else _positive_int(max_trials, "autotune_max_trials"),
+    }
+
+
+def check_context(context: Mapping[str, Any], workload: Mapping[str, int]) -> None:
+    """What every candidate's plan needs from the host and the model, before any trial."""
+    host = context["host"]
+    if not isinstance(host, Mapping):
+        raise AutotuneInputError("autotune context host must be a mapping")
+    for name in ("gpu_memory_mib", "gpu_count"):
+        value = as_float(host.get(name))
+        if value is None or not 0 < value < math.inf:
+            raise AutotuneInputError(
+                f"autotune context host.{name}: {host.get(name)!r} is not a positive number "
+                "(read from the host's GPUs)"
+            )
+    model = context["model_config"]
+    window = model.get("max_position_embeddings") if isinstance(model, Mapping) else None
+    need = workload["input_len"] + workload["output_len"]
+    if isinstance(window, int) and not isinstance(window, bool) and 0 < window < need:
+        raise AutotuneInputError(
+            f"autotune_workload: input_len + output_len = {need} tokens, more than the model's "
+            f"context window (max_position_embeddings {window})"
+        )
+
+
+def as_float(value: Any) -> float | None:
+    """The value as a number, or None when it is not one (never an exception)."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
