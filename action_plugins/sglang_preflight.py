@@ -54,7 +54,7 @@ from sglang_fleet.capacity.verdict import verdict
 from sglang_fleet.rollout import preflight_inputs as preflight
 from sglang_fleet.rollout.verb_action import VerbAction
 from sglang_fleet.server_secrets import redact
-from sglang_fleet.servers import host_checks as validate
+from sglang_fleet.servers import host_checks
 from sglang_fleet.servers.describe import records_and_routers
 
 REQUIRED = ("servers", "python", "launch_module", "nvidia_smi")
@@ -210,9 +210,9 @@ class ActionModule(VerbAction):
         if not args["host_ram_mib"]:
             raise Stop("the host's RAM could not be read: set sglang_server_host_ram_mib")
         host = {"gpu_count": gpus["gpu_count"], "ram_mib": args["host_ram_mib"]}
-        invalid = [p["message"] for p in validate.host_errors(servers, host)]
+        invalid = [p["message"] for p in host_checks.host_errors(servers, host)]
         for server in servers:
-            invalid += [p["message"] for p in validate.server_errors(server, host)]
+            invalid += [p["message"] for p in host_checks.server_errors(server, host)]
         self._step(f"descriptions: {len(invalid)} problem(s)")
         problems = list(invalid)
         installed = bool(found.get("python_exists"))

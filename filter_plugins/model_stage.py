@@ -1,7 +1,7 @@
 """Ansible filters for weight staging (thin wrappers over sglang_fleet.servers.model_source; tested
 there).
 
-{{ sglang_server_instances | model_stage_plan }}     [{path, source, servers}], one per path
+{{ sglang_server_instances | model_stage_copies }}     [{path, source, servers}], one per path
 {{ sglang_server_instances | model_stage_protected }}  every model_path (never pruned)
 {{ {'model_stage_keep': ..., ...} | model_stage_settings }}  the role's settings, checked
 """
@@ -16,8 +16,8 @@ from sglang_fleet.ansible_values import plain
 from sglang_fleet.servers.model_source import (
     StageConfigError,
     check_settings,
+    host_copies,
     protected_paths,
-    stage_plan,
     stage_summary,
 )
 
@@ -30,10 +30,10 @@ def _plain_list(value: Any) -> list:
     return value
 
 
-def model_stage_plan(servers: Any) -> list[dict[str, Any]]:
+def model_stage_copies(servers: Any) -> list[dict[str, Any]]:
     """One copy per model_path with a model_source; a bad source fails naming the variable."""
     try:
-        return stage_plan(_plain_list(servers))
+        return host_copies(_plain_list(servers))
     except StageConfigError as exc:
         raise AnsibleFilterError(str(exc)) from exc
 
@@ -61,7 +61,7 @@ class FilterModule:
 
     def filters(self) -> dict[str, Any]:
         return {
-            "model_stage_plan": model_stage_plan,
+            "model_stage_copies": model_stage_copies,
             "model_stage_protected": model_stage_protected,
             "model_stage_settings": model_stage_settings,
             "model_stage_summary": model_stage_summary,

@@ -2,7 +2,7 @@
 
     {{ {'monitoring_rate_window': monitoring_rate_window, ...} | sglang_monitoring_settings }}
         the settings typed and checked (sglang_fleet/monitoring/settings.py): what templates print
-    {{ hosts | sglang_monitoring_plan(monitoring_host, key_dir, ttft_ms, tpot_ms) }}
+    {{ hosts | sglang_scrape_targets(monitoring_host, key_dir, ttft_ms, tpot_ms) }}
         {servers, routers, nodes, slos}: no key in it, safe to template and log
     {{ hosts | sglang_monitoring_credentials(key_dir) }}
         [{path, key}]: for a task with no_log only
@@ -22,7 +22,7 @@ from typing import Any
 from ansible.errors import AnsibleFilterError
 
 from sglang_fleet.ansible_values import plain
-from sglang_fleet.monitoring import scrape_targets as monitoring
+from sglang_fleet.monitoring import scrape_targets
 from sglang_fleet.monitoring import settings as monitoring_settings
 
 
@@ -38,20 +38,20 @@ def sglang_monitoring_settings(values: dict) -> dict[str, Any]:
     return _wrap(monitoring_settings.check_settings, values)
 
 
-def sglang_monitoring_plan(
+def sglang_scrape_targets(
     hosts: list, monitoring_host: str, key_dir: str, ttft_ms: float, tpot_ms: float
 ) -> dict[str, Any]:
     return _wrap(
-        monitoring.scrape_plan, hosts, str(monitoring_host), str(key_dir), ttft_ms, tpot_ms
+        scrape_targets.targets, hosts, str(monitoring_host), str(key_dir), ttft_ms, tpot_ms
     )
 
 
 def sglang_monitoring_credentials(hosts: list, key_dir: str) -> list[dict[str, str]]:
-    return _wrap(monitoring.server_credentials, hosts, str(key_dir))
+    return _wrap(scrape_targets.server_credentials, hosts, str(key_dir))
 
 
 def sglang_yaml_string(value: Any) -> str:
-    return _wrap(monitoring.yaml_string, value)
+    return _wrap(scrape_targets.yaml_string, value)
 
 
 class FilterModule:
@@ -60,7 +60,7 @@ class FilterModule:
     def filters(self) -> dict[str, Callable[..., Any]]:
         return {
             "sglang_monitoring_settings": sglang_monitoring_settings,
-            "sglang_monitoring_plan": sglang_monitoring_plan,
+            "sglang_scrape_targets": sglang_scrape_targets,
             "sglang_monitoring_credentials": sglang_monitoring_credentials,
             "sglang_yaml_string": sglang_yaml_string,
         }

@@ -19,14 +19,14 @@ from typing import Any
 from ansible.errors import AnsibleFilterError
 
 from sglang_fleet.ansible_values import plain
-from sglang_fleet.servers import router_settings as _router
+from sglang_fleet.servers import router_settings
 
 
 def sglang_router_command(
     flags: dict, python: str, launcher: str, key_credential: str = ""
 ) -> dict[str, Any]:
     try:
-        return _router.router_command(
+        return router_settings.router_command(
             plain(flags),
             python=str(python),
             launcher=str(launcher),
@@ -37,7 +37,7 @@ def sglang_router_command(
 
 
 def sglang_router_problems(settings: dict) -> list[str]:
-    return _router.settings_problems(plain(settings))
+    return router_settings.settings_problems(plain(settings))
 
 
 class FilterModule:

@@ -31,10 +31,8 @@ from sglang_fleet.module_utils.bounded_json import loads as bounded_loads
 
 from sglang_fleet import server_secrets as _server_secrets
 from sglang_fleet.ansible_values import plain
-from sglang_fleet.servers import describe
-from sglang_fleet.servers import host_checks as _validate
+from sglang_fleet.servers import describe, host_checks, restart_decision
 from sglang_fleet.servers import nodes as _nodes
-from sglang_fleet.servers import restart_decision as _restart_plan
 
 
 def _wrap(func: Callable[..., Any], *args: Any) -> Any:
@@ -75,11 +73,11 @@ def sglang_server_describe(  # noqa: PLR0917 (Jinja passes filter arguments by p
 
 
 def sglang_server_errors(server: dict, host: dict) -> list[dict]:
-    return _wrap(_validate.server_errors, server, host)
+    return _wrap(host_checks.server_errors, server, host)
 
 
 def sglang_host_errors(servers: list, host: dict) -> list[dict]:
-    return _wrap(_validate.host_errors, servers, host)
+    return _wrap(host_checks.host_errors, servers, host)
 
 
 def _lkg_record(read: Any) -> dict[str, Any] | None:
@@ -112,7 +110,7 @@ def sglang_restart_decision(
     """sglang_fleet.servers.restart_decision.restart_decision(): the servers a rollout restarts
     (lkg_slurps: see _records)."""
     records = _records(servers, lkg_slurps)
-    return _wrap(_restart_plan.restart_decision, servers, changed_paths, running_units, records)
+    return _wrap(restart_decision.restart_decision, servers, changed_paths, running_units, records)
 
 
 def sglang_server_records_and_routers(servers: list) -> dict[str, list[dict]]:
@@ -138,7 +136,7 @@ def sglang_restart_lines(
     """sglang_fleet.servers.restart_decision.restart_lines(): what a rollout would do, flag by
     flag."""
     records = _records(servers, lkg_slurps)
-    return _wrap(_restart_plan.restart_lines, servers, restart_names, records, running_units)
+    return _wrap(restart_decision.restart_lines, servers, restart_names, records, running_units)
 
 
 def sglang_server_cluster(servers: Any, hostvars: Mapping, host: str) -> dict[str, Any]:

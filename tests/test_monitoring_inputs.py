@@ -22,7 +22,7 @@ import yaml
 from conftest import run_local_play
 from test_monitoring_rules import INVENTORY, PROMTOOL, needs_promtool, render, role_vars
 
-from sglang_fleet.monitoring import scrape_targets as monitoring
+from sglang_fleet.monitoring import scrape_targets
 from sglang_fleet.monitoring import settings as monitoring_settings
 from sglang_fleet.monitoring.settings import SettingError, check_settings
 
@@ -150,8 +150,8 @@ def test_a_hosts_smoke_gate_slo_is_a_number_in_range(slo: Any) -> None:
         "slo_ttft_ms": slo,
         "servers": INVENTORY[0]["servers"],
     }
-    with pytest.raises(monitoring.MonitoringError) as raised:
-        monitoring.slo_seconds([host], 2000, 100)
+    with pytest.raises(scrape_targets.MonitoringError) as raised:
+        scrape_targets.slo_seconds([host], 2000, 100)
     message = str(raised.value)
     assert "host gpu1: smoke_gate_workload.slo_ttft_ms" in message
     assert "(0, 3600000]" in message
@@ -165,7 +165,7 @@ def test_an_unset_host_slo_is_the_default(unset: Any) -> None:
         "slo_ttft_ms": unset,
         "servers": INVENTORY[0]["servers"],
     }
-    [row, _] = monitoring.slo_seconds([host], 2000, 100)
+    [row, _] = scrape_targets.slo_seconds([host], 2000, 100)
     assert row["ttft"] == 2.0 and row["tpot"] == 0.1
 
 
@@ -180,9 +180,9 @@ def test_two_pairs_that_shared_a_key_file_now_differ() -> None:
         {"name": "a", "address": "a", "servers": [{"name": "b--c", "port": 1, "host": "0.0.0.0",
                                                    "model_path": "/m", "api_key": "K2"}]},
     ]  # fmt: skip
-    paths = [item["path"] for item in monitoring.server_credentials(hosts, "/k")]
+    paths = [item["path"] for item in scrape_targets.server_credentials(hosts, "/k")]
     assert len(set(paths)) == 2
-    plan = monitoring.scrape_plan(hosts, "gw", "/k", 2000, 100)
+    plan = scrape_targets.targets(hosts, "gw", "/k", 2000, 100)
     assert [s["credentials_file"] for s in plan["servers"]] == paths
 
 
@@ -194,26 +194,26 @@ def test_two_pairs_that_shared_a_key_file_now_differ() -> None:
 def test_a_key_file_name_stays_in_its_folder_and_reads_back(host: str, server: str) -> None:
     from urllib.parse import unquote  # noqa: PLC0415
 
-    name = monitoring.key_file_name(host, server)
+    name = scrape_targets.key_file_name(host, server)
     assert "/" not in name and name not in (".", "..")
     encoded_host, _, encoded_server = name.partition("@")
     assert (unquote(encoded_host), unquote(encoded_server)) == (host, server)
 
 
 def test_a_readable_host_keeps_a_readable_key_file_name() -> None:
-    assert monitoring.key_file_name("gpu-node-01.lan", "llama") == "gpu-node-01.lan@llama"
+    assert scrape_targets.key_file_name("gpu-node-01.lan", "llama") == "gpu-node-01.lan@llama"
 
 
 def test_a_host_name_too_long_for_a_file_is_refused_naming_it() -> None:
-    with pytest.raises(monitoring.MonitoringError, match="too long for a key file name"):
-        monitoring.key_file_name("h" * 300, "llama")
+    with pytest.raises(scrape_targets.MonitoringError, match="too long for a key file name"):
+        scrape_targets.key_file_name("h" * 300, "llama")
 
 
 def emoji_vars(tmp_path: Path, served: str) -> dict[str, Any]:
     inventory = copy.deepcopy(INVENTORY)
     inventory[0]["servers"][0]["served_model_name"] = served
     values = role_vars(key_dir=str(tmp_path), _inventory=inventory)
-    for item in monitoring.server_credentials(inventory, str(tmp_path)):
+    for item in scrape_targets.server_credentials(inventory, str(tmp_path)):
         Path(item["path"]).write_text(item["key"], encoding="utf-8")
     values["_monitoring_rules_file"] = str(tmp_path / "rules.yml")
     (tmp_path / "rules.yml").write_text(render("sglang-fleet-rules.yml.j2", values))
@@ -257,8 +257,8 @@ def test_text_prometheus_cannot_hold_names_host_server_and_field(
 ) -> None:
     inventory = copy.deepcopy(INVENTORY)
     inventory[0]["servers"][0][field] = value
-    with pytest.raises(monitoring.MonitoringError) as raised:
-        monitoring.scrape_plan(inventory, "gw1", "/k", 2000, 100)
+    with pytest.raises(scrape_targets.MonitoringError) as raised:
+        scrape_targets.targets(inventory, "gw1", "/k", 2000, 100)
     assert said in str(raised.value)
 
 
@@ -266,21 +266,23 @@ def test_text_prometheus_cannot_hold_names_host_server_and_field(
 def test_a_bad_scrape_address_is_refused_naming_host_and_field(address: str) -> None:
     inventory = copy.deepcopy(INVENTORY)
     inventory[0]["address"] = address
-    with pytest.raises(monitoring.MonitoringError, match="host gpu1: monitoring_scrape_address"):
-        monitoring.scrape_plan(inventory, "gw1", "/k", 2000, 100)
+    with pytest.raises(
+        scrape_targets.MonitoringError, match="host gpu1: monitoring_scrape_address"
+    ):
+        scrape_targets.targets(inventory, "gw1", "/k", 2000, 100)
 
 
 def test_an_ipv6_scrape_address_is_bracketed_in_its_targets() -> None:
     inventory = copy.deepcopy(INVENTORY)
     inventory[0]["address"] = "fd00::7"
-    plan = monitoring.scrape_plan(inventory, "gw1", "/k", 2000, 100)
+    plan = scrape_targets.targets(inventory, "gw1", "/k", 2000, 100)
     assert plan["servers"][0]["target"] == "[fd00::7]:30000"
     assert plan["nodes"][0]["address"] == "[fd00::7]"
 
 
 def test_a_host_listed_twice_is_refused() -> None:
-    with pytest.raises(monitoring.MonitoringError, match="listed twice"):
-        monitoring.scrape_plan([INVENTORY[0], INVENTORY[0]], "gw1", "/k", 2000, 100)
+    with pytest.raises(scrape_targets.MonitoringError, match="listed twice"):
+        scrape_targets.targets([INVENTORY[0], INVENTORY[0]], "gw1", "/k", 2000, 100)
 
 
 @pytest.mark.skipif(shutil.which("amtool") is None, reason="amtool missing")

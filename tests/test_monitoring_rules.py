@@ -19,7 +19,7 @@ import pytest
 import yaml
 from conftest import load_plugin
 
-from sglang_fleet.monitoring import scrape_targets as monitoring
+from sglang_fleet.monitoring import scrape_targets
 from sglang_fleet.monitoring import settings as monitoring_settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -77,7 +77,7 @@ def role_vars(key_dir: str = "/etc/keys", **change: Any) -> dict[str, Any]:
         {name: values[name] for name in monitoring_settings.KNOWN}
     )
     values["_monitoring_settings"] = values["_monitoring_exporter_settings"] = settings
-    values["_monitoring_plan"] = monitoring.scrape_plan(
+    values["_monitoring_targets"] = scrape_targets.targets(
         values.get("_inventory", INVENTORY),
         "gw1",
         key_dir,
@@ -165,7 +165,7 @@ def test_slo_constants_come_from_the_host_and_routers_count_their_workers() -> N
 def test_scrape_config_passes_promtool_and_holds_no_key(tmp_path: Path) -> None:
     values = role_vars(key_dir=str(tmp_path))
     # promtool checks that the key files exist (the role writes them before the config).
-    for item in monitoring.server_credentials(INVENTORY, str(tmp_path)):
+    for item in scrape_targets.server_credentials(INVENTORY, str(tmp_path)):
         Path(item["path"]).write_text(item["key"], encoding="utf-8")
     values["_monitoring_rules_file"] = str(tmp_path / "sglang-fleet-rules.yml")
     (tmp_path / "sglang-fleet-rules.yml").write_text(

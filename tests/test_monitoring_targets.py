@@ -10,7 +10,7 @@ from types import ModuleType
 
 import pytest
 
-from sglang_fleet.monitoring import scrape_targets as monitoring
+from sglang_fleet.monitoring import scrape_targets
 
 ROOT = Path(__file__).resolve().parent.parent
 READER = ROOT / "roles" / "monitoring" / "files" / "sglang-fleet-gpu-metrics.py"
@@ -32,7 +32,7 @@ SERVER = {"name": "llama", "model_path": "/srv/models/llama-8b", "port": 30000, 
 
 
 def test_a_server_is_scraped_at_its_host_address_with_its_labels() -> None:
-    plan = monitoring.scrape_plan([host("gpu1", SERVER)], "gw", "/k", 2000, 100)
+    plan = scrape_targets.targets([host("gpu1", SERVER)], "gw", "/k", 2000, 100)
     assert plan["servers"] == [
         {
             "host": "gpu1",
@@ -47,18 +47,20 @@ def test_a_server_is_scraped_at_its_host_address_with_its_labels() -> None:
 
 def test_loopback_is_scraped_on_the_monitoring_host_only() -> None:
     local = dict(SERVER, host="127.0.0.1")
-    plan = monitoring.scrape_plan([host("gw", local)], "gw", "/k", 2000, 100)
+    plan = scrape_targets.targets([host("gw", local)], "gw", "/k", 2000, 100)
     assert plan["servers"][0]["target"] == "127.0.0.1:30000"
-    with pytest.raises(monitoring.MonitoringError, match=r"server 'llama' on gpu1 listens on 127"):
-        monitoring.scrape_plan([host("gpu1", local)], "gw", "/k", 2000, 100)
+    with pytest.raises(
+        scrape_targets.MonitoringError, match=r"server 'llama' on gpu1 listens on 127"
+    ):
+        scrape_targets.targets([host("gpu1", local)], "gw", "/k", 2000, 100)
 
 
 def test_keys_go_to_files_and_never_into_the_plan() -> None:
     keyed = dict(SERVER, api_key="sk-secret")
-    plan = monitoring.scrape_plan([host("gpu1", keyed)], "gw", "/k", 2000, 100)
+    plan = scrape_targets.targets([host("gpu1", keyed)], "gw", "/k", 2000, 100)
     assert "sk-secret" not in repr(plan)
     assert plan["servers"][0]["credentials_file"] == "/k/gpu1@llama"
-    assert monitoring.server_credentials([host("gpu1", keyed)], "/k") == [
+    assert scrape_targets.server_credentials([host("gpu1", keyed)], "/k") == [
         {"path": "/k/gpu1@llama", "key": "sk-secret"}
     ]
 
@@ -66,15 +68,15 @@ def test_keys_go_to_files_and_never_into_the_plan() -> None:
 def test_a_server_across_hosts_is_scraped_on_its_node_0_only() -> None:
     big = dict(SERVER, nodes=["gpu1", "gpu2"], api_key="k")
     hosts = [host("gpu1", big), host("gpu2", big)]
-    plan = monitoring.scrape_plan(hosts, "gw", "/k", 2000, 100)
+    plan = scrape_targets.targets(hosts, "gw", "/k", 2000, 100)
     assert [s["host"] for s in plan["servers"]] == ["gpu1"]
-    assert [c["path"] for c in monitoring.server_credentials(hosts, "/k")] == ["/k/gpu1@llama"]
+    assert [c["path"] for c in scrape_targets.server_credentials(hosts, "/k")] == ["/k/gpu1@llama"]
 
 
 def test_routers_count_their_workers_and_the_host_slo_wins() -> None:
     gw = host("gw", router={"workers": ["http://a:1", "http://b:1"], "prometheus_port": 29000})
     gpu = dict(host("gpu1", SERVER), slo_ttft_ms=300, slo_tpot_ms=None)
-    plan = monitoring.scrape_plan([gw, gpu], "gw", "/k", 2000, 100)
+    plan = scrape_targets.targets([gw, gpu], "gw", "/k", 2000, 100)
     assert plan["routers"] == [{"host": "gw", "target": "127.0.0.1:29000", "workers": 2}]
     assert plan["slos"] == [{"host": "gpu1", "server": "llama", "ttft": 0.3, "tpot": 0.1}]
 

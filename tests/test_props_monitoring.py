@@ -1,7 +1,7 @@
 """Property-based tests of the monitoring role's entry points (Hypothesis; profiles in conftest.py).
 
 Entry points: the settings filter (sglang_monitoring_settings), the scrape plan and key files
-(sglang_monitoring_plan, sglang_monitoring_credentials), the templates they feed
+(sglang_scrape_targets, sglang_monitoring_credentials), the templates they feed
 (prometheus.yml, the rules, alertmanager.yml), and the nvidia-smi textfile reader. Invariants,
 for any input: a clean error that names the input, or a correct result, never another
 exception; every rendered file parses (YAML by yaml.safe_load, the rules and the scrape
@@ -28,7 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from test_monitoring_rules import FILTERS, render, role_vars
 from test_monitoring_targets import load_reader
 
-from sglang_fleet.monitoring import scrape_targets as monitoring
+from sglang_fleet.monitoring import scrape_targets
 from sglang_fleet.monitoring import settings as monitoring_settings
 
 PROMTOOL = shutil.which("promtool")
@@ -195,7 +195,7 @@ def test_accepted_settings_render_rules_that_parse(values: dict[str, Any]) -> No
 def plan_or_error(hosts: list[dict[str, Any]], key_dir: str) -> dict[str, Any] | None:
     """The plan, or None after checking the error names a host (and a server or field)."""
     try:
-        return FILTERS["sglang_monitoring_plan"](hosts, "gw", key_dir, 2000, 100)
+        return FILTERS["sglang_scrape_targets"](hosts, "gw", key_dir, 2000, 100)
     except AnsibleFilterError as exc:
         message = str(exc)
         assert message.startswith("monitoring: "), message
@@ -231,7 +231,7 @@ def test_a_legal_inventory_is_planned_one_to_one_and_reads_back(
     files are one per server inside the key folder; every label reads back unchanged."""
     key_dir = "/etc/prometheus/sglang-keys"
     try:
-        plan = FILTERS["sglang_monitoring_plan"](hosts, "gw", key_dir, 2000, 100)
+        plan = FILTERS["sglang_scrape_targets"](hosts, "gw", key_dir, 2000, 100)
     except AnsibleFilterError as exc:
         assert "too long for a key file name" in str(exc)
         return
@@ -241,7 +241,7 @@ def test_a_legal_inventory_is_planned_one_to_one_and_reads_back(
     creds = FILTERS["sglang_monitoring_credentials"](hosts, key_dir)
     assert sorted(c["path"] for c in creds) == sorted(files)
     values = role_vars(key_dir=key_dir)
-    values["_monitoring_plan"] = plan
+    values["_monitoring_targets"] = plan
     text = render("prometheus.yml.j2", values)
     for host in hosts:
         for server in host["servers"]:
@@ -274,10 +274,10 @@ def test_promtool_reads_every_scrape_config_the_role_renders(hosts: list[dict[st
         plan = plan_or_error(hosts, folder)
         assume(plan is not None)
         assert plan is not None
-        for item in monitoring.server_credentials(hosts, folder):
+        for item in scrape_targets.server_credentials(hosts, folder):
             Path(item["path"]).write_text(item["key"], encoding="utf-8")
         values = role_vars(key_dir=folder)
-        values["_monitoring_plan"] = plan
+        values["_monitoring_targets"] = plan
         values["_monitoring_rules_file"] = f"{folder}/rules.yml"
         (Path(folder) / "rules.yml").write_text(render("sglang-fleet-rules.yml.j2", values))
         (Path(folder) / "prometheus.yml").write_text(render("prometheus.yml.j2", values))
@@ -290,8 +290,8 @@ def test_promtool_reads_every_scrape_config_the_role_renders(hosts: list[dict[st
 @example("a--b", "c", "a", "b--c")  # both were a--b--c (issue 33)
 def test_key_file_names_never_collide(h1: str, s1: str, h2: str, s2: str) -> None:
     try:
-        a, b = monitoring.key_file_name(h1, s1), monitoring.key_file_name(h2, s2)
-    except monitoring.MonitoringError as exc:
+        a, b = scrape_targets.key_file_name(h1, s1), scrape_targets.key_file_name(h2, s2)
+    except scrape_targets.MonitoringError as exc:
         assert "too long" in str(exc)
         return
     assert (a == b) == ((h1, s1) == (h2, s2))

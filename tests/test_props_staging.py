@@ -121,7 +121,7 @@ servers = st.lists(
 
 @given(servers=st.one_of(servers, texts, st.dictionaries(texts, texts, max_size=2)))
 def test_the_plan_filters_name_the_variable_or_answer(servers: Any) -> None:
-    for name in ("model_stage_plan", "model_stage_protected", "model_stage_summary"):
+    for name in ("model_stage_copies", "model_stage_protected", "model_stage_summary"):
         try:
             answer = filters[name](servers)
         except AnsibleFilterError as exc:

@@ -35,7 +35,7 @@ def test_every_filter_the_task_files_use_is_registered() -> None:
 def test_the_plan_filter_names_the_variable_of_a_bad_source() -> None:
     servers = [{"name": "a", "model_path": "/m/a", "model_source": {"rsync": "/s"}}]
     with pytest.raises(AnsibleFilterError, match=r"sglang_server_instances\[a\]\.model_source"):
-        REGISTERED["model_stage_plan"](servers)
+        REGISTERED["model_stage_copies"](servers)
 
 
 def test_the_summary_filter_reads_loop_results() -> None:

@@ -39,7 +39,7 @@ from sglang_fleet.capacity.noop_flags import noop_flag_issues
 from sglang_fleet.capacity.planner import add_plan_arguments, plan, split_namespace
 from sglang_fleet.capacity.planner_inputs import PLANNER_FLAGS, PlanInputError
 from sglang_fleet.capacity.server_log import Calibration, parse_decode_lines, parse_log
-from sglang_fleet.diagnosis import live_metrics as live
+from sglang_fleet.diagnosis import live_metrics
 from sglang_fleet.module_utils import bounded_json
 
 # A run is KV-bound when, over the busy samples, requests waited in the queue at least this
@@ -811,7 +811,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "--smoke-result",
         help="smoke benchmark result JSON (sglang_fleet.bench.smoke_client --json)",
     )
-    live.add_sampling_arguments(parser)
+    live_metrics.add_sampling_arguments(parser)
     parser.add_argument(
         "--sample",
         help="live sample JSON, as sglang_fleet/diagnosis/live_metrics.py writes it on a GPU host",
@@ -841,13 +841,13 @@ def _check_sources(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> N
 def _live_sample(ns: argparse.Namespace) -> dict[str, Any]:
     if ns.sample:
         return _as_sample(input_files.read_text(ns.sample, input_files.JSON_LIMIT, "--sample"))
-    live.check_url(ns.url)
-    live.check_window(ns.window, ns.interval)
-    api_key = live.read_api_key(ns.api_key_file)
+    live_metrics.check_url(ns.url)
+    live_metrics.check_window(ns.window, ns.interval)
+    api_key = live_metrics.read_api_key(ns.api_key_file)
     try:
-        return live.sample_server(ns.url, ns.window, ns.interval, api_key)
-    except live.SampleError as exc:
-        return live.error_sample(ns.url, exc.code, str(exc))
+        return live_metrics.sample_server(ns.url, ns.window, ns.interval, api_key)
+    except live_metrics.SampleError as exc:
+        return live_metrics.error_sample(ns.url, exc.code, str(exc))
 
 
 def _print_live(result: dict[str, Any], ns: argparse.Namespace) -> None:
@@ -885,7 +885,7 @@ def main(argv: list[str] | None = None) -> int:
         ValueError,  # JSON that does not parse, or is not an object
         ModelConfigError,
         PlanInputError,
-        live.UsageError,
+        live_metrics.UsageError,
     ) as exc:
         parser.print_usage(sys.stderr)
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)

@@ -267,7 +267,7 @@ def _slo(value: Any, what: str, default: float | None = None) -> float:
         raise MonitoringError(f"{what} {exc.message} (unset: the default)") from None
 
 
-def scrape_plan(
+def targets(
     hosts: Sequence[Mapping[str, Any]],
     monitoring_host: str,
     key_dir: str,

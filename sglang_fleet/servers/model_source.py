@@ -85,7 +85,7 @@ def check_settings(settings: Any) -> dict[str, Any]:
     return out
 
 
-def stage_plan(servers: Any) -> list[dict[str, Any]]:
+def host_copies(servers: Any) -> list[dict[str, Any]]:
     """The copies one host makes: one per model_path with a model_source, with the servers that
     load it. Servers that share a model_path must name the same source."""
     if servers is None:

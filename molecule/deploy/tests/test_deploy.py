@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 
+import host_reads
 import pytest
 import testinfra.utils.ansible_runner
 from fleet_runner import generate, run_playbook
@@ -28,12 +29,7 @@ API_KEY = os.environ.get("MOLECULE_SGLANG_API_KEY", "sk-canary-0f3b9e2d71")
 
 
 def unit_identity(host, name: str) -> tuple[str, str]:
-    """MainPID and start timestamp: both unchanged means the server was not touched."""
-    out = host.check_output(
-        "systemctl show -p MainPID -p ActiveEnterTimestampMonotonic %s", UNITS[name]
-    )
-    props = dict(line.split("=", 1) for line in out.splitlines())
-    return props["MainPID"], props["ActiveEnterTimestampMonotonic"]
+    return host_reads.unit_identity(host, UNITS[name])
 
 
 def test_both_servers_run_as_units(host):

@@ -18,6 +18,7 @@ import json
 import os
 from typing import Any
 
+import host_reads
 import pytest
 import testinfra
 import testinfra.utils.ansible_runner
@@ -71,31 +72,20 @@ def overrides(flags: dict[str, Any], server: str = "llama") -> dict[str, Any]:
 
 
 def unit_identity(host: Any, unit: str = UNIT) -> tuple[str, str]:
-    """MainPID and start timestamp: both unchanged means the server was not touched."""
-    out = host.check_output("systemctl show -p MainPID -p ActiveEnterTimestampMonotonic %s", unit)
-    props = dict(line.split("=", 1) for line in out.splitlines())
-    return props["MainPID"], props["ActiveEnterTimestampMonotonic"]
+    return host_reads.unit_identity(host, unit)
 
 
 def lkg(host: Any, meta: str = META) -> dict[str, Any]:
-    return json.loads(host.check_output("cat %s", meta))
+    return host_reads.read_json(host, meta)
 
 
 def router_workers(host: Any) -> list[dict[str, Any]]:
     """GET /workers with the key, from the gateway itself."""
-    script = (
-        "import json, sys, urllib.request;"
-        "r = urllib.request.Request('http://127.0.0.1:8080/workers',"
-        " headers={'Authorization': 'Bearer ' + sys.stdin.read().strip()});"
-        "print(urllib.request.urlopen(r, timeout=10).read().decode())"
-    )
-    out = host.run("printf %%s %s | python3 -c %s", API_KEY, script)
-    assert out.rc == 0, out.stderr
-    return json.loads(out.stdout)["workers"]
+    return host_reads.router_workers(host, API_KEY)
 
 
 def healthy_workers() -> set[str]:
-    return {w["url"] for w in router_workers(on(GATEWAY)) if w["is_healthy"]}
+    return host_reads.healthy_workers(on(GATEWAY), API_KEY)
 
 
 def traffic(label: str) -> TrafficUnit:

@@ -12,6 +12,7 @@ import shlex
 import time
 from typing import Any
 
+import host_reads
 import pytest
 import testinfra.utils.ansible_runner
 from fleet_runner import REPO, run_playbook
@@ -70,9 +71,7 @@ def generate(host: Any, new_tokens: int) -> dict[str, Any]:
 
 
 def unit_identity(host: Any) -> tuple[str, str]:
-    out = host.check_output("systemctl show -p MainPID -p ActiveEnterTimestampMonotonic %s", UNIT)
-    props = dict(line.split("=", 1) for line in out.splitlines())
-    return props["MainPID"], props["ActiveEnterTimestampMonotonic"]
+    return host_reads.unit_identity(host, UNIT)
 
 
 def unit_processes(host: Any) -> list[tuple[int, int, str]]:

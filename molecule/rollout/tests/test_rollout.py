@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import host_reads
 import pytest
 import testinfra
 import testinfra.utils.ansible_runner
@@ -64,14 +65,11 @@ def overrides(flags: dict[str, Any]) -> dict[str, Any]:
 
 
 def unit_identity(host: Any) -> tuple[str, str]:
-    """MainPID and start timestamp: both unchanged means the server was not touched."""
-    out = host.check_output("systemctl show -p MainPID -p ActiveEnterTimestampMonotonic %s", UNIT)
-    props = dict(line.split("=", 1) for line in out.splitlines())
-    return props["MainPID"], props["ActiveEnterTimestampMonotonic"]
+    return host_reads.unit_identity(host, UNIT)
 
 
 def lkg(host: Any) -> dict[str, Any]:
-    return json.loads(host.check_output("cat %s", META))
+    return host_reads.read_json(host, META)
 
 
 def summary_lines(run: PlaybookRun) -> list[str]:

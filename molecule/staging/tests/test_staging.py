@@ -16,6 +16,7 @@ import os
 import re
 from typing import Any
 
+import host_reads
 import pytest
 import testinfra
 import testinfra.utils.ansible_runner
@@ -83,12 +84,7 @@ def model_paths() -> dict[str, str]:
 
 
 def healthy_workers() -> set[str]:
-    script = (
-        "import json, urllib.request;"
-        "print(urllib.request.urlopen('http://127.0.0.1:8080/workers', timeout=10).read().decode())"
-    )
-    workers = json.loads(on(GPU).check_output("python3 -c %s", script))["workers"]
-    return {w["url"] for w in workers if w["is_healthy"]}
+    return host_reads.healthy_workers(on(GPU))
 
 
 def generate_through_router() -> dict[str, Any]:

@@ -28,6 +28,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import host_reads
 import pytest
 import testinfra
 import testinfra.utils.ansible_runner
@@ -67,14 +68,10 @@ def on_host() -> Any:
 
 
 def unit_identity(host: Any) -> tuple[str, str]:
-    """MainPID and start timestamp: both unchanged means the server was not touched."""
-    out = host.check_output("systemctl show -p MainPID -p ActiveEnterTimestampMonotonic %s", UNIT)
-    props = dict(line.split("=", 1) for line in out.splitlines())
-    return props["MainPID"], props["ActiveEnterTimestampMonotonic"]
+    return host_reads.unit_identity(host, UNIT)
 
 
-def read_json(host: Any, path: str) -> Any:
-    return json.loads(host.check_output("cat %s", path))
+read_json = host_reads.read_json
 
 
 @pytest.fixture(scope="module", autouse=True)

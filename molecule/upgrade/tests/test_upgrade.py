@@ -21,6 +21,7 @@ import json
 import os
 from typing import Any
 
+import host_reads
 import pytest
 import testinfra
 import testinfra.utils.ansible_runner
@@ -57,10 +58,7 @@ def version(value: str) -> dict[str, Any]:
 
 
 def unit_identity(host: Any) -> tuple[str, str]:
-    """MainPID and start timestamp: both unchanged means the server was not touched."""
-    out = host.check_output("systemctl show -p MainPID -p ActiveEnterTimestampMonotonic %s", UNIT)
-    props = dict(line.split("=", 1) for line in out.splitlines())
-    return props["MainPID"], props["ActiveEnterTimestampMonotonic"]
+    return host_reads.unit_identity(host, UNIT)
 
 
 def identities() -> dict[str, tuple[str, str]]:
@@ -68,7 +66,7 @@ def identities() -> dict[str, tuple[str, str]]:
 
 
 def lkg(host: Any) -> dict[str, Any]:
-    return json.loads(host.check_output("cat %s", META))
+    return host_reads.read_json(host, META)
 
 
 def runs_from(host: Any) -> str:
@@ -80,15 +78,7 @@ def runs_from(host: Any) -> str:
 
 
 def healthy_workers() -> set[str]:
-    script = (
-        "import json, sys, urllib.request;"
-        "r = urllib.request.Request('http://127.0.0.1:8080/workers',"
-        " headers={'Authorization': 'Bearer ' + sys.stdin.read().strip()});"
-        "print(urllib.request.urlopen(r, timeout=10).read().decode())"
-    )
-    out = on(GATEWAY).run("printf %%s %s | python3 -c %s", API_KEY, script)
-    assert out.rc == 0, out.stderr
-    return {w["url"] for w in json.loads(out.stdout)["workers"] if w["is_healthy"]}
+    return host_reads.healthy_workers(on(GATEWAY), API_KEY)
 
 
 def traffic(label: str) -> TrafficUnit:

@@ -13,8 +13,8 @@ from sglang_fleet.servers.launch_line import to_argv
 from sglang_fleet.servers.model_source import (
     StageConfigError,
     check_model_source,
+    host_copies,
     protected_paths,
-    stage_plan,
     stage_summary,
 )
 
@@ -30,7 +30,7 @@ def _server(name: str, path: str, source: dict | None) -> dict:
 
 def test_one_copy_per_model_path_however_many_servers_load_it() -> None:
     source = {"rsync": "store:/srv/llama/rev-a/", "revision": "rev-a"}
-    plan = stage_plan(
+    plan = host_copies(
         [
             _server("a", "/models/llama/rev-a", source),
             _server("b", "/models/llama/rev-a/", source),
@@ -50,7 +50,7 @@ def test_two_sources_for_one_path_are_refused_naming_both_servers() -> None:
     with pytest.raises(
         StageConfigError, match=r"\[b\]\.model_source: model_path /m/x is also loaded by a"
     ):
-        stage_plan(
+        host_copies(
             [
                 _server("a", "/m/x", {"rsync": "/shared/x", "revision": "r1"}),
                 _server("b", "/m/x", {"rsync": "/shared/x", "revision": "r2"}),
@@ -159,5 +159,5 @@ def test_what_used_to_reach_the_host_is_refused_naming_the_variable(
     """Issue 33: a model_path with a newline or a NUL, '/', rsync's daemon forms and a source
     of '/' reached the host."""
     with pytest.raises(StageConfigError) as err:
-        stage_plan([_server("a", model_path, source)])
+        host_copies([_server("a", model_path, source)])
     assert err.value.variable == f"sglang_server_instances[a].{variable}", str(err.value)
