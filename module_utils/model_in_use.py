@@ -20,20 +20,25 @@ non-empty, and the caller prunes nothing then (what it refers to cannot be known
 from __future__ import annotations
 
 import os
-import shlex
 import stat
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 from ansible.module_utils.bounded_file import read_regular
 from ansible.module_utils.bounded_json import loads as bounded_loads
+from ansible.module_utils.server_configs import (
+    LKG_DIR,
+    MAX_ENTRIES,
+    exec_start_lines,
+    launch_files,
+    listing,
+    read_conf,
+)
 
 PROC = "/proc"
 MAX_CMDLINE = 1 << 20
 MAX_MAPS = 8 << 20
 MAX_RECORD = 1 << 20
-MAX_ENTRIES = 4096  # servers in a state folder, drop-in folders, files in one of them
-LKG_DIR = "lkg"
 META = "meta.json"
 
 
@@ -110,23 +115,6 @@ def process_references(proc: str | None = None) -> list[str]:
     return found
 
 
-def exec_start_words(text: str) -> list[str]:
-    """The words of every ExecStart= line of a unit file or drop-in (systemd's quoting as
-    sglang_fleet/servers/launch_line.py writes it: shell-like quotes, %% and $$ doubled)."""
-    words: list[str] = []
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not line.startswith("ExecStart="):
-            continue
-        value = line[len("ExecStart=") :]
-        try:
-            parts = shlex.split(value)
-        except ValueError:
-            parts = value.split()
-        words += [p.replace("%%", "%").replace("$$", "$") for p in parts]
-    return words
-
-
 def _strings(value: Any) -> Iterator[str]:
     """Every string of a record's flags (a value, or an item of a list value)."""
     items = value.values() if isinstance(value, dict) else []
@@ -134,14 +122,6 @@ def _strings(value: Any) -> Iterator[str]:
         for one in item if isinstance(item, list) else [item]:
             if isinstance(one, str):
                 yield one
-
-
-def _conf_files(folder: str) -> list[str]:
-    try:
-        names = sorted(os.listdir(folder))[:MAX_ENTRIES]
-    except OSError:
-        return []
-    return [os.path.join(folder, n) for n in names if n.endswith(".conf")]
 
 
 def configured_references(
@@ -158,31 +138,14 @@ def configured_references(
             if path:
                 found.append(path)
 
-    def conf(path: str) -> None:
-        raw = _read(path, MAX_RECORD)
-        if raw is None:
+    for _who, path in launch_files(systemd_dir, state_dir):
+        text = read_conf(path)
+        if text is None:
             unreadable.append(path)
         else:
-            take(exec_start_words(raw.decode("utf-8", "replace")))
-
-    try:
-        units = sorted(os.listdir(systemd_dir))[:MAX_ENTRIES]
-    except OSError:
-        units = []
-    for name in units:
-        if name.startswith("sglang@") and name.endswith(".service.d"):
-            for path in _conf_files(os.path.join(systemd_dir, name)):
-                conf(path)
-    try:
-        servers = sorted(os.listdir(state_dir))[:MAX_ENTRIES]
-    except OSError:
-        servers = []
-    for server in servers:
+            take(word for line in exec_start_lines(text) for word in line)
+    for server in listing(state_dir):
         lkg = os.path.join(state_dir, server, LKG_DIR)
-        if not os.path.isdir(lkg):
-            continue
-        for path in _conf_files(lkg):
-            conf(path)
         meta = os.path.join(lkg, META)
         if not os.path.lexists(meta):
             continue
