@@ -4,8 +4,9 @@ imports (docs/ARCHITECTURE.md, "Host-side programs").
 A program that runs on a GPU host (the smoke client, the diagnosis sampler) is written as
 several files of this package; the host gets one file, a zip archive that python3 runs as it
 runs a script (``python3 smoke.pyz --url ...``, the standard library's zipimport). What goes in
-is found by reading the sources, not by importing them: the entry module, every module of
-``sglang_fleet`` it imports (at any depth), and the ``__init__.py`` of each package on the way.
+is found by reading the sources, not by running them (only the packages on the way are imported,
+to find their folders): the entry module, every module of ``sglang_fleet`` it imports (at any
+depth), and the ``__init__.py`` of each package on the way.
 Anything else a host program imports must be the standard library: a host has nothing else,
 and an import of anything more is refused here, on the control node, with the file that has it.
 
@@ -62,19 +63,21 @@ def _imports(module: str, path: Path) -> set[str]:
             base = node.module or ""
             found.add(base)
             if _is_package_module(base):
-                for alias in node.names:
-                    child = f"{base}.{alias.name}"
-                    if _has_module(child):
-                        found.add(child)
+                found.update(filter(None, (_submodule(base, a.name) for a in node.names)))
     return found
 
 
-def _has_module(name: str) -> bool:
-    """Whether a dotted name is a module (`from a import b`: b may be a module or a name)."""
-    try:
-        return importlib.util.find_spec(name) is not None
-    except ModuleNotFoundError:  # a.b is a module, not a package: b is a name in it
-        return False
+def _submodule(package: str, name: str) -> str | None:
+    """package.name when that is a module of the package (`from a import b`: b may be a module
+    of a, or a name in a), else None. Only the package's folders are looked at: no module of it
+    is imported to find out."""
+    spec = importlib.util.find_spec(package)
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        if (Path(folder) / f"{name}.py").is_file() or (
+            Path(folder) / name / "__init__.py"
+        ).is_file():
+            return f"{package}.{name}"
+    return None
 
 
 def closure(entry: str) -> dict[str, Path]:

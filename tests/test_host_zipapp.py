@@ -43,6 +43,19 @@ def test_the_same_sources_give_the_same_bytes() -> None:
     assert build(SMOKE) == build(SMOKE)
 
 
+def test_building_runs_none_of_the_modules_it_packs() -> None:
+    """The sources are read, not run: only the packages on the way are imported."""
+    probe = (
+        "import sys; from sglang_fleet.host_zipapp import build; build(sys.argv[1]);"
+        "print(sorted(m for m in sys.modules if m.startswith('sglang_fleet.bench.smoke_client.')))"
+    )
+    ran = subprocess.run(
+        [sys.executable, "-c", probe, SMOKE], capture_output=True, text=True, check=False
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.strip() == "[]"
+
+
 def test_the_smoke_client_archive_holds_its_package_and_nothing_else() -> None:
     names = zipfile.ZipFile(io.BytesIO(build(SMOKE))).namelist()
     assert names == sorted(names)
