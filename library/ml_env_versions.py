@@ -104,11 +104,11 @@ removed:
 import json
 import os
 import re
-import shlex
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.bounded_file import read_regular
 from ansible.module_utils.owned_folder import OwnedFolder
+from ansible.module_utils.server_configs import exec_start_lines, launch_files, read_conf
 from ansible.module_utils.timed_command import Runner, run_command
 
 VERSIONS = "versions"
@@ -123,17 +123,8 @@ MAX_UNITS = 4096
 
 def _python_of_line(text: str) -> str | None:
     """The interpreter of the last non-empty ExecStart= of a drop-in, None without one."""
-    found = None
-    for raw in text.splitlines():
-        line = raw.strip()
-        if line.startswith("ExecStart="):
-            value = line.split("=", 1)[1].strip()
-            if value:
-                try:
-                    found = shlex.split(value)[0]
-                except ValueError:
-                    found = value.split()[0]
-    return found
+    lines = exec_start_lines(text)
+    return lines[-1][0] if lines else None
 
 
 def _version_of_python(python: str, root: str) -> str | None:
@@ -166,20 +157,8 @@ def _dropin_users(root: str, units_dir: str, state_dir: str) -> dict[str, list[s
             if name is not None:
                 users.setdefault(name, []).append(who)
 
-    if os.path.isdir(units_dir):
-        for entry in sorted(os.listdir(units_dir))[:MAX_UNITS]:
-            if entry.startswith("sglang@") and entry.endswith(".service.d"):
-                folder = os.path.join(units_dir, entry)
-                if os.path.islink(folder) or not os.path.isdir(folder):
-                    continue
-                for conf in sorted(os.listdir(folder))[:64]:
-                    if conf.endswith(".conf"):
-                        text = _read_small(os.path.join(folder, conf))
-                        add(_python_of_line(text or ""), f"{entry[: -len('.d')]} (its unit)")
-    if os.path.isdir(state_dir):
-        for server in sorted(os.listdir(state_dir))[:MAX_UNITS]:
-            text = _read_small(os.path.join(state_dir, server, "lkg", "10-launch.conf"))
-            add(_python_of_line(text or ""), f"{server} (its last-known-good)")
+    for who, path in launch_files(units_dir, state_dir):
+        add(_python_of_line(read_conf(path) or ""), who)
     return users
 
 

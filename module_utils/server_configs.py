@@ -3,10 +3,8 @@ reader: the drop-ins of each sglang@NAME unit (<systemd_dir>/sglang@NAME.service
 the copies each server keeps as last-known-good (<state_dir>/NAME/lkg/*.conf). Standard library
 only; every listing and every file is bounded.
 
-Reader: what pruning a model must keep (model_in_use.configured_references).
-library/ml_env_versions.py (which SGLang virtualenvs are in use) still walks the same files
-itself: it is an input of the test-host layers' cache key (scripts/build-testhost-layer.sh), so
-moving it here waits for its next change of behaviour.
+Readers: what pruning a model must keep (model_in_use.configured_references) and which SGLang
+virtualenvs are in use (library/ml_env_versions.py).
 """
 
 from __future__ import annotations
