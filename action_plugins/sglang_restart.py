@@ -160,7 +160,12 @@ class ActionModule(VerbAction):
             "stop_result": stop_result,
             **restart.downtime(before_stop, healthy_at),
         }
-        self._step(f"healthy: {self._done['downtime']['downtime_seconds']} s from the stop")
+        seconds = self._done["downtime"]["downtime_seconds"]
+        self._step(
+            f"healthy: {seconds} s from the stop"
+            if seconds is not None
+            else "healthy (the host's clock did not read as a number: downtime not measured)"
+        )
 
     def _wait(
         self, server: Mapping[str, Any], health: Mapping[str, Any], lock: Mapping[str, Any]

@@ -4,7 +4,8 @@ control node checks the inventory with it before any host is touched
 filter_plugins/model_stage.py), and the model_stage module checks its arguments with it again
 before it touches anything on the host (library/model_stage.py).
 
-Standard library only, importing nothing else of module_utils: modules import it as
+Standard library only, and of module_utils only the one reader of numbers (typed_number.py),
+under whichever name this file itself was imported: modules import it as
 ``ansible.module_utils.model_stage_args``, the control-node package as
 ``sglang_fleet.module_utils.model_stage_args`` (docs/ARCHITECTURE.md, "module_utils on the
 controller"). Every error is an ArgError naming the variable and what it accepts.
@@ -12,11 +13,15 @@ controller"). Every error is an ArgError naming the variable and what it accepts
 
 from __future__ import annotations
 
-import math
 import posixpath
 import re
 from collections.abc import Mapping
 from typing import Any
+
+try:  # on the host, as AnsiballZ ships it beside this file
+    from ansible.module_utils.typed_number import NumberError, Range, read
+except ImportError:  # on the control node, where ansible.module_utils is ansible-core's own
+    from sglang_fleet.module_utils.typed_number import NumberError, Range, read
 
 SOURCE_KEYS = ("rsync", "hf_repo", "revision", "manifest")
 # [user@]host:/path over SSH (rsync's daemon forms, host::module and rsync://, are refused: no
@@ -32,13 +37,14 @@ MAX_PATH = 4096
 # The numeric settings: (smallest, largest) accepted. The largest are far above any real use
 # and keep a typo from reaching rsync or a thread pool.
 NUMBER_RANGES = {
-    "free_margin_bytes": (0, 1 << 60),
-    "keep": (1, 1000),
-    "bwlimit_kbps": (0, 1 << 40),
-    "verify_workers": (1, 64),
-    "timeout": (1, 30 * 86400),
-    "poll": (1, 3600),
+    "free_margin_bytes": Range(0, 1 << 60, integer=True),
+    "keep": Range(1, 1000, integer=True),
+    "bwlimit_kbps": Range(0, 1 << 40, integer=True),
+    "verify_workers": Range(1, 64, integer=True),
+    "timeout": Range(1, 30 * 86400, integer=True),
+    "poll": Range(1, 3600, integer=True),
 }
+GIB_RANGE = Range(0, 1 << 30)
 
 
 class ArgError(ValueError):
@@ -151,37 +157,20 @@ def source(value: Any, variable: str) -> dict[str, str]:
     return checked
 
 
-def _finite(value: Any) -> float | None:
-    """value, or its text, as a finite number; None for anything else (booleans included)."""
-    if isinstance(value, str):
-        try:
-            value = float(value.strip())
-        except ValueError:
-            return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    try:
-        number = float(value)
-    except OverflowError:  # an int past the float range
-        return None
-    return number if math.isfinite(number) else None
-
-
 def number(value: Any, variable: str, key: str) -> int:
     """A whole number in NUMBER_RANGES[key] (a whole float or its text is accepted)."""
-    low, high = NUMBER_RANGES[key]
-    found = _finite(value)
-    if found is None or found != int(found) or not low <= found <= high:
-        raise ArgError(variable, f"{value!r}: a whole number from {low} to {high}")
-    return int(found)
+    try:
+        return int(read(value, variable, NUMBER_RANGES[key]))
+    except NumberError as exc:
+        raise ArgError(variable, exc.message) from None
 
 
 def gib(value: Any, variable: str) -> float:
     """A finite number of GiB from 0 to 2**30 (fractions allowed; a number's text too)."""
-    found = _finite(value)
-    if found is None or not 0 <= found <= 1 << 30:
-        raise ArgError(variable, f"{value!r}: a number of GiB from 0 to {1 << 30}")
-    return found
+    try:
+        return float(read(value, variable, GIB_RANGE))
+    except NumberError as exc:
+        raise ArgError(variable, f"{exc.message} (GiB)") from None
 
 
 def command(value: Any, variable: str) -> str:

@@ -61,22 +61,35 @@ class Range:
         return above and below
 
     def __str__(self) -> str:
-        kind = "an integer" if self.integer else "a finite number"
+        kind = "an integer" if self.integer else "a number"
+        low, high = _bound(self.low), _bound(self.high)
         if self.low == -math.inf and self.high == math.inf:
-            return kind
-        if self.high == math.inf:
-            return f"{kind} {'>' if self.low_open else '>='} {_bound(self.low)}"
-        left, right = "(" if self.low_open else "[", ")" if self.high_open else "]"
-        return f"{kind} in {left}{_bound(self.low)}, {_bound(self.high)}{right}"
+            return "an integer" if self.integer else "a finite number"
+        if (
+            self.integer
+            and not (self.low_open or self.high_open)
+            and math.inf
+            not in (
+                -self.low,
+                self.high,
+            )
+        ):
+            return f"an integer from {low} to {high}"
+        if self.low_open and self.high_open and math.inf not in (-self.low, self.high):
+            return f"{kind} between {low} and {high} (both excluded)"
+        parts = []
+        if self.low != -math.inf:
+            parts.append(f"{'>' if self.low_open else '>='} {low}")
+        if self.high != math.inf:
+            parts.append(f"{'<' if self.high_open else '<='} {high}")
+        return f"{kind} {' and '.join(parts)}"
 
 
 ANY = Range()
 
 
 def _bound(value: float) -> str:
-    if math.isfinite(value) and value == int(value):
-        return str(int(value))
-    return repr(value)
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def shown(value: Any, limit: int = 40) -> str:
@@ -86,7 +99,7 @@ def shown(value: Any, limit: int = 40) -> str:
         return f"a {_digits(value)}-digit integer"
     if isinstance(value, str) and len(value) > limit:
         return f"{value[:limit]!r}... ({len(value)} characters)"
-    text = repr(value) if isinstance(value, str | int | float | bool | type(None)) else None
+    text = repr(value) if isinstance(value, (str, int, float, bool, type(None))) else None
     if text is None:
         return f"a {type(value).__name__}"
     return text if len(text) <= limit else f"{text[:limit]}..."
@@ -117,7 +130,7 @@ def read(value: Any, what: str, allowed: Range = ANY, *, text: bool = True) -> i
     infinities, integers past MAX_INT, text past MAX_TEXT characters, numbers out of range) is a
     NumberError naming `what`, never another exception."""
     number: int | float
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise NumberError(what, f"must be {allowed}, got {shown(value)}")
     if isinstance(value, str):
         if not text:

@@ -164,7 +164,7 @@ def grid_best(state: dict[str, Any], measure: Measure) -> float:
     [
         ({"mem_fraction": [0.9]}, "unknown key(s) mem_fraction; allowed: mem_fraction_static"),
         ({"mem_fraction_static": []}, "autotune_space.mem_fraction_static must be a non-empty"),
-        ({"mem_fraction_static": [1.2]}, "1.2 is not a fraction between 0 and 1"),
+        ({"mem_fraction_static": [1.2]}, "1.2 is not a number between 0 and 1 (both excluded)"),
         ({"max_running_requests": [0]}, "autotune_space.max_running_requests: 0 is not a pos"),
         ({"chunked_prefill_size": [-1, 4096.5]}, "4096.5 is not a positive integer or -1"),
         ({"kv_cache_dtype": ["int4"]}, "'int4' is not a KV cache dtype"),
@@ -536,7 +536,7 @@ def test_report_is_stamped_with_the_start_of_the_search(tmp_path: Path):
 @pytest.mark.parametrize(
     ("inputs", "message"),
     [
-        ({"tolerance": 1.5}, "autotune_tolerance: 1.5 is not a number in [0, 1)"),
+        ({"tolerance": 1.5}, "autotune_tolerance: 1.5 is not a number >= 0 and < 1"),
         ({"tolerance": "x"}, "autotune_tolerance: 'x'"),
         ({"max_trials": 0}, "autotune_max_trials: 0 is not a positive integer"),
         ({"kv_cache_dtypes_allowed": ["fp9"]}, "autotune_kv_cache_dtypes_allowed: 'fp9' is not"),

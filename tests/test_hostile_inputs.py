@@ -1054,7 +1054,7 @@ PLAN_CLI_ROWS = [
         "plan_cli",
         [*LLAMA, *GPU, "--tp-size", "x"],
         "refused",
-        "argument --tp-size: invalid int",
+        "argument --tp-size: must be an integer, got 'x'",
     ),
     Row(
         "cli-kv-dtype-unknown",

@@ -323,7 +323,7 @@ def test_restart_inside_the_window_and_failed_readings_are_said(scripted):
 
 
 def test_the_sampler_zipapp_holds_the_sampler_its_reader_and_its_parser_only():
-    """What the diagnosis role puts on a host: three modules and their packages, all standard
+    """What the diagnosis role puts on a host: four modules and their packages, all standard
     library (host_zipapp refuses anything else)."""
     names = set(zipfile.ZipFile(io.BytesIO(build_zipapp(SAMPLER))).namelist())
     assert names == {
@@ -336,6 +336,7 @@ def test_the_sampler_zipapp_holds_the_sampler_its_reader_and_its_parser_only():
         "sglang_fleet/diagnosis/live_metrics.py",
         "sglang_fleet/module_utils/__init__.py",
         "sglang_fleet/module_utils/fleet_http.py",
+        "sglang_fleet/module_utils/typed_number.py",
     }
 
 

@@ -250,10 +250,19 @@ def test_a_missing_hf_python_is_a_clean_failure(tmp_path: Path) -> None:
         ({"source": {"rsync": "store::models/rev-a", "revision": "r"}}, "source.rsync"),
         ({"source": {"rsync": "/", "revision": "r"}}, "source.rsync"),
         ({"source": {"rsync": "store:/", "revision": "r"}}, "source.rsync"),
-        ({"bwlimit_kbps": -5}, "bwlimit_kbps: -5"),
-        ({"keep": 0}, "keep: 0"),
-        ({"verify_workers": 0}, "verify_workers: 0"),
-        ({"free_margin_bytes": -1}, "free_margin_bytes: -1"),
+        ({"bwlimit_kbps": -5}, "bwlimit_kbps: must be an integer from 0 to 1099511627776, got -5"),
+        ({"keep": 0}, "keep: must be an integer from 1 to 1000, got 0"),
+        ({"verify_workers": 0}, "verify_workers: must be an integer from 1 to 64, got 0"),
+        ({"free_margin_bytes": -1}, "free_margin_bytes: must be an integer from 0 to"),
+        (
+            {"free_margin_bytes": 10**400},
+            "free_margin_bytes: must be an integer from 0 to 1152921504606846976, "
+            "got a 401-digit integer",
+        ),
+        (
+            {"verify_workers": "9" * 5000},
+            "verify_workers: must be an integer from 1 to 64, got 5000",
+        ),
         ({"ssh_command": "-oProxyCommand=sh"}, "ssh_command"),
         ({"manifest_name": "../m.json"}, "manifest_name"),
     ],

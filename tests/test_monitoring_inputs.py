@@ -35,17 +35,17 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.parametrize(
     ("name", "value", "said"),
     [
-        ("monitoring_alert_gpu_unowned_mib", "1024 or vector(1)", "[0, 1048576]"),
-        ("monitoring_alert_gpu_unowned_mib", -1, "[0, 1048576]"),
-        ("monitoring_alert_kv_cache_usage", math.nan, "(0, 1]"),
-        ("monitoring_alert_kv_cache_usage", "inf", "(0, 1]"),
-        ("monitoring_alert_slo_quantile", 1, "(0, 1)"),
-        ("monitoring_alert_slo_quantile", True, "(0, 1)"),
-        ("monitoring_slo_ttft_ms", -5, "(0, 3600000]"),
-        ("monitoring_slo_ttft_ms", 0, "(0, 3600000]"),
-        ("monitoring_slo_tpot_ms", "nan", "(0, 3600000]"),
-        ("monitoring_prometheus_port", 70000, "[1, 65535]"),
-        ("monitoring_prometheus_port", "9090.5", "[1, 65535]"),
+        ("monitoring_alert_gpu_unowned_mib", "1024 or vector(1)", ">= 0 and <= 1048576"),
+        ("monitoring_alert_gpu_unowned_mib", -1, ">= 0 and <= 1048576"),
+        ("monitoring_alert_kv_cache_usage", math.nan, "> 0 and <= 1"),
+        ("monitoring_alert_kv_cache_usage", "inf", "> 0 and <= 1"),
+        ("monitoring_alert_slo_quantile", 1, "between 0 and 1 (both excluded)"),
+        ("monitoring_alert_slo_quantile", True, "between 0 and 1 (both excluded)"),
+        ("monitoring_slo_ttft_ms", -5, "> 0 and <= 3600000"),
+        ("monitoring_slo_ttft_ms", 0, "> 0 and <= 3600000"),
+        ("monitoring_slo_tpot_ms", "nan", "> 0 and <= 3600000"),
+        ("monitoring_prometheus_port", 70000, "from 1 to 65535"),
+        ("monitoring_prometheus_port", "9090.5", "from 1 to 65535"),
         ("monitoring_rate_window", "5m\n", "Prometheus duration"),
         ("monitoring_rate_window", "0", "longer than 0"),
         ("monitoring_alert_slo_for", "5 m", "Prometheus duration"),
@@ -116,7 +116,11 @@ def test_promql_text_as_a_threshold_never_reaches_the_rules() -> None:
 @pytest.mark.parametrize(
     ("name", "value", "said"),
     [
-        ("monitoring_alert_gpu_unowned_mib", "1024 or vector(1)", "must be a finite number"),
+        (
+            "monitoring_alert_gpu_unowned_mib",
+            "1024 or vector(1)",
+            "must be a number >= 0 and <= 1048576",
+        ),
         ("monitoring_rate_window", "5m\n", "must be a Prometheus duration"),
     ],
 )
@@ -154,7 +158,7 @@ def test_a_hosts_smoke_gate_slo_is_a_number_in_range(slo: Any) -> None:
         scrape_targets.slo_seconds([host], 2000, 100)
     message = str(raised.value)
     assert "host gpu1: smoke_gate_workload.slo_ttft_ms" in message
-    assert "(0, 3600000]" in message
+    assert "> 0 and <= 3600000" in message
 
 
 @pytest.mark.parametrize("unset", [None, ""])
@@ -248,8 +252,8 @@ def test_prometheus_parses_a_served_model_name_with_an_emoji(tmp_path: Path) -> 
         ),
         ("served_model_name", "m\nx", "server 'a' on gpu1: served_model_name holds a control"),
         ("served_model_name", ["m"], "server 'a' on gpu1: served_model_name must be text"),
-        ("port", "30000 or x", "server 'a' on gpu1: port must be an integer in [1, 65535]"),
-        ("port", 0, "server 'a' on gpu1: port must be an integer in [1, 65535]"),
+        ("port", "30000 or x", "server 'a' on gpu1: port must be an integer from 1 to 65535"),
+        ("port", 0, "server 'a' on gpu1: port must be an integer from 1 to 65535"),
     ],
 )
 def test_text_prometheus_cannot_hold_names_host_server_and_field(

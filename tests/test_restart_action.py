@@ -157,9 +157,13 @@ def test_a_cpu_server_is_cleaned_by_its_unit_and_port() -> None:
 @pytest.mark.parametrize(
     ("cleanup", "message"),
     [
-        ({"term_timeout": 0}, "gpu_cleanup_term_timeout must be above 0 s"),
+        ({"term_timeout": 0}, "gpu_cleanup_term_timeout must be a number > 0 and <= 86400"),
+        ({"term_timeout": 10**400}, "gpu_cleanup_term_timeout must be .*, got a 401-digit integer"),
+        ({"clear_timeout": "9" * 5000}, "gpu_cleanup_clear_timeout must be .*5000 characters"),
+        ({"poll_interval": "1e999"}, "gpu_cleanup_poll_interval must be a number > 0"),
         ({"clear_timeout": "soon"}, "gpu_cleanup_clear_timeout must be a number"),
-        ({"max_used_mib": -1}, "gpu_cleanup_max_used_mib must be 0 or more"),
+        ({"max_used_mib": -1}, "gpu_cleanup_max_used_mib must be an integer from 0 to"),
+        ({"max_used_mib": 10**30}, "gpu_cleanup_max_used_mib must be an integer from 0 to"),
         ({"device_glob": "dev/nvidia*"}, "gpu_cleanup_device_glob must be an absolute path"),
         ({"allow_kill_foreign": "maybe"}, "gpu_cleanup_allow_kill_foreign must be true or false"),
         ({"kill_everything": True}, "gpu_cleanup_kill_everything is not a cleanup setting"),

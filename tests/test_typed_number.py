@@ -71,7 +71,7 @@ HOSTILE = [
 def test_hostile_values_are_refused_by_name(value) -> None:
     with pytest.raises(NumberError) as caught:
         read(value, "sglang_server_thing", COUNT)
-    assert str(caught.value).startswith("sglang_server_thing must be an integer in [1, 4096]")
+    assert str(caught.value).startswith("sglang_server_thing must be an integer from 1 to 4096")
     assert len(str(caught.value)) < 200  # a 5,000-digit value is described, not echoed
 
 

@@ -13,12 +13,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sglang_fleet.ansible_values import finite_number
+from sglang_fleet.module_utils.typed_number import Range, finite_or_none
 
 
 def _count(value: Any) -> int | None:
-    number = finite_number(value)
-    return None if number is None or number < 0 else int(number)
+    number = finite_or_none(value, Range(0))
+    return None if number is None else int(number)
 
 
 def downtime_seconds(downtime: Mapping[str, Any] | None) -> float | None:
@@ -26,8 +26,7 @@ def downtime_seconds(downtime: Mapping[str, Any] | None) -> float | None:
     before (a first start has no downtime to measure) or nothing was recorded."""
     if not downtime or not downtime.get("was_running"):
         return None
-    seconds = finite_number(downtime.get("downtime_seconds"))
-    return None if seconds is None or seconds < 0 else seconds
+    return finite_or_none(downtime.get("downtime_seconds"), Range(0))
 
 
 def killed_at_stop(downtime: Mapping[str, Any] | None) -> bool:
@@ -49,7 +48,7 @@ def drain_note(
     parts = []
     if timed_out:
         running = _count(drain.get("running_reqs"))
-        seconds = finite_number(drain.get("drain_seconds"))
+        seconds = finite_or_none(drain.get("drain_seconds"))
         parts.append(
             "drain ran out of time"
             + (f" after {seconds:.0f} s" if seconds is not None else "")

@@ -25,10 +25,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sglang_fleet.ansible_values import finite_number
 from sglang_fleet.capacity import attention_dp, kv_cache
 from sglang_fleet.capacity.model_config import ModelShape
 from sglang_fleet.capacity.server_log import Calibration
+from sglang_fleet.module_utils.typed_number import finite_or_none
 
 # The flags a calibration's prediction depends on: without them it would describe another run.
 MATTERS = ("tp_size", "attn_dp_size", "mem_fraction_static", "kv_cache_dtype")
@@ -109,7 +109,7 @@ class _Inference:
     def _agrees(self, name: str, given: Any, value: Any) -> bool:
         if name == "kv_cache_dtype":
             return _same_dtype(given, value)
-        a, b = finite_number(given), finite_number(value)
+        a, b = finite_or_none(given), finite_or_none(value)
         if a is None or b is None:
             return str(given) == str(value)
         if name == "mem_fraction_static":
@@ -135,7 +135,7 @@ class _Inference:
         attention TP); None without config.json or for an unknown dtype."""
         if self.shape is None:
             return None
-        attn_tp = int(finite_number(tp) or 1) // int(finite_number(attn) or 1)
+        attn_tp = int(finite_or_none(tp) or 1) // int(finite_or_none(attn) or 1)
         try:
             return kv_cache.cell_size_bytes(self.shape, str(dtype), max(1, attn_tp))
         except ValueError:

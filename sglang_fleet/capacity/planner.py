@@ -36,6 +36,7 @@ from sglang_fleet.capacity.planner_inputs import (
     PlanInputError,
     shown,
 )
+from sglang_fleet.module_utils import typed_number
 
 
 def plan(model_config: dict, weight_bytes: int, args: dict, host: dict) -> dict:
@@ -60,49 +61,66 @@ def plan(model_config: dict, weight_bytes: int, args: dict, host: dict) -> dict:
 
 
 # --- command line ----------------------------------------------------------------------
+def _integer(text: str) -> int:
+    """A flag's integer (module_utils/typed_number.py): argparse's int() would echo 5,000
+    digits back; the range is the planner's (planner_inputs)."""
+    try:
+        return int(typed_number.read(text, "value", typed_number.Range(integer=True)))
+    except typed_number.NumberError as exc:
+        raise argparse.ArgumentTypeError(exc.message) from None
+
+
+def _real(text: str) -> float:
+    """A flag's number: finite (argparse's float() takes 'nan' and '1e999')."""
+    try:
+        return float(typed_number.read(text, "value"))
+    except typed_number.NumberError as exc:
+        raise argparse.ArgumentTypeError(exc.message) from None
+
+
 def add_plan_arguments(parser: argparse.ArgumentParser, *, model_required: bool) -> None:
     """The planner's flags (shared with diagnose, which plans the levers it suggests)."""
     parser.add_argument(
         "--model-path", required=model_required, help="model directory (config.json)"
     )
-    parser.add_argument("--tp-size", type=int, default=None)
-    parser.add_argument("--dp-size", type=int, default=None)
-    parser.add_argument("--attn-dp-size", type=int, default=None, help="attention-DP ranks")
+    parser.add_argument("--tp-size", type=_integer, default=None)
+    parser.add_argument("--dp-size", type=_integer, default=None)
+    parser.add_argument("--attn-dp-size", type=_integer, default=None, help="attention-DP ranks")
     parser.add_argument(
         "--enable-dp-attention",
         action="store_true",
         default=None,
         help="deprecated: --dp-size N --enable-dp-attention means --attn-dp-size N",
     )
-    parser.add_argument("--cuda-graph-max-bs-decode", type=int, default=None)
-    parser.add_argument("--mem-fraction-static", type=float, default=None)
+    parser.add_argument("--cuda-graph-max-bs-decode", type=_integer, default=None)
+    parser.add_argument("--mem-fraction-static", type=_real, default=None)
     parser.add_argument("--kv-cache-dtype", default=None, choices=sorted(kv_cache.KV_ELEM_BYTES))
     parser.add_argument("--enable-hierarchical-cache", action="store_true", default=None)
-    parser.add_argument("--hicache-size", type=float, default=None, help="GB per rank")
-    parser.add_argument("--hicache-ratio", type=float, default=None)
-    parser.add_argument("--chunked-prefill-size", type=int, default=None)
-    parser.add_argument("--max-running-requests", type=int, default=None)
-    parser.add_argument("--context-length", type=int, default=None)
-    parser.add_argument("--page-size", type=int, default=None)
+    parser.add_argument("--hicache-size", type=_real, default=None, help="GB per rank")
+    parser.add_argument("--hicache-ratio", type=_real, default=None)
+    parser.add_argument("--chunked-prefill-size", type=_integer, default=None)
+    parser.add_argument("--max-running-requests", type=_integer, default=None)
+    parser.add_argument("--context-length", type=_integer, default=None)
+    parser.add_argument("--page-size", type=_integer, default=None)
     parser.add_argument(
         "--device", choices=DEVICES, default=None, help="cpu: plan host RAM (docs/CPU-SERVERS.md)"
     )
-    parser.add_argument("--max-total-tokens", type=int, default=None)
+    parser.add_argument("--max-total-tokens", type=_integer, default=None)
     parser.add_argument(
-        "--gpu-memory-mib", type=float, default=None, help="per GPU, as nvidia-smi reports"
+        "--gpu-memory-mib", type=_real, default=None, help="per GPU, as nvidia-smi reports"
     )
-    parser.add_argument("--host-ram-gib", type=float, default=None)
-    parser.add_argument("--gpu-count", type=int, default=None)
+    parser.add_argument("--host-ram-gib", type=_real, default=None)
+    parser.add_argument("--gpu-count", type=_integer, default=None)
     parser.add_argument("--gpu-name", default=None, help="as nvidia-smi names it")
     parser.add_argument(
         "--gpu-memory-bandwidth-gbs",
-        type=float,
+        type=_real,
         default=None,
         help="per GPU, GB/s, for the decode roofline (default: a table of GPU models)",
     )
-    parser.add_argument("--avg-input-len", type=int, default=None)
-    parser.add_argument("--avg-output-len", type=int, default=None)
-    parser.add_argument("--per-request-tok-s", type=float, default=None)
+    parser.add_argument("--avg-input-len", type=_integer, default=None)
+    parser.add_argument("--avg-output-len", type=_integer, default=None)
+    parser.add_argument("--per-request-tok-s", type=_real, default=None)
     parser.add_argument(
         "--calibrate-from", metavar="LOG", default=None, help="server log of an earlier run"
     )
@@ -122,7 +140,7 @@ def add_plan_arguments(parser: argparse.ArgumentParser, *, model_required: bool)
     )
     parser.add_argument("--calibration-mode", choices=calibration.MODES, default=None)
     parser.add_argument("--sglang-version", default=None)
-    parser.add_argument("--min-free-after-graph-gib", type=float, default=None)
+    parser.add_argument("--min-free-after-graph-gib", type=_real, default=None)
 
 
 def _logged_flag_words(words: list[str]) -> dict[str, str]:

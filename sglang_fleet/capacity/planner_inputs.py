@@ -9,13 +9,12 @@ command line's exit status 2, the Ansible filter's failed task).
 
 from __future__ import annotations
 
-import math
-import re
-from dataclasses import dataclass
 from typing import Any
 
 from sglang_fleet.capacity import calibration, kv_cache, logged_flags
 from sglang_fleet.capacity.server_log import Calibration, parse_log
+from sglang_fleet.module_utils import typed_number
+from sglang_fleet.module_utils.typed_number import Range, shown
 
 # Flags of a server this planner reads (a server's plan_args); the rest do not change its
 # arithmetic.
@@ -104,8 +103,9 @@ class PlanInputError(ValueError):
         self.message = message
 
 
-# Ranges of the numeric inputs. Ansible extra-vars arrive as strings ("8"), so numbers are
-# converted first; booleans, NaN, infinities and fractional counts are refused, never coerced.
+# Ranges of the numeric inputs, read by the one reader of numbers (module_utils/typed_number.py):
+# Ansible extra-vars arrive as strings ("8"), so number text is read; booleans, NaN,
+# infinities, fractional counts, huge integers and long text are refused, never coerced.
 # The upper bounds lie beyond any real machine or setting and keep the arithmetic finite.
 _MAX_COUNT = 2**31 - 1
 _MAX_AMOUNT = 1e12
@@ -113,96 +113,42 @@ _MAX_AMOUNT = 1e12
 # cluster):
 # a tp of 2**31 - 1 would have the layout table walk every divisor candidate for minutes.
 _MAX_PARALLEL = 4096
-_INT_RANGES: dict[str, tuple[int, int]] = {
-    "tp_size": (1, _MAX_PARALLEL),
-    "dp_size": (1, _MAX_PARALLEL),
-    "attn_dp_size": (1, _MAX_PARALLEL),
-    "page_size": (1, _MAX_COUNT),
-    "chunked_prefill_size": (-1, _MAX_COUNT),  # -1 (and 0) disable chunked prefill
-    "max_running_requests": (1, _MAX_COUNT),
-    "context_length": (1, _MAX_COUNT),
-    "avg_input_len": (0, _MAX_COUNT),
-    "avg_output_len": (0, _MAX_COUNT),
-    "gpu_count": (0, _MAX_COUNT),  # 0 is a host without GPUs: a plan error, not bad usage
-    "cuda_graph_max_bs_decode": (1, _MAX_COUNT),
-    "max_total_tokens": (1, _MAX_COUNT),
+_INT_RANGES: dict[str, Range] = {
+    "tp_size": Range(1, _MAX_PARALLEL, integer=True),
+    "dp_size": Range(1, _MAX_PARALLEL, integer=True),
+    "attn_dp_size": Range(1, _MAX_PARALLEL, integer=True),
+    "page_size": Range(1, _MAX_COUNT, integer=True),
+    # -1 (and 0) disable chunked prefill
+    "chunked_prefill_size": Range(-1, _MAX_COUNT, integer=True),
+    "max_running_requests": Range(1, _MAX_COUNT, integer=True),
+    "context_length": Range(1, _MAX_COUNT, integer=True),
+    "avg_input_len": Range(0, _MAX_COUNT, integer=True),
+    "avg_output_len": Range(0, _MAX_COUNT, integer=True),
+    "gpu_count": Range(0, _MAX_COUNT, integer=True),  # 0: a host without GPUs, a plan error
+    "cuda_graph_max_bs_decode": Range(1, _MAX_COUNT, integer=True),
+    "max_total_tokens": Range(1, _MAX_COUNT, integer=True),
 }
-
-
-@dataclass(frozen=True)
-class _FloatRange:
-    low: float
-    high: float
-    low_open: bool = False  # the lowest value itself is refused
-    high_open: bool = False
-
-    def __contains__(self, value: float) -> bool:
-        above = value > self.low if self.low_open else value >= self.low
-        below = value < self.high if self.high_open else value <= self.high
-        return above and below
-
-    def __str__(self) -> str:
-        if self.low_open and self.high_open:
-            return f"a number between {self.low:g} and {self.high:g} (both excluded)"
-        low = ">" if self.low_open else ">="
-        high = "<" if self.high_open else "<="
-        return f"a number {low} {self.low:g} and {high} {self.high:g}"
-
-
-_FLOAT_RANGES: dict[str, _FloatRange] = {
-    "mem_fraction_static": _FloatRange(0.0, 1.0, low_open=True, high_open=True),
-    "hicache_size": _FloatRange(0.0, _MAX_AMOUNT),
-    "hicache_ratio": _FloatRange(0.0, _MAX_AMOUNT, low_open=True),
-    "per_request_tok_s": _FloatRange(0.0, _MAX_AMOUNT, low_open=True),
-    "min_free_after_graph_gib": _FloatRange(0.0, _MAX_AMOUNT),
+_FLOAT_RANGES: dict[str, Range] = {
+    "mem_fraction_static": Range(0.0, 1.0, low_open=True, high_open=True),
+    "hicache_size": Range(0.0, _MAX_AMOUNT),
+    "hicache_ratio": Range(0.0, _MAX_AMOUNT, low_open=True),
+    "per_request_tok_s": Range(0.0, _MAX_AMOUNT, low_open=True),
+    "min_free_after_graph_gib": Range(0.0, _MAX_AMOUNT),
     # Less than the CUDA context leaves nothing to plan with.
-    "gpu_memory_mib": _FloatRange(kv_cache.CUDA_CONTEXT_GIB * 1024, _MAX_AMOUNT, low_open=True),
-    "host_ram_gib": _FloatRange(0.0, _MAX_AMOUNT),
-    "gpu_memory_bandwidth_gbs": _FloatRange(0.0, _MAX_AMOUNT, low_open=True),
+    "gpu_memory_mib": Range(kv_cache.CUDA_CONTEXT_GIB * 1024, _MAX_AMOUNT, low_open=True),
+    "host_ram_gib": Range(0.0, _MAX_AMOUNT),
+    "gpu_memory_bandwidth_gbs": Range(0.0, _MAX_AMOUNT, low_open=True),
 }
-_INTEGER_TEXT = re.compile(r"\s*[+-]?[0-9]+\s*")
 _TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
 _FALSE_WORDS = frozenset({"0", "false", "no", "off", ""})
 
 
-def shown(value: Any) -> str:
-    """A value for a message: short, and never the conversion of a huge integer."""
-    if isinstance(value, int) and value.bit_length() > 64:
-        return f"a {value.bit_length()}-bit integer"
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _integral(value: Any) -> bool:
-    """A float without a fraction, or the text of an integer (as Ansible hands it over)."""
-    if isinstance(value, float):
-        return value.is_integer()
-    return isinstance(value, str) and bool(_INTEGER_TEXT.fullmatch(value))
-
-
-def _as_int(key: str, value: Any) -> int:
-    low, high = _INT_RANGES[key]
-    number: int | None = None
-    if isinstance(value, int) and not isinstance(value, bool):
-        number = value
-    elif _integral(value):
-        number = int(value)
-    if number is None or not low <= number <= high:
-        raise PlanInputError(f"must be an integer from {low} to {high}, got {shown(value)}", key)
-    return number
-
-
-def _as_float(key: str, value: Any) -> float:
-    allowed = _FLOAT_RANGES[key]
-    number: float | None = None
+def _as_number(key: str, value: Any, allowed: Range) -> int | float:
     try:
-        if isinstance(value, int | float | str) and not isinstance(value, bool):
-            number = float(value)
-    except (ValueError, OverflowError):
-        number = None
-    if number is None or not math.isfinite(number) or number not in allowed:
-        raise PlanInputError(f"must be {allowed}, got {shown(value)}", key)
-    return number
+        number = typed_number.read(value, key, allowed)
+    except typed_number.NumberError as exc:
+        raise PlanInputError(exc.message, key) from None
+    return number if allowed.integer else float(number)
 
 
 def _as_bool(key: str, value: Any) -> bool:
@@ -280,9 +226,9 @@ def _typed(values: dict[str, Any]) -> dict[str, Any]:
                 )
             out[key] = str(value)
         elif key in _INT_RANGES:
-            out[key] = _as_int(key, value)
+            out[key] = _as_number(key, value, _INT_RANGES[key])
         elif key in _FLOAT_RANGES:
-            out[key] = _as_float(key, value)
+            out[key] = _as_number(key, value, _FLOAT_RANGES[key])
         elif key in ("enable_hierarchical_cache", "enable_dp_attention", "plan_layouts"):
             out[key] = _as_bool(key, value)
         else:

@@ -38,7 +38,8 @@ import time
 from typing import Any, Callable
 
 from sglang_fleet.bench.smoke_client.prometheus_text import parse_series
-from sglang_fleet.module_utils import fleet_http
+from sglang_fleet.module_utils import fleet_http, typed_number
+from sglang_fleet.module_utils.typed_number import Range
 
 HttpError, redact_url, request = fleet_http.HttpError, fleet_http.redact_url, fleet_http.request
 check_http_url = fleet_http.check_url
@@ -378,12 +379,9 @@ def error_sample(url: str, code: str, message: str) -> dict[str, Any]:
 
 def _positive(text: str) -> float:
     try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not value > 0 or math.isinf(value):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
-    return value
+        return float(typed_number.read(text, "seconds", Range(0, low_open=True)))
+    except typed_number.NumberError as exc:
+        raise argparse.ArgumentTypeError(f"{exc.message} (seconds)") from None
 
 
 class _RefuseKeyInArgv(argparse.Action):

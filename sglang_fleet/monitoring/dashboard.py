@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 import urllib.parse
@@ -34,8 +33,10 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from sglang_fleet.module_utils import typed_number
 from sglang_fleet.module_utils.bounded_file import read_regular
 from sglang_fleet.module_utils.fleet_http import HttpError, check_url, redact_url, request
+from sglang_fleet.module_utils.typed_number import Range
 from sglang_fleet.monitoring.settings import SettingError, duration_ms
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "roles" / "monitoring" / "files"
@@ -241,12 +242,9 @@ def snapshot(
 def _minutes(text: str) -> float:
     """--minutes: a finite number of minutes in (0, MAX_MINUTES]."""
     try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or not 0 < value <= MAX_MINUTES:
-        raise argparse.ArgumentTypeError(f"must be a number of minutes in (0, {MAX_MINUTES}]")
-    return value
+        return float(typed_number.read(text, "--minutes", Range(0, MAX_MINUTES, low_open=True)))
+    except typed_number.NumberError as exc:
+        raise argparse.ArgumentTypeError(f"{exc.message} (minutes)") from None
 
 
 def _rate_interval(text: str) -> str:

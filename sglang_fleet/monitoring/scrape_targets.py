@@ -29,7 +29,8 @@ from typing import Any
 import yaml
 
 from sglang_fleet.module_utils.fleet_http import HttpError, check_url
-from sglang_fleet.monitoring.settings import MAX_SLO_MS, Range, SettingError, number, port
+from sglang_fleet.module_utils.typed_number import Range
+from sglang_fleet.monitoring.settings import MAX_SLO_MS, SettingError, number, port
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 # A file name is at most 255 bytes; the longest name key_file_name() may give.

@@ -12,13 +12,13 @@ word break. Each refusal names the variable and what is allowed.
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
+from sglang_fleet.module_utils import typed_number
 from sglang_fleet.module_utils.fleet_http import HttpError, check_url
+from sglang_fleet.module_utils.typed_number import Range
 
 
 class SettingError(ValueError):
@@ -28,31 +28,6 @@ class SettingError(ValueError):
         super().__init__(f"{variable} {message}")
         self.variable = variable
         self.message = message
-
-
-@dataclass(frozen=True)
-class Range:
-    """A closed or open interval of allowed numbers, and how to say it."""
-
-    low: float
-    high: float
-    low_open: bool = False
-    high_open: bool = False
-    integer: bool = False
-
-    def holds(self, value: float) -> bool:
-        above = value > self.low if self.low_open else value >= self.low
-        below = value < self.high if self.high_open else value <= self.high
-        return above and below
-
-    def __str__(self) -> str:
-        kind = "an integer" if self.integer else "a finite number"
-        left, right = "(" if self.low_open else "[", ")" if self.high_open else "]"
-        return f"{kind} in {left}{_shown(self.low)}, {_shown(self.high)}{right}"
-
-
-def _shown(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else repr(value)
 
 
 # An hour of latency is no objective a server is held to; 1 TiB is more than any GPU holds.
@@ -111,7 +86,6 @@ _SPAN_UNITS = "|".join(
 )  # fmt: skip
 _SPAN_PART = rf"[0-9]+(?:\.[0-9]+)?(?:{_SPAN_UNITS})"
 _SPAN = re.compile(rf"[0-9]+|{_SPAN_PART}(?: ?{_SPAN_PART})*")
-_NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 _FOLDER = re.compile(r"/[A-Za-z0-9._+@:/-]*")
 _COMMAND = re.compile(r"[A-Za-z0-9._+/-]+")
 _UNIT_PATTERN = re.compile(r"[A-Za-z0-9@:._*?\[\]-]+")
@@ -119,19 +93,14 @@ _UNIT_SETTING = re.compile(r"[A-Z][A-Za-z0-9]*")
 
 
 def number(value: Any, variable: str, allowed: Range) -> int | float:
-    """value as a finite number in its range: an int or float, or a string that is one number
-    (what -e gives); anything else, NaN, infinities and booleans are refused."""
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise SettingError(variable, f"must be {allowed}, got a {type(value).__name__}")
-    if isinstance(value, str):
-        if not _NUMBER.fullmatch(value.strip()):
-            raise SettingError(variable, f"must be {allowed}, got {value!r}")
-        value = float(value)
-    if not math.isfinite(value) or not allowed.holds(value):
-        raise SettingError(variable, f"must be {allowed}, got {value!r}")
-    if allowed.integer and value != int(value):
-        raise SettingError(variable, f"must be {allowed}, got {value!r}")
-    return int(value) if float(value).is_integer() else float(value)
+    """value as a number in its range (module_utils/typed_number.py: an int or float, or a string
+    that is one number, as -e gives it); an integral value comes back as an int, so that a
+    template prints 80, not 80.0."""
+    try:
+        found = typed_number.read(value, variable, allowed)
+    except typed_number.NumberError as exc:
+        raise SettingError(variable, exc.message) from None
+    return int(found) if float(found).is_integer() else found
 
 
 def port(value: Any, variable: str) -> int:

@@ -4,12 +4,12 @@ with what the rollout did to it, its figures and its downtime, and the table an 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
 from sglang_fleet.bench import downtime as stops
 from sglang_fleet.bench.gate import figure
+from sglang_fleet.module_utils.typed_number import Range, finite_or_none
 
 # "refused (calibrated)": the pre-flight refused the flag set on the host's calibration
 # (docs/CALIBRATION.md); the running server was not touched.
@@ -113,11 +113,8 @@ def _row(host: str, server: str, config_hash: str | None, outcome: str, message=
 
 
 def _seconds_cell(value: Any) -> str:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return "-"
-    return f"{number:.1f}" if math.isfinite(number) and number >= 0 else "-"
+    number = finite_or_none(value, Range(0))
+    return "-" if number is None else f"{number:.1f}"
 
 
 def format_rollout_table(rows: list[dict[str, Any]]) -> list[str]:

@@ -13,9 +13,11 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
+
+from sglang_fleet.module_utils import typed_number
+from sglang_fleet.module_utils.typed_number import Range
 
 # The settings an operator may give (gpu_cleanup_<name>), with their types; the module's own
 # defaults hold for the ones not given.
@@ -36,7 +38,15 @@ SETTINGS: dict[str, type] = {
 PER_SERVER = frozenset(
     {"gpus", "units", "ports", "owner_users", "launch_modules", "accelerator", "state"}
 )
-POSITIVE = ("term_timeout", "clear_timeout", "poll_interval")
+# The numbers' ranges: a wait is above 0 s and at most a day (a longer one is a typo, and a
+# cleanup that waits longer holds the rollout lock that long); MiB up to 1 PiB.
+_DAY_S = 86_400
+NUMBERS: dict[str, Range] = {
+    "term_timeout": Range(0, _DAY_S, low_open=True),
+    "clear_timeout": Range(0, _DAY_S, low_open=True),
+    "poll_interval": Range(0, _DAY_S, low_open=True),
+    "max_used_mib": Range(0, 1 << 30, integer=True),
+}
 TRUE_WORDS = {"true": True, "yes": True, "on": True, "1": True}
 FALSE_WORDS = {"false": False, "no": False, "off": False, "0": False}
 
@@ -63,14 +73,9 @@ def _typed(name: str, value: Any, kind: type) -> Any:
             return value
         raise SettingsError(f"{variable} must be one line of text, got {value!r}")
     try:
-        if isinstance(value, bool):
-            raise ValueError
-        number = kind(str(value).strip()) if kind is int else float(value)
-    except (TypeError, ValueError):
-        raise SettingsError(f"{variable} must be a number, got {value!r}") from None
-    if not math.isfinite(number):
-        raise SettingsError(f"{variable} must be a finite number, got {value!r}")
-    return number
+        return typed_number.read(value, variable, NUMBERS[name])
+    except typed_number.NumberError as exc:
+        raise SettingsError(str(exc)) from None
 
 
 def cleanup_settings(given: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -83,13 +88,6 @@ def cleanup_settings(given: Mapping[str, Any] | None) -> dict[str, Any]:
             allowed = ", ".join(f"gpu_cleanup_{n}" for n in sorted(SETTINGS))
             raise SettingsError(f"gpu_cleanup_{name} is not a cleanup setting; allowed: {allowed}")
         settings[name] = _typed(name, value, SETTINGS[name])
-    for name in POSITIVE:
-        if name in settings and settings[name] <= 0:
-            raise SettingsError(f"gpu_cleanup_{name} must be above 0 s, got {settings[name]}")
-    if settings.get("max_used_mib", 0) < 0:
-        raise SettingsError(
-            f"gpu_cleanup_max_used_mib must be 0 or more, got {settings['max_used_mib']}"
-        )
     if "device_glob" in settings and not settings["device_glob"].startswith("/"):
         raise SettingsError(
             f"gpu_cleanup_device_glob must be an absolute path, got {settings['device_glob']!r}"
@@ -138,13 +136,14 @@ def holder_lines(processes: list[Mapping[str, Any]]) -> list[str]:
 
 def downtime(before_stop: str, healthy_at: str) -> dict[str, Any]:
     """{was_running, downtime_seconds} from the host's `date +%s.%N` and `systemctl is-active`
-    before the stop ("<clock>\\n<state>") and its clock at the passed health gate."""
+    before the stop ("<clock>\\n<state>") and its clock at the passed health gate; a clock that
+    does not read as a number gives downtime_seconds None (not measured), never an error: the
+    server is healthy by then, and a figure must not roll it back."""
     words = before_stop.split()
-    stopped_at = float(words[0])
-    return {
-        "was_running": len(words) > 1 and words[1] == "active",
-        "downtime_seconds": round(float(healthy_at.strip()) - stopped_at, 1),
-    }
+    stopped_at = typed_number.finite_or_none(words[0] if words else None)
+    healthy = typed_number.finite_or_none(healthy_at.strip())
+    seconds = None if stopped_at is None or healthy is None else round(healthy - stopped_at, 1)
+    return {"was_running": len(words) > 1 and words[1] == "active", "downtime_seconds": seconds}
 
 
 # What each node of a server across hosts registers in restart.yml: its restart (every node) and

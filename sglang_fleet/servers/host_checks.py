@@ -36,7 +36,10 @@ import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
+from sglang_fleet.module_utils import typed_number
 from sglang_fleet.servers.describe import SERVERS_VAR
+
+INTEGER = typed_number.Range(integer=True)
 
 GB = 10**9
 GIB = 2**30
@@ -64,23 +67,13 @@ def _where_set(server: Mapping[str, Any], key: str) -> str:
 
 
 def _int_value(value: Any) -> int | None:
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        # int() of thousands of digits is slow (and refused by Python >= 3.11): no count here
-        # has more than 18.
-        return int(value) if len(value.strip()) <= 18 else None
-    if isinstance(value, bool) or not isinstance(value, int):
+    """An integer (or its text, as Ansible may hand it over); None for anything else, a float
+    included (module_utils/typed_number.py: no huge integer, no long text)."""
+    if isinstance(value, float):
         return None
-    return value
-
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int | float):
-        return float(value)
     try:
-        return float(value)
-    except (TypeError, ValueError):
+        return int(typed_number.read(value, "a count", INTEGER))
+    except typed_number.NumberError:
         return None
 
 
@@ -195,7 +188,7 @@ def hicache_bytes(server: Mapping[str, Any], ranks: float) -> tuple[float, float
     flags = server.get("flags") or {}
     if not flags.get("enable_hierarchical_cache"):
         return None
-    size_gb = _number(flags.get("hicache_size", 0))
+    size_gb = typed_number.finite_or_none(flags.get("hicache_size", 0))
     if not size_gb or size_gb <= 0:
         # Without hicache_size the pool is hicache_ratio x the GPU KV pool, known only at start.
         return None
@@ -238,7 +231,7 @@ def _check_mem_fraction(server: Mapping[str, Any]) -> list[Problem]:
     flags = server.get("flags") or {}
     if flags.get("mem_fraction_static") is None:
         return []
-    value = _number(flags["mem_fraction_static"])
+    value = typed_number.finite_or_none(flags["mem_fraction_static"])
     if value is not None and 0 < value < 1:
         return []
     return [

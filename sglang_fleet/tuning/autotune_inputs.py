@@ -13,6 +13,8 @@ from typing import Any
 
 from sglang_fleet.capacity import kv_cache
 from sglang_fleet.capacity.noop_flags import NOOP_FLAGS
+from sglang_fleet.module_utils import typed_number
+from sglang_fleet.module_utils.typed_number import Range, shown
 
 SPACE_FLAGS = (
     "mem_fraction_static",
@@ -37,30 +39,37 @@ WORKLOAD_KEYS = ("input_len", "output_len", "concurrency", "num_prompts")
 MAX_WORKLOAD_VALUE = 1 << 24
 
 
+INTEGER = Range(integer=True)
+FRACTION = Range(0, 1, low_open=True, high_open=True)
+POSITIVE = Range(0, low_open=True)
+
+
 class AutotuneInputError(ValueError):
     """The autotune inputs are invalid; the message names the variable and allowed values."""
 
 
 def _positive_int(value: Any, where: str, allow_minus_one: bool = False) -> int:
+    extra = " or -1 (disabled)" if allow_minus_one else ""
     try:
-        number = int(value)
-        ok = not isinstance(value, bool) and float(value) == number
-    except (TypeError, ValueError):
-        ok = False
-    if not ok or not (number >= 1 or (allow_minus_one and number == -1)):
-        extra = " or -1 (disabled)" if allow_minus_one else ""
-        raise AutotuneInputError(f"{where}: {value!r} is not a positive integer{extra}")
+        number = int(typed_number.read(value, where, INTEGER))
+    except typed_number.NumberError:
+        number = 0
+    if not (number >= 1 or (allow_minus_one and number == -1)):
+        raise AutotuneInputError(f"{where}: {shown(value)} is not a positive integer{extra}")
     return number
+
+
+def _number(value: Any, where: str, allowed: Range, *, text: bool = True) -> float:
+    """value as a number in `allowed` (module_utils/typed_number.py), or the inputs' error in
+    this module's words: '<where>: <value> is not <allowed>'."""
+    try:
+        return float(typed_number.read(value, where, allowed, text=text))
+    except typed_number.NumberError:
+        raise AutotuneInputError(f"{where}: {shown(value)} is not {allowed}") from None
 
 
 def _fraction(value: Any, where: str) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        number = math.nan
-    if isinstance(value, bool) or not 0 < number < 1:
-        raise AutotuneInputError(f"{where}: {value!r} is not a fraction between 0 and 1")
-    return number
+    return _number(value, where, FRACTION)
 
 
 def _kv_dtype(value: Any, where: str, allowed: list[str]) -> str:
@@ -170,13 +179,11 @@ def validate_slo(slo: Any) -> dict[str, float | None]:
     out: dict[str, float | None] = {}
     for name in ("p99_ttft_ms", "p99_tpot_ms"):
         value = slo.get(name)
-        if value is not None and (not isinstance(value, int | float) or value <= 0):
-            raise AutotuneInputError(f"autotune_slo.{name}: {value!r} is not a positive number")
-        out[name] = None if value is None else float(value)
+        out[name] = None if value is None else _number(value, f"autotune_slo.{name}", POSITIVE)
     failures = slo.get("max_failures", 0)
-    if isinstance(failures, bool) or not isinstance(failures, int) or failures < 0:
-        raise AutotuneInputError(f"autotune_slo.max_failures: {failures!r} is not an integer >= 0")
-    out["max_failures"] = failures
+    out["max_failures"] = int(
+        _number(failures, "autotune_slo.max_failures", Range(0, integer=True), text=False)
+    )
     return out
 
 
@@ -191,12 +198,7 @@ def validate_inputs(
 ) -> dict[str, Any]:
     """Every operator input of a search, typed; raises AutotuneInputError naming the variable
     and what it allows. Needs no host: the playbook calls it before touching one."""
-    try:
-        tol = float(tolerance)
-    except (TypeError, ValueError):
-        tol = math.nan
-    if isinstance(tolerance, bool) or not 0 <= tol < 1:
-        raise AutotuneInputError(f"autotune_tolerance: {tolerance!r} is not a number in [0, 1)")
+    tol = _number(tolerance, "autotune_tolerance", Range(0, 1, high_open=True))
     allowed = None if kv_cache_dtypes_allowed is None else [str(d) for d in kv_cache_dtypes_allowed]
     for dtype in allowed or []:
         if dtype not in kv_cache.KV_ELEM_BYTES:
@@ -221,10 +223,9 @@ def check_context(context: Mapping[str, Any], workload: Mapping[str, int]) -> No
     if not isinstance(host, Mapping):
         raise AutotuneInputError("autotune context host must be a mapping")
     for name in ("gpu_memory_mib", "gpu_count"):
-        value = as_float(host.get(name))
-        if value is None or not 0 < value < math.inf:
+        if as_float(host.get(name), POSITIVE) is None:
             raise AutotuneInputError(
-                f"autotune context host.{name}: {host.get(name)!r} is not a positive number "
+                f"autotune context host.{name}: {shown(host.get(name))} is not a positive number "
                 "(read from the host's GPUs)"
             )
     model = context["model_config"]
@@ -237,9 +238,7 @@ def check_context(context: Mapping[str, Any], workload: Mapping[str, int]) -> No
         )
 
 
-def as_float(value: Any) -> float | None:
-    """The value as a number, or None when it is not one (never an exception)."""
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return None
+def as_float(value: Any, allowed: Range = typed_number.ANY) -> float | None:
+    """The value as a finite number in `allowed`, or None when it is not one (never an
+    exception)."""
+    return typed_number.finite_or_none(value, allowed)

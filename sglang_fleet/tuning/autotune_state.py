@@ -8,7 +8,6 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
-import math
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -18,6 +17,7 @@ from sglang_fleet import input_files
 from sglang_fleet.capacity import calibration
 from sglang_fleet.capacity.planner_inputs import MIN_FREE_AFTER_GRAPH_GIB
 from sglang_fleet.module_utils import bounded_json
+from sglang_fleet.module_utils.typed_number import Range, shown
 from sglang_fleet.tuning.autotune_candidates import grid
 from sglang_fleet.tuning.autotune_inputs import (
     DEFAULT_TOLERANCE,
@@ -85,9 +85,9 @@ def new_state(
         if context.get(name) is None:
             raise AutotuneInputError(f"autotune context lacks {name}")
     check_context(context, typed["workload"])
-    margin = as_float(margin_gib)
-    if isinstance(margin_gib, bool) or margin is None or not 0 <= margin < math.inf:
-        raise AutotuneInputError(f"autotune margin_gib: {margin_gib!r} is not a number >= 0")
+    margin = as_float(margin_gib, Range(0))
+    if margin is None:
+        raise AutotuneInputError(f"autotune margin_gib: {shown(margin_gib)} is not a number >= 0")
     typed_space = typed["space"]
     store = calibration.read_store(context.get("calibration"))
     state: dict[str, Any] = {
@@ -100,7 +100,7 @@ def new_state(
         "slo": typed["slo"],
         "tolerance": typed["tolerance"],
         "max_trials": typed["max_trials"],
-        "margin_gib": float(margin_gib),
+        "margin_gib": margin,
         "context": {
             "model_config": context["model_config"],
             "weight_bytes": int(context["weight_bytes"]),
