@@ -12,10 +12,13 @@ import sys
 from typing import Any
 
 import pytest
+from test_gate import smoke_result
 from test_plan import KIMI_CONFIG, KIMI_HOST, KIMI_WEIGHTS
 
+from sglang_fleet.bench.gate import GateInputError, evaluate
 from sglang_fleet.capacity.planner import plan
 from sglang_fleet.capacity.planner_inputs import PlanInputError
+from sglang_fleet.diagnosis.diagnose import diagnose
 from sglang_fleet.monitoring.settings import SettingError, check_settings
 from sglang_fleet.rollout import restart
 from sglang_fleet.rollout.fleet_summary import format_rollout_table
@@ -128,3 +131,22 @@ def test_the_fleet_summary_shows_a_figure_it_cannot_read_as_a_dash() -> None:
 )
 def test_a_clock_that_is_no_number_leaves_the_downtime_unmeasured(before: str, after: str) -> None:
     assert restart.downtime(before, after)["downtime_seconds"] is None
+
+
+@pytest.mark.parametrize("limit", [math.nan, "nan", HUGE, DIGITS], ids=repr)
+def test_a_gate_threshold_that_is_no_number_is_refused(limit: Any) -> None:
+    """A NaN minimum passed every result it was compared with; a huge one raised."""
+    with pytest.raises(GateInputError, match="threshold min_output_tok_s must be a finite number"):
+        evaluate(smoke_result(), {"min_output_tok_s": limit}, None)
+
+
+def test_a_huge_figure_fails_the_gate_as_unmeasured() -> None:
+    verdict = evaluate(smoke_result(output_throughput=HUGE), {"min_output_tok_s": 1}, None)
+    assert verdict["passed"] is False
+    assert "output_throughput is not a finite number (a 401-digit integer)" in str(verdict)
+
+
+def test_the_diagnosis_leaves_a_huge_figure_out() -> None:
+    result = smoke_result(max_concurrency=HUGE, concurrency=HUGE, output_throughput=-HUGE)
+    verdict = diagnose(result)
+    assert any("not finite numbers were left out" in note for note in verdict["notes"])

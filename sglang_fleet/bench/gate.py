@@ -23,9 +23,13 @@ clean its streams look. Failed requests count with their reasons (`failure_reaso
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
+
+from sglang_fleet.module_utils import typed_number
+from sglang_fleet.module_utils.typed_number import Range, finite_or_none, shown
+
+COUNT = Range(0, integer=True)
 
 # The workload keys two results must share for their throughput to be comparable.
 WORKLOAD_KEYS = (
@@ -79,28 +83,36 @@ class GateInputError(ValueError):
     """Thresholds that cannot be evaluated (unknown name, not a number)."""
 
 
+def count(result: dict[str, Any], name: str) -> int | None:
+    """A request count of the result (0 when absent); None when it is no count at all, which
+    fails the gate as "sent nothing" does: a count the gate cannot read proves nothing."""
+    found = finite_or_none(result.get(name) or 0, COUNT)
+    return None if found is None else int(found)
+
+
 def failure_rate(result: dict[str, Any]) -> float | None:
-    """Failed share of the requests sent (warm-up excluded); None when none was sent."""
-    completed, failed = int(result.get("completed") or 0), int(result.get("failed") or 0)
+    """Failed share of the requests sent (warm-up excluded); None when none was sent, or when
+    either count cannot be read."""
+    completed, failed = count(result, "completed"), count(result, "failed")
+    if completed is None or failed is None:
+        return None
     sent = completed + failed
     return failed / sent if sent else None
 
 
 def _metric(result: dict[str, Any], name: str) -> float | None:
     value = failure_rate(result) if name == "failure_rate" else result.get(name)
-    if value is None:
-        return None
-    value = float(value)
-    # NaN and infinity are not measurements (a result file can carry either: JSON reads them):
-    # they count as not measured, which fails the gate, never as a figure that passes it.
-    return value if math.isfinite(value) else None
+    # NaN, infinity and integers past any figure are not measurements (a result file can carry
+    # them: JSON reads them): they count as not measured, which fails the gate, never as a
+    # figure that passes it.
+    return finite_or_none(value)
 
 
 def _unmeasured(result: dict[str, Any], name: str) -> str:
     """Why a metric has no value: "was not measured", or "is not a finite number (inf)"."""
     raw = None if name == "failure_rate" else result.get(name)
-    if isinstance(raw, (int, float)) and not math.isfinite(raw):
-        return f"is not a finite number ({raw})"
+    if raw is not None and finite_or_none(raw) is None:
+        return f"is not a finite number ({shown(raw)})"
     return "was not measured"
 
 
@@ -129,16 +141,18 @@ def reasons_text(result: dict[str, Any]) -> str:
     reasons = result.get("failure_reasons")
     if not isinstance(reasons, dict) or not reasons:
         return ""
-    ordered = sorted(reasons.items(), key=lambda item: (-int(item[1]), str(item[0])))
+    ordered = sorted(
+        reasons.items(), key=lambda item: (-(finite_or_none(item[1]) or 0), str(item[0]))
+    )
     return ", ".join(f"{reason} {count}" for reason, count in ordered)
 
 
 def _failed_text(result: dict[str, Any]) -> str:
     """ "16 of 16 requests failed: short_output 16", or "" when none failed."""
-    failed = int(result.get("failed") or 0)
+    failed = count(result, "failed")
     if not failed:
         return ""
-    sent = failed + int(result.get("completed") or 0)
+    sent = failed + (count(result, "completed") or 0)
     reasons = reasons_text(result)
     return f"{failed} of {sent} requests failed" + (f": {reasons}" if reasons else "")
 
@@ -232,37 +246,38 @@ def _numbers(thresholds: dict[str, Any]) -> dict[str, float]:
     for name, value in thresholds.items():
         if value is None or value == "":
             continue
+        # A NaN limit would pass every result it is compared with: refused like any non-number.
         try:
-            out[name] = float(value)
-        except (TypeError, ValueError) as exc:
-            raise GateInputError(f"threshold {name} must be a number, got {value!r}") from exc
+            out[name] = float(typed_number.read(value, f"threshold {name}"))
+        except typed_number.NumberError as exc:
+            raise GateInputError(str(exc)) from None
     return out
 
 
 def measured_line(result: dict[str, Any]) -> str:
     """The figures an operator wants beside any verdict."""
-    failed = int(result.get("failed") or 0)
-    sent = int(result.get("completed") or 0) + failed
+    failed = count(result, "failed")
+    completed = count(result, "completed")
+    sent = "?" if failed is None or completed is None else completed + failed
     rate = failure_rate(result)
     reasons = reasons_text(result)
     parts = [
-        f"output {float(result.get('output_throughput') or 0):.1f} tok/s",
+        f"output {figure(result.get('output_throughput') or 0, 1)} tok/s",
         f"p99 TTFT {figure(result.get('p99_ttft_ms'), 1)} ms",
         f"p99 TPOT {figure(result.get('p99_tpot_ms'), 2)} ms",
-        f"failed {failed}/{sent}"
+        f"failed {'?' if failed is None else failed}/{sent}"
         + (f" ({rate * 100:.1f} %)" if rate is not None else "")
         + (f" [{reasons}]" if reasons else ""),
     ]
     if result.get("goodput") is not None:
-        parts.append(f"goodput {float(result['goodput']):.3f}")
+        parts.append(f"goodput {figure(result['goodput'], 3)}")
     return ", ".join(parts)
 
 
 def figure(value: Any, digits: int) -> str:
     """A measured figure with `digits` decimals, "n/a" when it was not measured."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "n/a"
-    return f"{float(value):.{digits}f}"
+    number = finite_or_none(value)
+    return "n/a" if number is None else f"{number:.{digits}f}"
 
 
 def evaluate(

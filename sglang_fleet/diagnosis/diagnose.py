@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
 from dataclasses import dataclass
@@ -40,7 +39,7 @@ from sglang_fleet.capacity.planner import add_plan_arguments, plan, split_namesp
 from sglang_fleet.capacity.planner_inputs import PLANNER_FLAGS, PlanInputError
 from sglang_fleet.capacity.server_log import Calibration, parse_decode_lines, parse_log
 from sglang_fleet.diagnosis import live_metrics
-from sglang_fleet.module_utils import bounded_json
+from sglang_fleet.module_utils import bounded_json, typed_number
 
 # A run is KV-bound when, over the busy samples, requests waited in the queue at least this
 # share of the time ...
@@ -472,9 +471,11 @@ def _cap_lever(stated: dict[str, Any], ev: dict[str, Any]) -> list[dict[str, str
 
 
 def finite_only(value: Any, where: str, dropped: list[str]) -> Any:
-    """The value with every NaN or infinite number replaced by None (JSON reads Infinity and
-    NaN; no count, rate or time is either), naming each in ``dropped``."""
-    if isinstance(value, float) and not math.isfinite(value):
+    """The value with every NaN, infinite or huge number replaced by None (JSON reads Infinity,
+    NaN and integers of any size; no count, rate or time is one, and float() of a 400-digit
+    integer raises OverflowError), naming each in ``dropped`` (module_utils/typed_number.py)."""
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if number and typed_number.finite_or_none(value) is None:
         dropped.append(where)
         return None
     if isinstance(value, dict):
