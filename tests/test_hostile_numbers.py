@@ -23,7 +23,7 @@ from sglang_fleet.monitoring.settings import SettingError, check_settings
 from sglang_fleet.rollout import restart
 from sglang_fleet.rollout.fleet_summary import format_rollout_table
 from sglang_fleet.servers.host_checks import server_errors
-from sglang_fleet.tuning import autotune_inputs
+from sglang_fleet.tuning import autotune_inputs, trial_outcome
 from sglang_fleet.tuning.autotune_inputs import AutotuneInputError
 
 HUGE = 10**400  # legal JSON; float() of it raises OverflowError
@@ -150,3 +150,11 @@ def test_the_diagnosis_leaves_a_huge_figure_out() -> None:
     result = smoke_result(max_concurrency=HUGE, concurrency=HUGE, output_throughput=-HUGE)
     verdict = diagnose(result)
     assert any("not finite numbers were left out" in note for note in verdict["notes"])
+
+
+def test_a_trial_with_a_huge_figure_fails() -> None:
+    """math.isfinite() of a 401-digit integer raised OverflowError inside the autotune record."""
+    assert trial_outcome._not_finite({"output_throughput": HUGE, "completed": -HUGE}) == [
+        "completed",
+        "output_throughput",
+    ]

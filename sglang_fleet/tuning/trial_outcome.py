@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sglang_fleet.capacity import calibration
+from sglang_fleet.module_utils.typed_number import Range, finite_or_none
 from sglang_fleet.tuning.autotune_inputs import AutotuneInputError
 from sglang_fleet.tuning.candidate_planning import replan
 from sglang_fleet.tuning.trial_choice import BASELINE_ID
@@ -22,11 +23,9 @@ def _not_finite(smoke: Mapping[str, Any]) -> list[str]:
     bad = []
     for name in (*_FIGURES, "output_throughput"):
         value = smoke.get(name)
+        # No text here: the result is JSON the smoke client wrote, whose figures are numbers.
         if value is not None and (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or not math.isfinite(value)
-            or value < 0
+            not isinstance(value, int | float) or finite_or_none(value, Range(0)) is None
         ):
             bad.append(name)
     return sorted(set(bad))
