@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from test_gate import smoke_result
-from test_plan import KIMI_CONFIG, KIMI_HOST, KIMI_WEIGHTS
+from test_plan import KIMI_CONFIG, KIMI_HOST, KIMI_LOG, KIMI_WEIGHTS
 
 from sglang_fleet.bench.gate import GateInputError, evaluate
 from sglang_fleet.capacity.planner import plan
@@ -158,3 +158,21 @@ def test_a_trial_with_a_huge_figure_fails() -> None:
         "completed",
         "output_throughput",
     ]
+
+
+def test_a_logged_layout_sglang_would_refuse_is_named() -> None:
+    """--logged-flag attn_dp_size=9 beside a tp-8 log divided by zero in the prediction."""
+    args = {
+        "tp_size": 8,
+        "calibration_log": KIMI_LOG.read_text(encoding="utf-8"),
+        "calibration_log_flags": {"attn_dp_size": "9"},
+    }
+    with pytest.raises(PlanInputError, match=r"attn_dp_size 9 .* does not divide its tp_size 8"):
+        plan(KIMI_CONFIG, KIMI_WEIGHTS, args, KIMI_HOST)
+
+
+@pytest.mark.parametrize("value", ["x", [1], {"a": 1}], ids=repr)
+def test_a_smoke_result_figure_of_the_wrong_kind_is_left_out(value: Any) -> None:
+    """A smoke result read from a file (diagnose --smoke-result) raised ValueError."""
+    verdict = diagnose(smoke_result(concurrency=value, max_concurrency=value, completed=value))
+    assert verdict["evidence"]["client_concurrency_achieved"] is None

@@ -181,6 +181,14 @@ class GpuPlanner:
                 "planner's own flags describe the plan, not the log)",
                 "calibration_log",
             )
+        tp, attn = run.flags.get("tp_size"), run.flags.get("attn_dp_size")
+        if isinstance(tp, int) and isinstance(attn, int) and (attn < 1 or tp % attn):
+            # SGLang refuses a start whose attention DP does not divide tp: no log has one.
+            raise PlanInputError(
+                f"the logged run's attn_dp_size {attn} ({run.sources['attn_dp_size']}) does not "
+                f"divide its tp_size {tp} ({run.sources['tp_size']})",
+                "calibration_log_flags",
+            )
         for problem in run.disagreements:
             self.warnings.append(
                 issue("calibration_flags_disagree", f"The calibration log disagrees: {problem}.")

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from sglang_fleet.capacity.model_config import ModelShape
+from sglang_fleet.module_utils.typed_number import shown
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -66,10 +67,10 @@ def elem_bytes(kv_cache_dtype: str) -> Fraction:
     """Bytes per KV element; raises ValueError for a dtype SGLang does not accept."""
     try:
         return KV_ELEM_BYTES[kv_cache_dtype]
-    except KeyError:
+    except (KeyError, TypeError):  # TypeError: a list or mapping from JSON is no dtype
         choices = ", ".join(sorted(KV_ELEM_BYTES))
         raise ValueError(
-            f"unknown --kv-cache-dtype {kv_cache_dtype!r} (one of {choices})"
+            f"unknown --kv-cache-dtype {shown(kv_cache_dtype)} (one of {choices})"
         ) from None
 
 

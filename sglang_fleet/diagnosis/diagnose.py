@@ -41,6 +41,8 @@ from sglang_fleet.capacity.server_log import Calibration, parse_decode_lines, pa
 from sglang_fleet.diagnosis import live_metrics
 from sglang_fleet.module_utils import bounded_json, typed_number
 
+NON_NEGATIVE = typed_number.Range(0)
+
 # A run is KV-bound when, over the busy samples, requests waited in the queue at least this
 # share of the time ...
 QUEUED_SHARE = 0.3
@@ -70,16 +72,23 @@ class Sample:
 
 def samples_from_metrics(server_metrics: dict[str, Any] | None) -> list[Sample]:
     """Samples of the smoke result's `server_metrics.samples` (docs/CONTRACTS.md)."""
-    rows = (server_metrics or {}).get("samples") or []
+    rows = (server_metrics or {}).get("samples") if isinstance(server_metrics, dict) else None
     return [
         Sample(
-            running=int(r.get("num_running_reqs") or 0),
-            queue=int(r.get("num_queue_reqs") or 0),
-            token_usage=float(r.get("token_usage") or 0.0),
-            gen_throughput=float(r.get("gen_throughput") or 0.0),
+            running=int(_figure(r, "num_running_reqs")),
+            queue=int(_figure(r, "num_queue_reqs")),
+            token_usage=_figure(r, "token_usage"),
+            gen_throughput=_figure(r, "gen_throughput"),
         )
-        for r in rows
+        for r in rows or []
+        if isinstance(r, dict)
     ]
+
+
+def _figure(row: dict[str, Any], name: str) -> float:
+    """A sampled figure, 0 when it is absent or no finite number >= 0 (a sample is the result's
+    JSON: typed_number reads it)."""
+    return typed_number.finite_or_none(row.get(name), NON_NEGATIVE) or 0.0
 
 
 def samples_from_log(text: str) -> tuple[list[Sample], int]:
@@ -103,7 +112,10 @@ def _client_concurrency(
 ) -> tuple[float | None, float | None]:
     asked = concurrency if concurrency is not None else smoke.get("max_concurrency")
     achieved = smoke.get("concurrency")
-    return (float(asked) if asked else None), (float(achieved) if achieved is not None else None)
+    return (
+        typed_number.finite_or_none(asked, NON_NEGATIVE) or None,
+        typed_number.finite_or_none(achieved, NON_NEGATIVE),
+    )
 
 
 def _requests_fitting(smoke: dict[str, Any], pool: Any) -> int | None:
@@ -111,8 +123,9 @@ def _requests_fitting(smoke: dict[str, Any], pool: Any) -> int | None:
     whole: SGLang admits a request only when its remaining output fits beside the running
     ones, so a small pool is full at this many running requests whatever its token usage
     reads (bench/planner_accuracy.py: 2 of 1024 tokens at requests of 200 + 200)."""
-    size = (smoke.get("random_input_len") or 0) + (smoke.get("random_output_len") or 0)
-    if not isinstance(pool, int | float) or isinstance(pool, bool) or size <= 0 or pool <= 0:
+    size = _figure(smoke, "random_input_len") + _figure(smoke, "random_output_len")
+    pool = typed_number.finite_or_none(pool, NON_NEGATIVE) if isinstance(pool, int | float) else 0
+    if size <= 0 or not pool:
         return None
     return max(1, int(pool // size))
 
@@ -138,7 +151,7 @@ def _evidence(
     # (computed from successful requests) says nothing about the client.
     for name in ("completed", "failed"):
         if smoke.get(name) is not None:
-            ev[name] = int(smoke[name])
+            ev[name] = int(_figure(smoke, name))
     if busy:
         ev |= {
             "median_running_reqs": statistics.median(s.running for s in busy),
