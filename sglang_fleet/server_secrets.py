@@ -263,14 +263,15 @@ def public_flags(flags: Mapping[str, Any]) -> dict[str, Any]:
     return {str(k): redact(v) for k, v in flags.items() if not is_secret(k)}
 
 
-def public_record(record: Mapping[str, Any]) -> dict[str, Any]:
-    """A last-known-good record as it may be shown: its flags through public_flags(), every other
-    field through redact(); api_key_set and secrets_set kept while they hold what they name
-    (a boolean; names of SECRET_FLAGS)."""
+def public_record(record: Mapping[str, Any], *, name_secret_flags: bool = False) -> dict[str, Any]:
+    """A last-known-good record as it may be shown: its flags through public_flags() (with
+    name_secret_flags, redact(): a secret flag stays, reading <redacted>, so check mode can say
+    it changed), every other field through redact(); api_key_set and secrets_set kept while
+    they hold what they name (a boolean; names of SECRET_FLAGS)."""
     shown: dict[str, Any] = {}
     for key, value in record.items():
         if key == "flags" and isinstance(value, Mapping):
-            shown[key] = public_flags(value)
+            shown[key] = redact(dict(value)) if name_secret_flags else public_flags(value)
         elif key == "api_key_set" and isinstance(value, bool):
             shown[key] = value
         elif key == "secrets_set" and _secret_names(value):

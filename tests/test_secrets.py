@@ -482,3 +482,62 @@ def test_without_secrets_takes_out_every_written_form(secret: str) -> None:
              urllib.parse.quote(secret, safe="")]  # fmt: skip
     text = " | ".join(forms)
     assert "Zq7x" not in fleet_http.without_secrets(text, [secret, None, ""])
+
+
+# --- records as shown: by value, every field ---------------------------------------------------
+
+
+def test_a_restore_shows_an_old_records_secrets_nowhere(tmp_path: Path) -> None:
+    """A record written by hand or by an older version, with a hub token beside its flags and a
+    key in a flag's JSON text: the restore's result showed both (only flags were cleaned, by
+    name)."""
+    from test_last_known_good import FakeKeep, described  # noqa: PLC0415
+
+    (tmp_path / "etc").mkdir()
+    paths = {name: tmp_path / "etc" / name for name in ("dropin", "env_file", "secrets_file")}
+    for path in paths.values():
+        path.write_text("as written\n")
+    paths["lkg_dir"] = tmp_path / "state" / "llama" / "lkg"
+    FakeKeep({"server": described(paths, {"tp_size": 2})}).run(task_vars={})
+    meta = paths["lkg_dir"] / "meta.json"
+    record = json.loads(meta.read_text())
+    record["hf_token"] = NESTED
+    record["flags"]["model_loader_extra_config"] = '{"s3": {"secret_key": "' + NESTED + '"}}'
+    meta.write_text(json.dumps(record))
+    paths["dropin"].write_text("edited by hand\n")
+    result = FakeKeep({"server": described(paths, {"tp_size": 2}), "state": "restored"}).run(
+        task_vars={}
+    )
+    assert result["found"] and NESTED not in json.dumps(result), result["record"]
+    assert result["record"]["api_key_set"] is True and result["record"]["hf_token"] == "<redacted>"
+
+
+def test_the_preflight_result_redacts_secrets_outside_an_old_records_flags() -> None:
+    servers = describe_for_preflight(INSTANCE)
+    meta = f"{servers[0]['paths']['lkg_dir']}/meta.json"
+    record = {"config_hash": "old", "api_key_set": True, "secrets_set": ["api_key"],
+              "hf_token": NESTED, "smoke_result": {"url": f"http://u:{NESTED}@h:1"},
+              "flags": {"tp_size": 8, "kv_events_config": f'{{"token": "{NESTED}"}}'}}  # fmt: skip
+    host = kimi_host()
+    host["files"] = {**host["files"], meta: json.dumps(record)}
+    result = FakePreflight(args(servers), host).run_it()
+    assert not result.get("failed"), result.get("msg")
+    shown = json.loads(result["lkg_records"]["kimi"])
+    assert NESTED not in json.dumps(result)
+    assert shown["flags"] == {"tp_size": 8, "kv_events_config": "<redacted>"}
+    assert shown["api_key_set"] is True and shown["secrets_set"] == ["api_key"]
+
+
+def test_the_routers_extra_flags_hold_no_secret_and_its_key_no_control_character() -> None:
+    from sglang_fleet.servers.router_settings import settings_problems  # noqa: PLC0415
+
+    base = {"workers": ["http://gpu-1:8000"], "port": 30000, "prometheus_port": 29000,
+            "version": "0.3.2", "api_key": ""}  # fmt: skip
+    problems = settings_problems(
+        base | {"extra_flags": {"jwt-secret": NESTED, "mcp-config": {"auth": {"token": NESTED}}}}
+    )
+    text = "\n".join(problems)
+    assert "sglang_router_extra_flags.jwt-secret" in text
+    assert "sglang_router_extra_flags.mcp-config.auth.token" in text and NESTED not in text
+    problems = settings_problems(base | {"api_key": "Zq7x\x01LEAKmark"})
+    assert any("sglang_router_api_key" in p for p in problems) and not _leaks("".join(problems))
