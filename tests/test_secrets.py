@@ -541,3 +541,16 @@ def test_the_routers_extra_flags_hold_no_secret_and_its_key_no_control_character
     assert "sglang_router_extra_flags.mcp-config.auth.token" in text and NESTED not in text
     problems = settings_problems(base | {"api_key": "Zq7x\x01LEAKmark"})
     assert any("sglang_router_api_key" in p for p in problems) and not _leaks("".join(problems))
+
+
+def test_an_action_never_copies_a_key_out_of_a_modules_message() -> None:
+    """The rollout's actions put a failed module's msg in their own result, which no_log does not
+    cover: a module (of any version) that quoted its key escaped showed it there."""
+    from test_router_leave_action import FakeLeave, leave_args  # noqa: PLC0415
+
+    key = 'sk-"Zq7x"\\LEAKmark'
+    said = f"the router answered 400: {json.dumps({'api_key': key})} and {key!r}"
+    action = FakeLeave(leave_args(api_key=key), {"router": {"failed": True, "msg": said}})
+    result = action.run_it()
+    assert result["failed"] is True and "the router answered 400" in result["msg"]
+    assert not _leaks(json.dumps(result)), result["msg"]
