@@ -17,6 +17,7 @@ import json
 import os
 import socket
 import subprocess
+import time
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
@@ -554,3 +555,18 @@ def test_an_action_never_copies_a_key_out_of_a_modules_message() -> None:
     result = action.run_it()
     assert result["failed"] is True and "the router answered 400" in result["msg"]
     assert not _leaks(json.dumps(result)), result["msg"]
+
+
+@pytest.mark.parametrize(
+    "shape",
+    ['"a', "bearer" + " " * 100, "a://", '"k"' + " " * 50, "aB", "a.", "[", "\"'", "{'k':"],
+)
+def test_the_secret_rule_reads_long_text_in_linear_time(shape: str) -> None:
+    """No backtracking: 256 KiB of the worst shapes for each pattern (a quote without its
+    pair, a 'bearer' with no token, '://' with no host, camelCase) in well under a second
+    (about 1 us a character measured; the bound is generous for 2 shared cores)."""
+    text = shape * (256 * 1024 // len(shape))
+    started = time.perf_counter()
+    server_secrets.secrets_in({"k": text, "l": [text]})
+    server_secrets.is_secret(text)
+    assert time.perf_counter() - started < 3.0
