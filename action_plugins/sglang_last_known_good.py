@@ -39,7 +39,7 @@ from ansible.errors import AnsibleActionFail
 
 from sglang_fleet.rollout import restart
 from sglang_fleet.rollout.verb_action import VerbAction
-from sglang_fleet.server_secrets import public_flags
+from sglang_fleet.server_secrets import public_flags, public_record
 
 SERVER_KEYS = ("name", "config_hash", "flags", "api_key_set", "paths")
 PATH_KEYS = ("lkg_dir", "dropin", "env_file", "secrets_file")
@@ -123,7 +123,7 @@ class ActionModule(VerbAction):
         result.update(
             changed=changed,
             # A flag named like a secret (an admin API key, a token) stays on the host.
-            record={**record, "flags": public_flags(record["flags"])},
+            record=public_record(record),
             previous=previous,
             steps=self._steps,
             msg=f"{server['name']}: last-known-good is now {record['config_hash']}"
@@ -164,7 +164,8 @@ class ActionModule(VerbAction):
         return {
             "changed": bool(done.get("changed")),
             "found": True,
-            "record": {**record, "flags": public_flags(record.get("flags") or {})},
+            # The host's record as written, by whatever version: every secret in it redacted.
+            "record": public_record({**record, "flags": record.get("flags") or {}}),
             "written": written,
             "steps": self._steps,
             "msg": f"{server['name']}: last-known-good {record.get('config_hash')} is in place",

@@ -53,7 +53,7 @@ from sglang_fleet.capacity import calibration
 from sglang_fleet.capacity.verdict import verdict
 from sglang_fleet.rollout import preflight_inputs as preflight
 from sglang_fleet.rollout.verb_action import VerbAction
-from sglang_fleet.server_secrets import redact
+from sglang_fleet.server_secrets import public_record
 from sglang_fleet.servers import host_checks
 from sglang_fleet.servers.describe import records_and_routers
 
@@ -410,8 +410,9 @@ def _lkg_meta(server: Mapping[str, Any]) -> str:
 
 
 def _shown_record(text: Any) -> str | None:
-    """A last-known-good record's text with every flag named like a secret redacted
-    (sglang_fleet/server_secrets.py); None where there is none or it is not a JSON object."""
+    """A last-known-good record's text with every secret in it redacted, flags and other fields
+    (sglang_fleet/server_secrets.py, public_record); None where there is none or it is not a JSON
+    object."""
     if not isinstance(text, str):
         return None
     try:
@@ -420,6 +421,4 @@ def _shown_record(text: Any) -> str | None:
         return None
     if not isinstance(record, dict):
         return None
-    if isinstance(record.get("flags"), Mapping):
-        record["flags"] = redact(record["flags"])
-    return json.dumps(record, sort_keys=True)
+    return json.dumps(public_record(record, name_secret_flags=True), sort_keys=True)

@@ -176,7 +176,7 @@ from typing import Any
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.bounded_file import read_regular
 from ansible.module_utils.bounded_json import loads as bounded_loads
-from ansible.module_utils.fleet_http import HttpError, redact_url, request
+from ansible.module_utils.fleet_http import HttpError, redact_url, request, without_secrets
 from ansible.module_utils.host_read import read as read_host
 
 MAX_RECORD_BYTES = 1 << 20  # a last-known-good record: a few kilobytes
@@ -338,7 +338,8 @@ def check_router(want: dict[str, Any], key: str | None, timeout: int) -> tuple[l
         workers = bounded_loads(text, f"{shown}/workers")["workers"]
         listed = {_url_key(str(worker.get("url", ""))) for worker in workers}
     except (HttpError, ValueError, KeyError, TypeError) as err:
-        return [], [f"{label}: router {shown} did not answer ({redact_url(err)})"]
+        why = without_secrets(redact_url(err), [key])  # no key, escaped or not
+        return [], [f"{label}: router {shown} did not answer ({why})"]
     if _url_key(want["worker_url"]) not in listed:
         return [f"{label}: router {shown} does not list {redact_url(want['worker_url'])}"], []
     return [], []

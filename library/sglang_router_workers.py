@@ -14,7 +14,14 @@ from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.bounded_json import loads as bounded_loads
-from ansible.module_utils.fleet_http import HttpError, Response, check_url, redact_url, request
+from ansible.module_utils.fleet_http import (
+    HttpError,
+    Response,
+    check_url,
+    redact_url,
+    request,
+    without_secrets,
+)
 
 DOCUMENTATION = r"""
 module: sglang_router_workers
@@ -205,6 +212,13 @@ class RouterClient:
     api_key: str | None = None
     timeout: float = 10.0
     send: Callable[..., Response] = field(default=request)
+    # Keys no message may quote, escaped or not (the router's answers may echo a worker's key):
+    # the router's own and the one registered with the worker.
+    hidden: tuple[str | None, ...] = ()
+
+    def safe(self, text: object) -> str:
+        """Text with every key this client knows of replaced, before any cut."""
+        return without_secrets(text, (self.api_key, *self.hidden))
 
     def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         url = self.base_url.rstrip("/") + path
@@ -231,14 +245,14 @@ class RouterClient:
                 ) from None
             raise RouterError(f"the router at {redact_url(self.base_url)}: {err}") from None
         if answer.status >= 400:
-            raise RouterError(_http_error_message(method, url, answer))
+            raise RouterError(_http_error_message(method, url, answer, self.safe))
         return _decode(answer.body)
 
     def list_workers(self) -> list[dict[str, Any]]:
         answer = self._request("GET", "/workers")
         if not isinstance(answer, dict) or not isinstance(answer.get("workers"), list):
             raise RouterError(
-                f"GET {redact_url(self.base_url)}/workers answered {answer!r:.300}, "
+                f"GET {redact_url(self.base_url)}/workers answered {self.safe(repr(answer)):.300}, "
                 "not a worker list"
             )
         return [w for w in answer["workers"] if isinstance(w, dict)]
@@ -268,8 +282,10 @@ def _as_dict(answer: Any) -> dict[str, Any]:
     return answer if isinstance(answer, dict) else {"message": answer}
 
 
-def _http_error_message(method: str, url: str, answer: Response) -> str:
-    detail = answer.body.decode("utf-8", errors="replace").strip()[:300]
+def _http_error_message(
+    method: str, url: str, answer: Response, safe: Callable[[object], str]
+) -> str:
+    detail = safe(answer.body.decode("utf-8", errors="replace")).strip()[:300]
     url = redact_url(url)
     if answer.status == 401:
         return (
@@ -531,7 +547,9 @@ def main() -> None:
         supports_check_mode=True,
     )
     p = module.params
-    client = RouterClient(p["router_url"], p["api_key"] or None, p["request_timeout"])
+    client = RouterClient(
+        p["router_url"], p["api_key"] or None, p["request_timeout"], hidden=(p["worker_api_key"],)
+    )
     req = Request(
         state=p["state"],
         worker_url=p["worker_url"] or "",
@@ -548,7 +566,7 @@ def main() -> None:
     try:
         result = run(client, req)
     except RouterError as err:
-        module.fail_json(msg=str(err))
+        module.fail_json(msg=client.safe(err))
     if result.get("drained") is False:
         module.warn(
             f"{p['worker_url']} still had {result['running_reqs']:g} running or queued requests "

@@ -101,6 +101,7 @@ import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.bounded_file import read_regular, write_atomic
+from ansible.module_utils.fleet_http import without_secrets
 
 STDERR_TAIL = 2000
 # The journal is read through a pipe: its output is bounded by what is read, not by trust.
@@ -162,13 +163,14 @@ def run(params: dict, check_mode: bool) -> dict:
         text=True,
         check=False,
     )  # bounded by the command's own `timeout` (smoke_argv)
+    key = [params["api_key"]]  # out of what comes back, escaped or not, before any cut
     return {
         "changed": True,  # a new result file on the host
         "client_changed": client_changed,
         "rc": done.returncode,
-        "stderr_tail": done.stderr[-STDERR_TAIL:],
+        "stderr_tail": without_secrets(done.stderr, key)[-STDERR_TAIL:],
         "result": read_bounded(params["result_path"], params["max_result_bytes"]),
-        "journal": journal(params["journal_unit"], params["journal_lines"]),
+        "journal": without_secrets(journal(params["journal_unit"], params["journal_lines"]), key),
     }
 
 
@@ -189,7 +191,8 @@ def main() -> None:
     try:
         module.exit_json(**run(module.params, module.check_mode))
     except (OSError, ValueError, subprocess.SubprocessError) as err:
-        module.fail_json(msg=f"the smoke run on the host failed: {err}")
+        msg = f"the smoke run on the host failed: {err}"
+        module.fail_json(msg=without_secrets(msg, [module.params["api_key"]]))
 
 
 if __name__ == "__main__":

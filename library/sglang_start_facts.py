@@ -111,7 +111,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.bounded_file import inside, read_regular
 from ansible.module_utils.bounded_json import TooDeep
 from ansible.module_utils.bounded_json import loads as bounded_loads
-from ansible.module_utils.fleet_http import HttpError, request
+from ansible.module_utils.fleet_http import HttpError, request, without_secrets
 from ansible.module_utils.timed_command import run_command
 
 MAX_STORE_BYTES = 64 * 1024 * 1024
@@ -214,16 +214,16 @@ def read(params: dict[str, Any]) -> dict[str, Any]:
     timeout = max(1, int(params["timeout"]))
     invocation = invocation_id(params["unit"], timeout)
     lines = matching_lines(invocation, params["line_pattern"], params["max_lines"], timeout)
-    info, info_error = server_info(
-        params["port"], params["api_key"] or "", list(params["server_info_paths"]), timeout
-    )
+    key = params["api_key"] or ""
+    info, info_error = server_info(params["port"], key, list(params["server_info_paths"]), timeout)
     store = read_regular(inside(params["folder"], params["store_name"]), MAX_STORE_BYTES)
     return {
         "changed": False,
         "invocation_id": invocation,
-        "lines": "\n".join(lines),
+        # SGLang logs its arguments as Python text: a key escaped there escapes no_log too.
+        "lines": without_secrets("\n".join(lines), [key]),
         "server_info": info,
-        "server_info_error": info_error,
+        "server_info_error": without_secrets(info_error, [key]),
         "store": None if store is None else store.decode("utf-8", errors="replace"),
     }
 
@@ -250,7 +250,8 @@ def main() -> None:
     try:
         module.exit_json(**read(module.params))
     except (OSError, ValueError) as err:
-        module.fail_json(msg=f"start facts: {err}")
+        # A message never carries the key, escaped or not (no_log masks it only as written).
+        module.fail_json(msg=without_secrets(f"start facts: {err}", [module.params["api_key"]]))
 
 
 if __name__ == "__main__":

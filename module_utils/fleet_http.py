@@ -13,7 +13,12 @@ What urllib does not give, and every caller here needs:
   a redirect never makes a client quietly read another server;
 - no proxies from the environment (servers are reached directly), and no credentials in a
   URL: ``user:password@`` is refused, and every URL a message prints goes through
-  redact_url() first.
+  redact_url() first;
+- no header value in a message: a header whose name is not an HTTP token or whose value holds a
+  line break, a control or a non-ASCII character is refused before anything is sent, naming the
+  header, never quoting the value (http.client sends most control characters, and quotes a value
+  with a line break in its error, escaped, where Ansible's no_log cannot mask it). A message
+  that quotes foreign text (a router's answer) goes through without_secrets() first.
 """
 
 from __future__ import annotations
@@ -21,18 +26,24 @@ from __future__ import annotations
 import http.client
 import io
 import ipaddress
+import json
 import re
 import socket
 import ssl
 import time
-from collections.abc import Callable
-from urllib.parse import urlsplit
+from collections.abc import Callable, Iterable
+from urllib.parse import quote, urlsplit
 
 DEFAULT_DEADLINE_S = 10.0
 DEFAULT_MAX_BYTES = 16 << 20  # a busy /metrics is a few hundred KiB; a worker list less
 
 _USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@]*@")
 _DNS_LABEL = re.compile(r"^(?!-)[A-Za-z0-9_-]{1,63}(?<!-)$")
+# An HTTP field name (RFC 9110 5.6.2: a token), and the values this reader sends: visible ASCII,
+# spaces and tabs (RFC 9110 5.5 field-value, minus obs-text, which clients encode differently).
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_HEADER_VALUE = re.compile(r"[\t -~]*")
+REDACTED = "<redacted>"
 
 Clock = Callable[[], float]
 
@@ -40,7 +51,7 @@ Clock = Callable[[], float]
 class HttpError(Exception):
     """The exchange did not give a usable answer; ``code`` says why, the message is safe to print.
 
-    Codes: bad_url, unreachable, timeout, too_large, redirect, bad_response.
+    Codes: bad_url, bad_header, unreachable, timeout, too_large, redirect, bad_response.
     """
 
     def __init__(self, code: str, message: str, reason: str = "") -> None:
@@ -62,6 +73,41 @@ class Response:
 def redact_url(url: object) -> str:
     """The text with ``user:password@`` removed from every URL in it (``scheme://***@host``)."""
     return _USERINFO.sub(r"\1***@", str(url))
+
+
+def without_secrets(text: object, secrets: Iterable[str | None]) -> str:
+    """The text with each secret replaced by <redacted>, as written and as Python, JSON and URLs
+    escape it (no_log masks only the first): what a message quoting foreign text may say."""
+    shown = str(text)
+    for secret in secrets:
+        if not isinstance(secret, str) or not secret:
+            continue
+        forms = {
+            secret,
+            repr(secret)[1:-1],
+            repr(secret.encode("utf-8", "backslashreplace"))[2:-1],
+            json.dumps(secret)[1:-1],
+            json.dumps(secret, ensure_ascii=False)[1:-1],
+            quote(secret, safe=""),
+        }
+        for form in sorted(forms, key=len, reverse=True):
+            shown = shown.replace(form, REDACTED)
+    return shown
+
+
+def header_problem(name: object, value: object) -> str | None:
+    """Why a header cannot be sent as written, or None; names the header, never quotes its
+    value (it may be a key)."""
+    if not isinstance(name, str) or not _HEADER_NAME.fullmatch(name):
+        return "a header name is not an HTTP token (letters, digits and !#$%&'*+.^_`|~-)"
+    if not isinstance(value, str):
+        return f"header {name}: its value is not text"
+    if not _HEADER_VALUE.fullmatch(value):
+        return (
+            f"header {name}: its value holds a line break, a control character or a non-ASCII "
+            "character, which a header cannot carry as written (the value is not shown)"
+        )
+    return None
 
 
 def _host_problem(host: str) -> str | None:
@@ -187,6 +233,10 @@ def request(
     caller says what a 401 or a 404 means); a 3xx raises HttpError("redirect"), not followed."""
     scheme, host, port, path = check_url(url)
     shown = redact_url(url)
+    for name, value in (headers or {}).items():
+        problem = header_problem(name, value)
+        if problem:
+            raise HttpError("bad_header", f"{method} {shown} not sent: {problem}")
     deadline = clock() + deadline_s
     conn = _connection(scheme, host, port, max(deadline_s, 0.001))
     raw: socket.socket | None = None
@@ -194,7 +244,14 @@ def request(
         conn.connect()
         raw = conn.sock
         conn.sock = _DeadlineSocket(raw, deadline, clock)  # type: ignore[assignment]
-        conn.request(method, path, body=body, headers=dict(headers or {}))
+        try:
+            conn.request(method, path, body=body, headers=dict(headers or {}))
+        except ValueError:  # http.client quotes what it refuses: say what, never the text
+            raise HttpError(
+                "bad_header",
+                f"{method} {shown} not sent: a header or the method cannot be "
+                "sent as written (not shown)",
+            ) from None
         response = conn.getresponse()
         if 300 <= response.status < 400:
             target = redact_url(response.getheader("Location", "nowhere"))

@@ -10,9 +10,17 @@ environment file and no printed description. Environment variables that hold a s
 token) are refused in `env` layers for the same reason: the environment file is world-readable
 and the description is printed.
 
-Everything that shows flags (the check-mode "would restart" lines, last-known-good records and
-their diffs, calibration records) passes them through redact() or public_flags() first, so a
-record written before a flag moved here shows no secret either.
+A secret is found by value, not by place (secrets_in()): a value under a key named like a secret
+at any depth of a flag's value (the mapping SGLang reads as JSON, or the JSON text itself), and a
+text that carries a credential by itself (a URL's user:password@, a bearer token). SGLang's
+--config cannot hold one key of a JSON flag (it passes a nested mapping on as Python text, and
+the command line's value replaces the file's whole), so such a secret has no safe place in a
+flag: describe.py refuses it, naming the path to the key.
+
+Everything that shows or stores flags (the check-mode "would restart" lines, last-known-good
+records and their diffs, calibration records) passes them through public_flags(), redact() or
+public_record() first, which apply the same rule, so a record written before a rule existed
+shows no secret either.
 """
 
 from __future__ import annotations
@@ -20,6 +28,9 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from typing import Any
+
+from sglang_fleet.module_utils.bounded_json import TooDeep
+from sglang_fleet.module_utils.bounded_json import loads as bounded_loads
 
 # SGLang 0.5.23's flags (its parser: gpusim/gpusim/flags/sglang-0.5.23.json) that carry a secret,
 # by ServerArgs name. tests/test_secrets.py reads the parser and fails on any flag named like a
@@ -46,15 +57,40 @@ SECRET_ENV: dict[str, str] = {
     "HF_TOKEN": "a Hugging Face token",
     "HUGGING_FACE_HUB_TOKEN": "a Hugging Face token (huggingface_hub's older name)",
 }
-# A name made of these words (split on '_' or '-', any case) looks like a secret.
+# A name made of these words (split on '_', '-', '.', spaces and camelCase; any case) looks like
+# a secret.
 SECRET_WORDS = frozenset({"key", "token", "secret", "secrets", "password", "passwd", "apikey",
-                          "credential", "credentials"})  # fmt: skip
-# ...and so does one that contains one of these anywhere (the rule records were redacted by).
-SECRET_PARTS = ("api_key", "apikey", "secret", "password", "passwd", "hf_token")
+                          "credential", "credentials", "passphrase", "authorization", "bearer",
+                          "cookie"})  # fmt: skip
+# ...and so does one that contains one of these anywhere (the rule records were redacted by, and
+# names written as one word: accesskey, authtoken).
+SECRET_PARTS = ("api_key", "apikey", "secret", "password", "passwd", "hf_token", "privatekey",
+                "accesskey", "accesstoken", "authtoken", "sessiontoken")  # fmt: skip
+# Runs of words that name a number, an id or a shape, not a secret: the Hugging Face config keys
+# json_model_override_args overrides (eos_token_id, stop_token_ids, image_token_index,
+# num_key_value_heads). A name is judged by its other words. A key nested in a flag's value that
+# holds no secret but is refused goes here, with the setting it belongs to.
+HARMLESS_PHRASES = (
+    ("token", "id"),
+    ("token", "ids"),
+    ("token", "index"),
+    ("key", "value", "heads"),
+)
 # What a redacted value reads as: SGLang's own word for it in /server_info.
 REDACTED = "<redacted>"
+# Deeper than this, a value is not checked but refused (describe) or redacted whole (shown): no
+# flag SGLang reads nests more than a handful of levels.
+MAX_DEPTH = 32
 
 _SPLIT = re.compile(r"[_\-\s.]+")
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+# A bearer token written out ("Bearer abc..."): an Authorization header's value.
+_BEARER = re.compile(r"(?i)\bbearer[ \t]+[^\s]")
+# A quoted key followed by ':' in text that is not JSON (a JSON flag's value with a typo, a
+# Python dict's repr): each match starts at a quote and stops at the next one, so linear.
+_QUOTED_KEY = re.compile(r"""["']([^"'\\\n]*)["']\s*:""")
+# Where a URL's authority ends (RFC 3986 3.2): the next '/', '?' or '#', or white space.
+_AUTHORITY_END = re.compile(r"[/?#\s]")
 
 
 def normalized(name: object) -> str:
@@ -62,43 +98,193 @@ def normalized(name: object) -> str:
     return str(name).strip().lower().replace("-", "_")
 
 
+def _words(name: object) -> list[str]:
+    """The words of a name: split on '_', '-', '.', spaces and camelCase, lower case."""
+    text = _CAMEL.sub("_", str(name).strip())
+    return [word for word in _SPLIT.split(text.lower()) if word]
+
+
+def _without_harmless(words: list[str]) -> list[str]:
+    kept: list[str] = []
+    index = 0
+    while index < len(words):
+        phrase = next(
+            (p for p in HARMLESS_PHRASES if tuple(words[index : index + len(p)]) == p), None
+        )
+        if phrase:
+            index += len(phrase)
+        else:
+            kept.append(words[index])
+            index += 1
+    return kept
+
+
 def named_like_a_secret(name: object) -> bool:
-    """Whether a name looks like it holds a secret (the test's rule for SGLang's parser)."""
-    norm = normalized(name)
-    words = set(_SPLIT.split(norm))
-    return bool(words & SECRET_WORDS) or any(part in norm for part in SECRET_PARTS)
+    """Whether a name looks like it holds a secret (the test's rule for SGLang's parser, and the
+    rule for keys at any depth of a flag's value)."""
+    words = _words(name)
+    if any(part in "_".join(words) for part in SECRET_PARTS):
+        return True
+    return bool(set(_without_harmless(words)) & SECRET_WORDS)
 
 
 def is_secret(name: object) -> bool:
-    """Whether a flag or variable named so is treated as a secret: listed, or named like one
+    """Whether a flag, variable or key named so is treated as a secret: listed, or named like one
     and not listed as harmless. Unknown names that look secret are secret (redacted, refused)."""
     norm = normalized(name)
     if norm in SECRET_FLAGS or norm.upper() in SECRET_ENV:
         return True
-    return norm not in NOT_SECRET_FLAGS and named_like_a_secret(norm)
+    return norm not in NOT_SECRET_FLAGS and named_like_a_secret(name)
+
+
+def _holds_something(value: Any) -> bool:
+    """Whether a value under a secret's name has anything to hide: a switch, a null or an empty
+    text has not (`use_api_key: true`); any other value has, numbers included (YAML reads an
+    unquoted numeric key as a number)."""
+    if value is None or isinstance(value, bool):
+        return False
+    if isinstance(value, str | Mapping | list | tuple):
+        return len(value) > 0
+    return True
+
+
+def _url_with_credentials(text: str) -> bool:
+    """Whether text holds a URL with user:password@ (or a token@) in its authority. Linear: each
+    '://' starts one scan, which ends at the next '/', so no two scans overlap."""
+    start = text.find("://")
+    while start != -1:
+        end = _AUTHORITY_END.search(text, start + 3)
+        authority = text[start + 3 : end.start() if end else len(text)]
+        if "@" in authority:
+            return True
+        start = text.find("://", start + 3)
+    return False
+
+
+def _text_problem(text: str) -> str | None:
+    """Why a text carries a credential by itself, or None."""
+    if _url_with_credentials(text):
+        return "holds a URL with user:password@ (a credential in a URL)"
+    if _BEARER.search(text):
+        return "holds a bearer token"
+    return None
+
+
+def _json_text(text: str, depth: int) -> tuple[bool, Any]:
+    """(True, its value) for text SGLang would read as a JSON object or array; (False, None) for
+    other text. Big integers are kept as text (never the 4,300-digit error); too deep raises."""
+    if text.lstrip()[:1] not in ("{", "["):
+        return False, None
+    try:
+        return True, bounded_loads(text, "a flag value", MAX_DEPTH - depth, parse_int=str)
+    except TooDeep:
+        raise
+    except ValueError:
+        return False, None
+
+
+def _quoted_secret_keys(text: str) -> list[str]:
+    """Keys named like a secret in JSON-like text that is not JSON ('{"api_key": "x",}')."""
+    return [m.group(1) for m in _QUOTED_KEY.finditer(text) if is_secret(m.group(1))]
+
+
+def _shown_key(key: Any) -> str:
+    """A key in a path: itself when printable ASCII, else its repr."""
+    text = str(key)
+    return text if text.isprintable() and text.isascii() else repr(key)
+
+
+def secrets_in(value: Any, path: str = "", depth: int = 0) -> list[tuple[str, str]]:
+    """Where value holds a secret, at every depth: (path, why) pairs, path like '.s3.secret_key'
+    or '[0]' ('' for value itself). The one rule: a value with something in it under a key
+    named like a secret (is_secret()), a text with a credential in it (a URL's user:password@,
+    a bearer token), JSON text read as its value; deeper than MAX_DEPTH nothing can be ruled
+    out, so that is a finding too."""
+    if depth > MAX_DEPTH:
+        return [(path, f"is nested deeper than {MAX_DEPTH} levels: no secret can be ruled out")]
+    if isinstance(value, Mapping):
+        found = []
+        for key, item in value.items():
+            where = f"{path}.{_shown_key(key)}"
+            if is_secret(key) and _holds_something(item):
+                found.append((where, "is named like a secret"))
+            else:
+                found += secrets_in(item, where, depth + 1)
+        return found
+    if isinstance(value, list | tuple):
+        return [
+            hit for index, item in enumerate(value)
+            for hit in secrets_in(item, f"{path}[{index}]", depth + 1)
+        ]  # fmt: skip
+    if isinstance(value, str):
+        return _text_secrets(value, path, depth)
+    return []
+
+
+def _text_secrets(text: str, path: str, depth: int) -> list[tuple[str, str]]:
+    try:
+        is_json, parsed = _json_text(text, depth)
+    except TooDeep:
+        return [(path, f"is nested deeper than {MAX_DEPTH} levels: no secret can be ruled out")]
+    if is_json:
+        return secrets_in(parsed, path, depth + 1)
+    problem = _text_problem(text)
+    if problem:
+        return [(path, problem)]
+    return [(f"{path}.{_shown_key(key)}", "is named like a secret") for key in
+            _quoted_secret_keys(text)]  # fmt: skip
 
 
 def redact(value: Any, depth: int = 0) -> Any:
-    """A copy of value with every mapping entry named like a secret replaced by REDACTED (nested
-    mappings and lists too; past 32 levels the rest is REDACTED whole)."""
-    if depth > 32:
+    """A copy of value with every secret (secrets_in()'s rule) replaced by REDACTED: the value of
+    a key named like a secret, nested mappings and lists too; a text that holds one (JSON text
+    with such a key, a URL with user:password@, a bearer token) whole; past MAX_DEPTH levels the
+    rest whole."""
+    if depth > MAX_DEPTH:
         return REDACTED
     if isinstance(value, Mapping):
         return {
-            key: REDACTED if is_secret(key) else redact(item, depth + 1)
+            key: REDACTED if is_secret(key) and _holds_something(item) else redact(item, depth + 1)
             for key, item in value.items()
         }
     if isinstance(value, list | tuple):
         return [redact(item, depth + 1) for item in value]
+    if isinstance(value, str) and secrets_in(value, depth=depth):
+        return REDACTED
     return value
 
 
 def public_flags(flags: Mapping[str, Any]) -> dict[str, Any]:
-    """A flag set with every secret flag left out and nested secrets redacted: what a record,
-    a result or a diff may show."""
+    """A flag set with every secret flag left out and every secret below redacted (redact()):
+    what a record, a result or a diff may show or store. The one rule for records, at every
+    depth (calibration records, last-known-good records, autotune's state)."""
     if not isinstance(flags, Mapping):
         return {}
     return {str(k): redact(v) for k, v in flags.items() if not is_secret(k)}
+
+
+def public_record(record: Mapping[str, Any], *, name_secret_flags: bool = False) -> dict[str, Any]:
+    """A last-known-good record as it may be shown: its flags through public_flags() (with
+    name_secret_flags, redact(): a secret flag stays, reading <redacted>, so check mode can say
+    it changed), every other field through redact(); api_key_set and secrets_set kept while
+    they hold what they name (a boolean; names of SECRET_FLAGS)."""
+    shown: dict[str, Any] = {}
+    for key, value in record.items():
+        if key == "flags" and isinstance(value, Mapping):
+            shown[key] = redact(dict(value)) if name_secret_flags else public_flags(value)
+        elif key == "api_key_set" and isinstance(value, bool):
+            shown[key] = value
+        elif key == "secrets_set" and _secret_names(value):
+            shown[key] = list(value)
+        else:
+            shown[key] = redact({key: value})[key]
+    return shown
+
+
+def _secret_names(value: Any) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(name, str) and name in SECRET_FLAGS for name in value
+    )
 
 
 def secrets_file_key(field: str) -> str:

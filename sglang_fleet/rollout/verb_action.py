@@ -18,6 +18,9 @@ from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
+from sglang_fleet.module_utils.fleet_http import without_secrets
+from sglang_fleet.server_secrets import is_secret
+
 display = Display()
 
 # What sglang_router_workers needs to take one replica out and drain it (a described server's
@@ -108,7 +111,16 @@ class VerbAction(ActionBase):
         display.v(f"  {self.VERB}: {text}")
 
     def _module(self, name: str, module_args: dict[str, Any]) -> dict[str, Any]:
-        return self._execute_module(module_name=name, module_args=module_args, task_vars=self._vars)
+        done = self._execute_module(module_name=name, module_args=module_args, task_vars=self._vars)
+        # What this action copies out of a module's answer (its msg, a stderr tail) into its own
+        # result never quotes a key the module was given, in any written form: no_log masks it
+        # only as given, and only in the module's own result.
+        secrets = [v for k, v in module_args.items() if is_secret(k) and isinstance(v, str)]
+        if secrets:
+            for key, value in done.items():
+                if isinstance(value, str):
+                    done[key] = without_secrets(value, secrets)
+        return done
 
     @contextmanager
     def _task_as(self, **attributes: Any) -> Iterator[None]:

@@ -65,7 +65,10 @@ for an input the renderers or systemd would mangle:
   flag of SGLang is a field of the server, never a flag), when present, is a non-empty string of
   printable ASCII without surrounding spaces or a leading dash, at most MAX_API_KEY_CHARS long;
   messages about it never quote it. A flag or environment variable named like a secret is
-  refused in every layer (docs/ARCHITECTURE.md, "Secrets");
+  refused in every layer, and so is a secret inside a value, at any depth (a key named like a
+  secret in a flag's mapping or its JSON text, a URL's user:password@; the error names the path
+  to it): SGLang's --config cannot take one key of a JSON flag, so it has no safe place there
+  (docs/ARCHITECTURE.md, "Secrets");
 - router.url and router.worker_url are http(s)://host[:port] with no path and no trailing slash
   (sglang-router 0.3.2 compares worker URLs as written, docs/ROUTER.md), and worker_url names
   the server's own port. The router is no flag: it changes neither argv nor the config hash.
@@ -165,6 +168,22 @@ _SECRET_NAME_RULE = (
     f"fields ({', '.join(_secrets.SECRET_FLAGS)}), which go to a root-only config file; "
     "a hub token belongs to weight staging (model_stage_hf_token)"
 )
+# A secret inside a value (server_secrets.secrets_in(): a key named like a secret at any depth,
+# JSON text included, or a credential in a URL): why it has no safe place there, and where it goes.
+_NESTED_SECRET_RULE = (
+    "{what} reaches {where}, and SGLang's --config file cannot hold one key of a JSON flag (it "
+    "passes a nested mapping on as Python text, not JSON, and one value of a flag replaces the "
+    "other whole): give the secret in a root-only file the setting reads by path "
+    "(hicache_storage_backend_extra_config takes '@/etc/sglang/<file>.json', mode 0600), or as "
+    f"one of the server's secret fields ({', '.join(_secrets.SECRET_FLAGS)}); a key that holds "
+    "no secret is listed in sglang_fleet/server_secrets.py (HARMLESS_PHRASES)"
+)
+_REACHES = {
+    "flag": ("a flag's value", "argv, the unit's world-readable drop-in and the printed "
+             "description"),
+    "env": ("an environment value", "the world-readable environment file and the printed "
+            "description"),
+}  # fmt: skip
 DEFAULTS_KEYS = ("flags", "env", "host")
 
 
@@ -251,6 +270,17 @@ def _json_problem(value: Any) -> str | None:
     return _scalar_problem(value)
 
 
+def _refuse_secrets_in(value: Any, variable: str, kind: str) -> None:
+    """Refuse a value that holds a secret anywhere in it, naming the path to it (never its text)."""
+    found = _secrets.secrets_in(value)
+    if found:
+        path, why = found[0]
+        what, where = _REACHES[kind]
+        raise ServerConfigError(
+            f"{variable}{path}", f"{why}: " + _NESTED_SECRET_RULE.format(what=what, where=where)
+        )
+
+
 def _flag_value_problem(value: Any) -> str | None:
     """Why a flag value cannot be rendered as argv words, or None."""
     if value is None:
@@ -284,6 +314,8 @@ def _flag_layer(value: Any, variable: str) -> dict[str, Any]:
             raise ServerConfigError(f"{variable}.{key}", _SECRET_NAME_RULE)
         if norm in layer:
             raise ServerConfigError(f"{variable}.{key}", f"repeats flag {norm} (same flag)")
+        # Before the value's own checks: they quote a bad value, and walk it without a bound.
+        _refuse_secrets_in(item, f"{variable}.{key}", "flag")
         problem = _flag_value_problem(item)
         if problem:
             raise ServerConfigError(f"{variable}.{key}", problem)
@@ -320,6 +352,7 @@ def _env_layer(value: Any, variable: str) -> dict[str, Any]:
             )
         if _secrets.is_secret(key):
             raise ServerConfigError(f"{variable}.{key}", _SECRET_NAME_RULE)
+        _refuse_secrets_in(item, f"{variable}.{key}", "env")
         problem = _env_value_problem(item)
         if problem:
             raise ServerConfigError(f"{variable}.{key}", problem)
@@ -528,6 +561,13 @@ def _check_text(value: Any, variable: str, required: bool) -> str | None:
     return value
 
 
+def _check_model_path(value: Any, variable: str) -> str:
+    """The server's model_path: text a unit file can carry, with no credential in it (a remote
+    path's user:password@ would reach argv)."""
+    _refuse_secrets_in(value, variable, "flag")
+    return str(_check_text(value, variable, required=True))
+
+
 def server_gpus(server: Mapping[str, Any], gpus: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The server's own GPUs as nvidia-smi lists them; every GPU when none of them is listed
     (what the pre-flight plans on and a calibration record is keyed by)."""
@@ -699,7 +739,7 @@ def resolve_server(
     where = f"{SERVERS_VAR}[{name}]"
     _check_keys(server, where, SERVER_KEYS, " (SGLang flags go in flags:)")
     secrets_set = _check_secrets(server, where)
-    model_path = _check_text(server.get("model_path"), f"{where}.model_path", required=True)
+    model_path = _check_model_path(server.get("model_path"), f"{where}.model_path")
     try:
         model_source = check_model_source(server.get("model_source"), where, str(model_path))
     except StageConfigError as exc:

@@ -28,6 +28,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from sglang_fleet import server_secrets
 from sglang_fleet.module_utils.fleet_http import HttpError, check_url, redact_url
 from sglang_fleet.servers.launch_line import exec_start, normalize_key, to_argv
 
@@ -37,7 +38,9 @@ ROUTER_URL_RE = re.compile(r"(?i)(https?)://(\[[0-9a-f:.]+\]|[a-z0-9.-]+)(?::([0
 ROUTER_URL_RULE = "http(s)://host[:port] with no path and no trailing slash"
 # A pip version pin: the role installs exactly this sglang-router.
 _VERSION_RE = re.compile(r"[0-9][0-9A-Za-z.+!-]*")
-_ONE_WORD_RE = re.compile(r"\S*")
+# The router's key: one word an HTTP header carries as written (visible ASCII; \S* let control
+# characters through, which the modules' HTTP reader refuses).
+_ONE_WORD_RE = re.compile(r"[!-~]*")
 
 
 def url_port(match: re.Match[str]) -> int:
@@ -116,10 +119,27 @@ def settings_problems(settings: Mapping[str, Any]) -> list[str]:
             f"sglang_router_extra_flags: {', '.join(taken)} are set by the role (use the"
             " sglang_router_* variable; the API key only through sglang_router_api_key)"
         )
+    problems += _extra_flag_secrets(settings.get("extra_flags"))
     key = settings.get("api_key")
     if not isinstance(key, str) or not _ONE_WORD_RE.fullmatch(key):
-        problems.append("sglang_router_api_key must be one word without spaces or line breaks")
+        problems.append(
+            "sglang_router_api_key must be one word of visible ASCII, without spaces, line "
+            "breaks or control characters (the key itself is not shown)"
+        )
     return problems
+
+
+def _extra_flag_secrets(flags: Any) -> list[str]:
+    """A secret in the router's extra flags, by name or by value at any depth
+    (server_secrets.secrets_in()): they reach its argv and its unit file."""
+    if not isinstance(flags, Mapping):
+        return []
+    return [
+        f"sglang_router_extra_flags{path}: {why}: the router's flags reach its command line and "
+        "unit file (the API key only through sglang_router_api_key)"
+        for path, why in server_secrets.secrets_in(dict(flags))
+        if path.removeprefix(".").replace("-", "_") != "api_key"  # said above: set by the role
+    ]
 
 
 def router_command(
