@@ -99,6 +99,9 @@ DEFAULT_FATAL = [
     r"(?i)address already in use",
 ]
 
+# A journal line is cut here: a start-up line is a few hundred characters.
+MAX_LINE_CHARS = 64 * 1024
+
 
 def unit_state(unit: str) -> dict[str, str]:
     props = "ActiveState,SubState,NRestarts,ExecMainStatus,Result"
@@ -112,13 +115,15 @@ def unit_state(unit: str) -> dict[str, str]:
 
 
 def journal_lines(unit: str, since: float) -> list[str]:
+    """The unit's journal lines since then, each cut to MAX_LINE_CHARS (what a fatal pattern
+    reads of a line, and what the result shows of it, is bounded)."""
     out = subprocess.run(
         ["journalctl", "-u", unit, "--since", f"@{int(since)}", "-o", "cat", "--no-pager"],
         capture_output=True,
         text=True,
         check=False,
     ).stdout
-    return [line for line in out.splitlines() if line.strip()]
+    return [line[:MAX_LINE_CHARS] for line in out.splitlines() if line.strip()]
 
 
 def http_status(url: str, timeout: float) -> int | None:
