@@ -114,16 +114,20 @@ def unit_state(unit: str) -> dict[str, str]:
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
 
+def log_lines(text: str) -> list[str]:
+    """The lines of a journal's text that are not blank, each cut to MAX_LINE_CHARS (what a
+    fatal pattern reads of a line, and what the result shows of it, is bounded)."""
+    return [line[:MAX_LINE_CHARS] for line in text.splitlines() if line.strip()]
+
+
 def journal_lines(unit: str, since: float) -> list[str]:
-    """The unit's journal lines since then, each cut to MAX_LINE_CHARS (what a fatal pattern
-    reads of a line, and what the result shows of it, is bounded)."""
     out = subprocess.run(
         ["journalctl", "-u", unit, "--since", f"@{int(since)}", "-o", "cat", "--no-pager"],
         capture_output=True,
         text=True,
         check=False,
     ).stdout
-    return [line[:MAX_LINE_CHARS] for line in out.splitlines() if line.strip()]
+    return log_lines(out)
 
 
 def http_status(url: str, timeout: float) -> int | None:

@@ -7,13 +7,11 @@ A last test reads every product module's compiled expressions, so that a new `$`
 
 from __future__ import annotations
 
-import importlib
 import re
-import re._constants as sre_constants
-import re._parser as sre_parser
 
 import pytest
-from conftest import ROOT, load_plugin
+from conftest import load_plugin
+from product_regexes import product_regexes, takes_a_last_newline
 from sglang_fleet.module_utils import fleet_http, gpu_cleanup_ownership, procfs
 
 from sglang_fleet.servers.describe import ServerConfigError, describe_servers
@@ -70,7 +68,6 @@ def test_cgroup_names_are_matched_whole() -> None:
 
 # --------------------------------------------------------------------------- every expression
 
-PRODUCT = ("sglang_fleet", "module_utils", "library", "action_plugins", "filter_plugins")
 # Expressions of files that other work on issue 44 rewrites (the driver upgrade's fail-closed
 # helper, the versions module): each still ends in `$`; drop an entry once its file is fixed.
 OTHERS = {
@@ -79,66 +76,13 @@ OTHERS = {
 }
 
 
-def _modules() -> list[tuple[str, object]]:
-    found = []
-    for folder in PRODUCT:
-        for path in sorted((ROOT / folder).rglob("*.py")):
-            relative = path.relative_to(ROOT).as_posix()
-            if folder in ("sglang_fleet", "module_utils"):
-                name = relative.removesuffix(".py").replace("/", ".")
-                name = "sglang_fleet." + name if folder == "module_utils" else name
-                if name.endswith((".__init__", ".__main__")):
-                    continue
-                found.append((relative, importlib.import_module(name)))
-            else:
-                found.append((relative, load_plugin(relative)))
-    return found
-
-
-def takes_a_last_newline(pattern: re.Pattern[str]) -> bool:
-    """Whether the expression holds `$` outside MULTILINE: "the end, or before a last newline"."""
-    return not pattern.flags & re.MULTILINE and _holds_dollar(
-        sre_parser.parse(pattern.pattern, pattern.flags)
-    )
-
-
-def _holds_dollar(tree: sre_parser.SubPattern) -> bool:
-    for op, av in tree:
-        if op is sre_constants.AT and av is sre_constants.AT_END:
-            return True
-        children = []
-        if op in (sre_constants.MAX_REPEAT, sre_constants.MIN_REPEAT):
-            children = [av[2]]
-        elif op is sre_constants.SUBPATTERN:
-            children = [av[3]]
-        elif op is sre_constants.BRANCH:
-            children = av[1]
-        elif op in (sre_constants.ASSERT, sre_constants.ASSERT_NOT):
-            children = [av[1]]
-        if any(_holds_dollar(child) for child in children):
-            return True
-    return False
-
-
-def product_patterns() -> list[tuple[str, str, re.Pattern[str]]]:
-    """(file, name, expression) of every compiled expression a product module holds."""
-    found, seen = [], set()
-    for relative, module in _modules():
-        for name, value in vars(module).items():
-            # An expression another module imports is counted once, where it is first seen.
-            if isinstance(value, re.Pattern) and id(value) not in seen:
-                seen.add(id(value))
-                found.append((relative, name, value))
-    return found
-
-
 def test_no_product_expression_ends_in_a_dollar_that_takes_a_newline() -> None:
-    patterns = product_patterns()
-    assert len(patterns) > 40, "the product modules were not all read"
+    regexes = product_regexes()
+    assert len(regexes) > 40, "the product modules were not all read"
     dollar = [
-        f"{relative}: {name} = {pattern.pattern!r}"
-        for relative, name, pattern in patterns
-        if name not in OTHERS.get(relative, ()) and takes_a_last_newline(pattern)
+        f"{regex} = {regex.pattern.pattern!r}"
+        for regex in regexes
+        if regex.name not in OTHERS.get(regex.file, ()) and takes_a_last_newline(regex.pattern)
     ]
     assert not dollar, "use fullmatch or \\Z:\n" + "\n".join(dollar)
 
