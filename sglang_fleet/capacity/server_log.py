@@ -145,7 +145,7 @@ class Calibration:
             return None
         return (
             f"{self.long_lines} line(s) of the log are longer than {MAX_LINE_CHARS // 1024} KiB "
-            "and were not read (SGLang's longest, the server_args line, is about 20 KiB)."
+            "and were not read (SGLang's longest, the server_args line, is about 19 KiB)."
         )
 
     @property
