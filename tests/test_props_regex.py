@@ -83,7 +83,8 @@ LOG = [
     ", context_len=", ", available_gpu_mem=", "Decode batch", " [3]", ", #running-req: ",
     ", #token: ", ", token usage: ", "0.5", ", cuda graph: True, ",
     "gen throughput (token/s): ", ", #queue-req: ", "server_args=", "{", "}",
-    "'tp_size': ", "mem_fraction_static=", "'", '"', " ", "  ", "=", ":", "x", "\t",
+    "'tp_size': ", "mem_fraction_static=", "model_path=", "'kv_cache_dtype': ", "device=",
+    "ServerArgs(", "(", ")", "'", '"', " ", "  ", "=", ":", "x", "\t",
     "KV Cache VA upper bound", "Post-capture KV sizing",
 ]  # fmt: skip
 METRICS = [
