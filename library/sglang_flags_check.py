@@ -228,11 +228,15 @@ def _invocation_lines(text: str) -> list[str]:
         index += 1
         if len(line) - len(line.lstrip()) != indent or not line.lstrip().startswith("-"):
             continue
-        joined = line.strip()
-        while joined.count("{") > joined.count("}") and index < len(lines):
-            joined += lines[index].strip()
+        # Counted line by line: counting the joined text again after each line costs time
+        # quadratic in the lines an unclosed "{" joins.
+        parts = [line.strip()]
+        depth = parts[0].count("{") - parts[0].count("}")
+        while depth > 0 and index < len(lines):
+            parts.append(lines[index].strip())
+            depth += parts[-1].count("{") - parts[-1].count("}")
             index += 1
-        result.append(joined)
+        result.append("".join(parts))
     return result
 
 

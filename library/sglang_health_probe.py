@@ -99,6 +99,9 @@ DEFAULT_FATAL = [
     r"(?i)address already in use",
 ]
 
+# A journal line is cut here: a start-up line is a few hundred characters.
+MAX_LINE_CHARS = 64 * 1024
+
 
 def unit_state(unit: str) -> dict[str, str]:
     props = "ActiveState,SubState,NRestarts,ExecMainStatus,Result"
@@ -111,6 +114,12 @@ def unit_state(unit: str) -> dict[str, str]:
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
 
+def log_lines(text: str) -> list[str]:
+    """The lines of a journal's text that are not blank, each cut to MAX_LINE_CHARS (what a
+    fatal pattern reads of a line, and what the result shows of it, is bounded)."""
+    return [line[:MAX_LINE_CHARS] for line in text.splitlines() if line.strip()]
+
+
 def journal_lines(unit: str, since: float) -> list[str]:
     out = subprocess.run(
         ["journalctl", "-u", unit, "--since", f"@{int(since)}", "-o", "cat", "--no-pager"],
@@ -118,7 +127,7 @@ def journal_lines(unit: str, since: float) -> list[str]:
         text=True,
         check=False,
     ).stdout
-    return [line for line in out.splitlines() if line.strip()]
+    return log_lines(out)
 
 
 def http_status(url: str, timeout: float) -> int | None:

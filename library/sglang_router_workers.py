@@ -159,7 +159,8 @@ drain_seconds:
 """
 
 DRAIN_METRICS = ("sglang:num_running_reqs", "sglang:num_queue_reqs")
-_WORKER_URL_RE = re.compile(r"(?i)^https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(:[0-9]{1,5})?$")
+# Used with fullmatch: `$` would take a URL that ends in a newline.
+_WORKER_URL_RE = re.compile(r"(?i)https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(:[0-9]{1,5})?")
 # One Prometheus sample line: name, optional labels (quoted values may hold any character), value.
 _SAMPLE_RE = re.compile(r'^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?:[^"}]|"(?:[^"\\]|\\.)*")*\})?\s+(\S+)')
 _LISTED_FIELDS = ("id", "url", "is_healthy", "load", "model_id")
@@ -191,7 +192,7 @@ def normalize_url(url: str) -> str:
 
 def check_worker_url(url: str) -> str | None:
     """Why a worker URL cannot work with the router, or None."""
-    if _WORKER_URL_RE.match(url):
+    if _WORKER_URL_RE.fullmatch(url):
         try:
             check_url(url, "worker_url")
         except HttpError as err:

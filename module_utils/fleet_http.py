@@ -37,8 +37,15 @@ from urllib.parse import quote, urlsplit
 DEFAULT_DEADLINE_S = 10.0
 DEFAULT_MAX_BYTES = 16 << 20  # a busy /metrics is a few hundred KiB; a worker list less
 
-_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@]*@")
-_DNS_LABEL = re.compile(r"^(?!-)[A-Za-z0-9_-]{1,63}(?<!-)$")
+# `scheme://user:password@`, the scheme starting at the first letter of a run of scheme
+# characters that begins a word. The run is matched from its start (group 1 keeps what precedes
+# that letter), never from inside it: `\b[a-z][a-z0-9+.-]*://` tried at every letter of a long
+# run of such characters costs the run's square.
+_USERINFO = re.compile(
+    r"(?i)(?<![a-z0-9+.-])((?:[0-9+.-]|\B[a-z])*)\b([a-z][a-z0-9+.-]*://)[^/\s@]*@"
+)
+# Used with fullmatch: `$` would take a label that ends in a newline.
+_DNS_LABEL = re.compile(r"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)")
 # An HTTP field name (RFC 9110 5.6.2: a token), and the values this reader sends: visible ASCII,
 # spaces and tabs (RFC 9110 5.5 field-value, minus obs-text, which clients encode differently).
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
@@ -72,7 +79,7 @@ class Response:
 
 def redact_url(url: object) -> str:
     """The text with ``user:password@`` removed from every URL in it (``scheme://***@host``)."""
-    return _USERINFO.sub(r"\1***@", str(url))
+    return _USERINFO.sub(r"\1\2***@", str(url))
 
 
 def without_secrets(text: object, secrets: Iterable[str | None]) -> str:
@@ -117,7 +124,7 @@ def _host_problem(host: str) -> str | None:
     except ValueError:
         pass
     labels = host.rstrip(".").split(".")
-    if host in (".", "..") or not all(_DNS_LABEL.match(label) for label in labels):
+    if host in (".", "..") or not all(_DNS_LABEL.fullmatch(label) for label in labels):
         return f"host {host!r} is not a host name or an IP address"
     return None
 

@@ -36,14 +36,14 @@ from ansible.module_utils.procfs import (
 )
 from ansible.module_utils.timed_command import Runner
 
-_NUMBERED_DEVICE = re.compile(r"^nvidia(\d+)$")
+_NUMBERED_DEVICE = re.compile(r"nvidia(\d+)")  # fullmatch: `$` takes a trailing newline
 
 
 def device_gpu(target: str, device_glob: str) -> int | str | None:
     """GPU index for a device-file fd target: N for nvidiaN, "any" for other matches."""
     if not fnmatch.fnmatchcase(target, device_glob):
         return None
-    numbered = _NUMBERED_DEVICE.match(os.path.basename(target))
+    numbered = _NUMBERED_DEVICE.fullmatch(os.path.basename(target))
     return int(numbered.group(1)) if numbered else "any"
 
 

@@ -18,16 +18,17 @@ from typing import Any
 from ansible.module_utils.procfs import ProcInfo, user_name
 
 _UNIT_SUFFIXES = (".service", ".scope")
+# The names below are matched whole, with fullmatch (`$` would take a name ending in a newline).
 # How container runtimes name their cgroups (docs/GPU-CLEANUP.md, "Containers"): a systemd scope
 # per container (systemd cgroup driver) ...
-_CONTAINER_SCOPE = re.compile(r"^(docker|cri-containerd|crio|containerd|libpod|machine)-.+\.scope$")
+_CONTAINER_SCOPE = re.compile(r"(docker|cri-containerd|crio|containerd|libpod|machine)-.+\.scope")
 # ... or a runtime directory holding one directory per container (cgroupfs driver) ...
 _CONTAINER_DIRS = frozenset({"docker", "containerd", "crio", "lxc", "libpod_parent"})
 # ... or whole subtrees that hold nothing but containers, pods and virtual machines.
 _CONTAINER_TREES = ("kubepods", "lxc.payload.", "lxc.monitor.", "machine.slice")
-_KUBE_POD = re.compile(r"^pod[0-9a-fA-F_-]+$")
+_KUBE_POD = re.compile(r"pod[0-9a-fA-F_-]+")
 # logind puts every login of user N (its session scopes, its user manager) under user-N.slice.
-_USER_SLICE = re.compile(r"^user-(\d+)\.slice$")
+_USER_SLICE = re.compile(r"user-(\d+)\.slice")
 
 
 class OwnerError(ValueError):
@@ -53,7 +54,7 @@ def _is_container_part(parts: list[str], i: int) -> bool:
     part = parts[i]
     if part in _CONTAINER_DIRS:
         return i + 1 < len(parts)
-    return bool(_CONTAINER_SCOPE.match(part)) or part.startswith(_CONTAINER_TREES)
+    return bool(_CONTAINER_SCOPE.fullmatch(part)) or part.startswith(_CONTAINER_TREES)
 
 
 def container_cgroup(cgroup_path: str) -> str | None:
@@ -78,13 +79,13 @@ def container_root(cgroup_path: str) -> str:
     while i < len(parts):
         part = parts[i]
         in_kubepods = in_kubepods or part.startswith("kubepods")
-        if part in _CONTAINER_DIRS or (in_kubepods and _KUBE_POD.match(part)):
+        if part in _CONTAINER_DIRS or (in_kubepods and _KUBE_POD.fullmatch(part)):
             # The next part is the container (cgroupfs: docker/ID, kubepods/QOS/podUID/ID).
             if i + 1 < len(parts):
                 end = i + 2
             i += 2
             continue
-        if _CONTAINER_SCOPE.match(part) or part.startswith(("lxc.payload.", "lxc.monitor.")):
+        if _CONTAINER_SCOPE.fullmatch(part) or part.startswith(("lxc.payload.", "lxc.monitor.")):
             end = i + 1
         i += 1
     return "/" + "/".join(parts[:end]) if end else ""
@@ -100,7 +101,7 @@ def relative_cgroup(cgroup_path: str, root: str) -> str:
 def login_uid(cgroup_path: str) -> int | None:
     """N when the path lies in user-N.slice (a login of user N), else None."""
     for part in _parts(cgroup_path):
-        if matched := _USER_SLICE.match(part):
+        if matched := _USER_SLICE.fullmatch(part):
             return int(matched.group(1))
     return None
 

@@ -26,10 +26,10 @@ HEADER_ALIASES = {
     "name": "process_name",
 }
 
-# Values nvidia-smi prints when it cannot or may not tell: mean "unknown", never zero.
-_PLACEHOLDER = re.compile(r"^\[[^\]]*\]$|^N/A$")
-_UNIT_SUFFIX = re.compile(r"^(-?\d+(?:\.\d+)?)\s*(?:MiB|GiB|KiB|%|W|MHz|C)$")
-_HEADER_UNIT = re.compile(r"\s*\[[^\]]*\]$")
+# Values nvidia-smi prints when it cannot or may not tell: mean "unknown", never zero. Both
+# are used with fullmatch (`$` would also take a value that ends in a newline).
+_PLACEHOLDER = re.compile(r"\[[^\]]*\]|N/A")
+_UNIT_SUFFIX = re.compile(r"(-?\d+(?:\.\d+)?)\s*(?:MiB|GiB|KiB|%|W|MHz|C)")
 
 # Columns whose values are free text: a comma inside one must not shift the columns after it.
 TEXT_FIELDS = ("process_name", "name")
@@ -88,7 +88,14 @@ def check_result(argv: list[str], rc: int, stdout: str, stderr: str) -> str:
 
 
 def _header_name(cell: str) -> str:
-    return _HEADER_UNIT.sub("", cell.strip())
+    r"""The cell without its unit (`memory.used [MiB]`): the trailing `[...]` (from the first
+    "[" after any other "]") and the blanks before it. Found by position: the expression
+    `\s*\[[^\]]*\]$` costs time quadratic in a cell of many "["."""
+    name = cell.strip()
+    if not name.endswith("]"):
+        return name
+    opening = name.find("[", name.rfind("]", 0, len(name) - 1) + 1)
+    return name if opening < 0 else name[:opening].rstrip()
 
 
 def _is_header(cells: list[str], fields: list[str]) -> bool:
@@ -100,9 +107,9 @@ def _is_header(cells: list[str], fields: list[str]) -> bool:
 def parse_value(text: str) -> str | int | float | None:
     """Turn one CSV cell into None (placeholder), a number (units stripped), or the text."""
     value = text.strip()
-    if not value or _PLACEHOLDER.match(value):
+    if not value or _PLACEHOLDER.fullmatch(value):
         return None
-    unit = _UNIT_SUFFIX.match(value)
+    unit = _UNIT_SUFFIX.fullmatch(value)
     number = unit.group(1) if unit else value
     try:
         return int(number)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 PROC = "/proc"
-_SOCKET_LINK = re.compile(r"^socket:\[(\d+)\]$")
+_SOCKET_LINK = re.compile(r"socket:\[(\d+)\]")  # fullmatch: `$` takes a trailing newline
 _TCP_LISTEN = "0A"
 
 
@@ -174,7 +174,7 @@ def listening_inodes(ports: list[int], proc_root: str = PROC) -> dict[int, int]:
 
 
 def socket_inodes(targets: Iterable[str]) -> set[int]:
-    return {int(m.group(1)) for t in targets if (m := _SOCKET_LINK.match(t))}
+    return {int(m.group(1)) for t in targets if (m := _SOCKET_LINK.fullmatch(t))}
 
 
 def ancestors(pid: int, proc_root: str = PROC) -> list[ProcInfo]:

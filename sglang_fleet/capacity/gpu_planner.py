@@ -80,6 +80,8 @@ class GpuPlanner:
         self.dtype = str(self.a["kv_cache_dtype"])
         self.gpu_mib = float(self.host["gpu_memory_mib"])
         self.cal = log_calibration(self.a)
+        if self.cal is not None and (skipped := self.cal.long_lines_note()):
+            self.warnings.append(issue("calibration_log_long_lines", skipped))
         self.defaults = kv_cache.sglang_default_mem_fraction(
             self.gpu_mib,
             self.shape,

@@ -31,26 +31,40 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 _NUM = r"(\d+(?:\.\d+)?)"
+# A line longer than this is skipped, and counted (Calibration.long_lines): SGLang's longest,
+# the server_args line, is about 19 KiB; the bound keeps what one line costs small.
+MAX_LINE_CHARS = 64 * 1024
 # "[2026-11-29 10:00:00 DP0 TP3] msg": the bracket's words after the time name the rank.
-_PREFIX = re.compile(r"^\[(?P<head>[^\]]*)\]\s*(?P<msg>.*)$")
+_PREFIX = re.compile(r"\[(?P<head>[^\]]*)\]\s*")
 _RANK = re.compile(r"\b((?:DP|PP|TP|EP)\d+)\b")
 
+# Every expression here is matched in time linear in the line's length. A line whose figures
+# follow a head after other words ("Load weight end. elapsed=..., avail mem=...") is matched
+# in two steps, the head and then what follows it (_head_then), never as one `head.*?tail`
+# expression: with the head or the tail's pieces repeated, such an expression backtracks in
+# time quadratic to cubic in the line's length (a line of 16 KiB held the parser for 20 s).
 _LOAD_BEGIN = re.compile(rf"Load weight begin\. avail mem={_NUM} GB")
+_LOAD_END = re.compile(r"Load weight end\.")
 # "mem usage" is the drop in free memory across the load: on a CPU server (host RAM) or beside
 # another process that frees memory meanwhile it can be negative ("mem usage=-0.01 GB", seen
 # with SGLang 0.5.23's CPU engine while other work ran): the load used less than the noise.
-_LOAD_END = re.compile(rf"Load weight end\..*?avail mem={_NUM} GB, mem usage=(-?\d+(?:\.\d+)?) GB")
-_LOAD_TYPE = re.compile(r"Load weight end\..*?type=(\w+)")
-_KV_ALLOC = re.compile(
-    rf"KV Cache is allocated\.(?:.*?dtype: ([\w.]+),)?.*?#tokens: (\d+), "
-    rf"(?:KV size: {_NUM} GB|K size: {_NUM} GB, V size: {_NUM} GB)"
+_LOAD_END_MEMORY = re.compile(rf"avail mem={_NUM} GB, mem usage=(-?\d+(?:\.\d+)?) GB")
+_LOAD_END_TYPE = re.compile(r"type=(\w+)")
+_KV_ALLOC = re.compile(r"KV Cache is allocated\.")
+_KV_DTYPE = re.compile(r"dtype: ([\w.]+),")
+_KV_TOKENS = re.compile(
+    rf"#tokens: (\d+), (?:KV size: {_NUM} GB|K size: {_NUM} GB, V size: {_NUM} GB)"
 )
 # SGLang keeps part of the KV budget back for a multimodal model's own pools (0.5.23).
 _MM_RESERVE = re.compile(rf"Reserving {_NUM} GB of the KV budget")
 _POOL_END = re.compile(rf"Memory pool end\. avail mem={_NUM} GB")
-_GRAPH_END = re.compile(rf"Capture .*graph end\..*?avail mem={_NUM} GB", re.IGNORECASE)
+# "Capture <anything>graph end. ... avail mem=X GB", any case: what is left once captured.
+_GRAPH = re.compile(r"Capture ", re.IGNORECASE)
+_GRAPH_END = re.compile(r"graph end\.", re.IGNORECASE)
+_GRAPH_AVAIL = re.compile(rf"avail mem={_NUM} GB", re.IGNORECASE)
 # The decode graphs' batch sizes: the largest is --cuda-graph-max-bs(-decode) as SGLang resolved it.
-_GRAPH_BS = re.compile(r"Capture (?:target )?decode .*graph end\. bs=\[([\d, ]+)\]", re.IGNORECASE)
+_GRAPH_DECODE = re.compile(r"Capture (?:target )?decode ", re.IGNORECASE)
+_GRAPH_BS = re.compile(r"graph end\. bs=\[([\d, ]+)\]", re.IGNORECASE)
 _SCHED = re.compile(
     r"max_total_num_tokens=(\d+), chunked_prefill_size=(-?\d+), max_prefill_tokens=(\d+), "
     r"max_running_requests=(\d+), context_len=(\d+)"
@@ -61,8 +75,9 @@ _SCHED = re.compile(
 _POST_CAPTURE = re.compile(r"KV Cache VA upper bound|Post-capture KV sizing")
 _DECODE = re.compile(
     r"Decode batch(?: \[\d+\])?, #running-req: (\d+), #token: (\d+), token usage: "
-    rf"{_NUM}, .*?gen throughput \(token/s\): {_NUM}, #queue-req: (\d+)"
+    rf"{_NUM}, "
 )
+_DECODE_SPEED = re.compile(rf"gen throughput \(token/s\): {_NUM}, #queue-req: (\d+)")
 # server_args=ServerArgs(a=1, ...) up to 0.5.19; server_args={'a': 1, ...} from 0.5.20.
 _ARG_NUM = r"['\"]?{name}['\"]?\s*[=:]\s*(-?\d+(?:\.\d+)?)"
 _ARG_STR = r"['\"]?{name}['\"]?\s*[=:]\s*['\"]([^'\"]*)['\"]"
@@ -121,6 +136,17 @@ class Calibration:
     rank_tags: set[str] = field(default_factory=set)
     prefixed: bool = False
     lines: dict[str, str] = field(default_factory=dict)
+    # Lines longer than MAX_LINE_CHARS, skipped unread.
+    long_lines: int = 0
+
+    def long_lines_note(self) -> str | None:
+        """What the parse skipped, in words, or None when it read every line."""
+        if not self.long_lines:
+            return None
+        return (
+            f"{self.long_lines} line(s) of the log are longer than {MAX_LINE_CHARS // 1024} KiB "
+            "and were not read (SGLang's longest, the server_args line, is about 19 KiB)."
+        )
 
     @property
     def has_memory(self) -> bool:
@@ -138,10 +164,25 @@ class Calibration:
 
 
 def _split(line: str) -> tuple[str, str]:
-    match = _PREFIX.match(line.strip())
-    if not match:
-        return "", line.strip()
-    return " ".join(_RANK.findall(match["head"])), match["msg"]
+    """(rank tags, message) of a line; ("", the line) when it has no "[time ranks]" prefix."""
+    text = line.strip()
+    match = _PREFIX.match(text)
+    # A message is one line: one that holds a newline is not a prefixed line.
+    if not match or "\n" in text[match.end() :]:
+        return "", text
+    return " ".join(_RANK.findall(match["head"])), text[match.end() :]
+
+
+def _head_then(msg: str, head: re.Pattern[str], tail: re.Pattern[str]) -> re.Match[str] | None:
+    """The tail of the first `head.*?tail` in msg (`.` not crossing a newline), found in
+    linear time: the first head of a line leaves the most room after it, so when no tail
+    follows it none follows a later head of that line either."""
+    for part in msg.split("\n"):
+        start = head.search(part)
+        found = tail.search(part, start.end()) if start else None
+        if found:
+            return found
+    return None
 
 
 def _min(current: float | None, value: float) -> float:
@@ -206,24 +247,41 @@ def _load_begin(cal: Calibration, msg: str) -> bool:
 
 
 def _load_end(cal: Calibration, msg: str) -> bool:
-    if m := _LOAD_END.search(msg):
+    if m := _head_then(msg, _LOAD_END, _LOAD_END_MEMORY):
         cal.post_gib = _min(cal.post_gib, float(m[1]))
         # A negative usage is free memory that rose during the load (something else freed
         # memory meanwhile): it measures no weights, so the weights stay unknown.
         if float(m[2]) >= 0:
             cal.weight_gib = _max(cal.weight_gib, float(m[2]))
-        if kind := _LOAD_TYPE.search(msg):
+        if kind := _head_then(msg, _LOAD_END, _LOAD_END_TYPE):
             cal.architecture = kind[1]
     return m is not None
 
 
+def _kv_allocated(msg: str) -> tuple[str | None, re.Match[str]] | None:
+    """(dtype or None, the #tokens match) of `KV Cache is allocated.(.*?dtype: X,)?.*?#tokens:
+    ...`: the first dtype after the head that a #tokens clause follows, else none."""
+    for part in msg.split("\n"):
+        head = _KV_ALLOC.search(part)
+        if head is None:
+            continue
+        dtype = _KV_DTYPE.search(part, head.end())
+        if dtype and (tokens := _KV_TOKENS.search(part, dtype.end())):
+            return dtype[1], tokens
+        if tokens := _KV_TOKENS.search(part, head.end()):
+            return None, tokens
+    return None
+
+
 def _kv_alloc(cal: Calibration, msg: str) -> bool:
-    if m := _KV_ALLOC.search(msg):
-        cal.kv_torch_dtype = m[1] or cal.kv_torch_dtype
-        cal.kv_tokens = int(_min(cal.kv_tokens, int(m[2])))
-        size = float(m[3]) if m[3] else float(m[4]) + float(m[5])
+    found = _kv_allocated(msg)
+    if found is not None:
+        dtype, m = found
+        cal.kv_torch_dtype = dtype or cal.kv_torch_dtype
+        cal.kv_tokens = int(_min(cal.kv_tokens, int(m[1])))
+        size = float(m[2]) if m[2] else float(m[3]) + float(m[4])
         cal.kv_size_gib = _min(cal.kv_size_gib, size)
-    return m is not None
+    return found is not None
 
 
 def _multimodal_reserve(cal: Calibration, msg: str) -> bool:
@@ -238,12 +296,37 @@ def _pool_end(cal: Calibration, msg: str) -> bool:
     return m is not None
 
 
+def _graph_avail(msg: str) -> re.Match[str] | None:
+    """The `avail mem=X GB` of `Capture .*graph end[.].*?avail mem=X GB`: the first after the
+    last "graph end." that such a figure follows (the greedy `.*`), in linear time."""
+    for part in msg.split("\n"):
+        head = _GRAPH.search(part)
+        if head is None:
+            continue
+        figures = [m.start() for m in _GRAPH_AVAIL.finditer(part, head.end())]
+        ends = [m.end() for m in _GRAPH_END.finditer(part, head.end())]
+        ends = [end for end in ends if figures and end <= figures[-1]]
+        if ends:
+            return _GRAPH_AVAIL.search(part, ends[-1])
+    return None
+
+
+def _graph_batch_sizes(msg: str) -> re.Match[str] | None:
+    """The last `graph end. bs=[...]` after the first `Capture (target )?decode ` of a line."""
+    for part in msg.split("\n"):
+        head = _GRAPH_DECODE.search(part)
+        found = list(_GRAPH_BS.finditer(part, head.end())) if head else []
+        if found:
+            return found[-1]
+    return None
+
+
 def _graph_end(cal: Calibration, msg: str) -> bool:
-    if m := _GRAPH_END.search(msg):
+    if m := _graph_avail(msg):
         # Decode and prefill graphs are captured one after the other: the lowest figure is
         # what is left once every graph is resident.
         cal.graph_end_avail_gib = _min(cal.graph_end_avail_gib, float(m[1]))
-        if bs := _GRAPH_BS.search(msg):
+        if bs := _graph_batch_sizes(msg):
             sizes = [int(n) for n in bs[1].replace(" ", "").split(",") if n]
             if sizes:
                 cal.decode_graph_max_bs = max(sizes)
@@ -275,19 +358,33 @@ def _scheduler_line(cal: Calibration, msg: str) -> bool:
     return True
 
 
+def _decode_batch(msg: str) -> tuple[re.Match[str], re.Match[str]] | None:
+    """The two parts of a Decode batch line (counts, then speed), as _head_then finds them."""
+    for part in msg.split("\n"):
+        counts = _DECODE.search(part)
+        speed = _DECODE_SPEED.search(part, counts.end()) if counts else None
+        if counts and speed:
+            return counts, speed
+    return None
+
+
 def parse_decode_line(line: str) -> DecodeSample | None:
-    """A DecodeSample for one log line, or None when it is not a Decode batch line."""
-    rank, msg = _split(line)
-    m = _DECODE.search(msg)
-    if not m:
+    """A DecodeSample for one log line, or None when it is not a Decode batch line (or is
+    longer than MAX_LINE_CHARS)."""
+    if len(line) > MAX_LINE_CHARS:
         return None
+    rank, msg = _split(line)
+    found = _decode_batch(msg)
+    if found is None:
+        return None
+    counts, speed = found
     return DecodeSample(
         rank=rank,
-        num_running_reqs=int(m[1]),
-        num_tokens=int(m[2]),
-        token_usage=float(m[3]),
-        gen_throughput=float(m[4]),
-        num_queue_reqs=int(m[5]),
+        num_running_reqs=int(counts[1]),
+        num_tokens=int(counts[2]),
+        token_usage=float(counts[3]),
+        gen_throughput=float(speed[1]),
+        num_queue_reqs=int(speed[2]),
     )
 
 
@@ -296,9 +393,13 @@ def parse_decode_lines(lines: Iterable[str]) -> list[DecodeSample]:
 
 
 def parse_log(text: str) -> Calibration:
-    """Parse a whole server log."""
+    """Parse a whole server log; a line longer than MAX_LINE_CHARS is skipped (counted in
+    long_lines)."""
     cal = Calibration()
     for line in text.splitlines():
+        if len(line) > MAX_LINE_CHARS:
+            cal.long_lines += 1
+            continue
         rank, msg = _split(line)
         if msg != line.strip():
             cal.prefixed = True

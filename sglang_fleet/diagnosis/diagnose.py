@@ -457,6 +457,7 @@ def diagnose(
     levers = _levers(verdict, ev, ctx)
     if cal is not None:
         notes += _noop_notes(cal.server_args, None)
+        notes += [skipped] if (skipped := cal.long_lines_note()) else []
         if verdict == "kv_cache_bound":
             levers = _cap_lever(cal.server_args, ev) + levers
     notes += _dropped_note(dropped)

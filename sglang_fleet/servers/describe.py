@@ -929,7 +929,7 @@ KEY_LOGGING_LOGGER = "sglang.srt.entrypoints.engine"
 RUNTIME_KEYS = ("python", "launch_module", "config_dir", "state_dir")
 # The SGLang version the python above holds (sglang_server_sglang_version): part of each server's
 # configuration, so an upgrade rolls out like a flag change (docs/UPGRADES.md).
-VERSION_RE = re.compile(r"^[0-9][0-9A-Za-z.+!_-]{0,63}$")
+VERSION_RE = re.compile(r"[0-9][0-9A-Za-z.+!_-]{0,63}")  # fullmatch: `$` takes a trailing newline
 
 
 def _runtime(runtime: Mapping[str, Any]) -> dict[str, str]:
@@ -939,7 +939,7 @@ def _runtime(runtime: Mapping[str, Any]) -> dict[str, str]:
     values = {}
     version = runtime.get("sglang_version")
     if version is not None:
-        if not isinstance(version, str) or not VERSION_RE.match(version):
+        if not isinstance(version, str) or not VERSION_RE.fullmatch(version):
             raise ServerConfigError(
                 "sglang_server_sglang_version", f"{version!r} is not an exact SGLang version"
             )

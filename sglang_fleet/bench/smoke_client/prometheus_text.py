@@ -8,16 +8,22 @@ import re
 
 # Blanks (spaces or tabs) end the name; after a label set's "}" the value may follow at once.
 _SERIES = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\}\s*|\s+)(\S+)")
-_LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
+# A label name starts at the first letter of a run of name characters (digits may come first):
+# tried only where such a run starts, so a long run costs its length once, not its square.
+_LABEL = re.compile(r'(?<![A-Za-z0-9_])[0-9]*([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
+# A sample line longer than this is skipped: /metrics lines are a few hundred characters, and
+# the bound keeps what one line costs small.
+MAX_LINE_CHARS = 64 * 1024
 
 
 def parse_series(text: str) -> list[tuple[str, dict[str, str], float]]:
     """Every sample line as (name, labels, value); comments and values that are not finite
     numbers (NaN, +Inf, -Inf: legal Prometheus, but no count or gauge here; +Inf would reach a
-    result file as JSON's Infinity) are skipped. A timestamp after the value is ignored."""
+    result file as JSON's Infinity) are skipped, and so are lines longer than MAX_LINE_CHARS. A
+    timestamp after the value is ignored."""
     series = []
     for line in text.splitlines():
-        if not line or line[0] == "#":
+        if not line or line[0] == "#" or len(line) > MAX_LINE_CHARS:
             continue
         match = _SERIES.match(line)
         if match is None:
