@@ -18,6 +18,7 @@ from test_plan import KIMI_CONFIG, KIMI_HOST, KIMI_LOG, KIMI_WEIGHTS
 from sglang_fleet.bench.gate import GateInputError, evaluate
 from sglang_fleet.capacity.planner import plan
 from sglang_fleet.capacity.planner_inputs import PlanInputError
+from sglang_fleet.capacity.server_log import parse_log
 from sglang_fleet.diagnosis.diagnose import diagnose
 from sglang_fleet.monitoring.settings import SettingError, check_settings
 from sglang_fleet.rollout import restart
@@ -176,3 +177,23 @@ def test_a_smoke_result_figure_of_the_wrong_kind_is_left_out(value: Any) -> None
     """A smoke result read from a file (diagnose --smoke-result) raised ValueError."""
     verdict = diagnose(smoke_result(concurrency=value, max_concurrency=value, completed=value))
     assert verdict["evidence"]["client_concurrency_achieved"] is None
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "[2026-11-29 10:00:00 TP0] Load weight begin. avail mem=" + DIGITS + ".5 GB",
+        "[2026-11-29 10:00:00 TP0] KV Cache is allocated. #tokens: " + DIGITS + ", KV size: 1 GB",
+        "[2026-11-29 10:00:00] max_total_num_tokens=" + DIGITS + ", chunked_prefill_size=1, "
+        "max_prefill_tokens=1, max_running_requests=1, context_len=1, available_gpu_mem=1 GB",
+        "[2026-11-29 10:00:00] server_args=ServerArgs(tp_size=" + "9" * 400 + ", dp_size=1)",
+    ],
+    ids=["load-begin", "kv-tokens", "scheduler", "server-args-tp"],
+)
+def test_a_log_figure_no_sglang_prints_skips_its_line(line: str) -> None:
+    """parse_log raised OverflowError (a 400-digit figure) or ValueError (5,000 digits)."""
+    cal = parse_log(line)
+    assert cal.pre_gib is None and cal.kv_tokens is None and cal.tp_size is None
+    if "server_args" not in line:
+        assert cal.unreadable_lines == 1
+        assert "hold figures no SGLang prints" in (cal.long_lines_note() or "")

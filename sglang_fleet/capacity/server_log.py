@@ -30,6 +30,9 @@ import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from sglang_fleet.module_utils import typed_number
+from sglang_fleet.module_utils.typed_number import Range
+
 _NUM = r"(\d+(?:\.\d+)?)"
 # A line longer than this is skipped, and counted (Calibration.long_lines): SGLang's longest,
 # the server_args line, is about 19 KiB; the bound keeps what one line costs small.
@@ -136,17 +139,26 @@ class Calibration:
     rank_tags: set[str] = field(default_factory=set)
     prefixed: bool = False
     lines: dict[str, str] = field(default_factory=dict)
-    # Lines longer than MAX_LINE_CHARS, skipped unread.
+    # Lines longer than MAX_LINE_CHARS, skipped unread; memory or scheduler lines whose
+    # figures are no numbers SGLang prints (400 digits, a count past 2**40), skipped.
     long_lines: int = 0
+    unreadable_lines: int = 0
 
     def long_lines_note(self) -> str | None:
         """What the parse skipped, in words, or None when it read every line."""
-        if not self.long_lines:
-            return None
-        return (
-            f"{self.long_lines} line(s) of the log are longer than {MAX_LINE_CHARS // 1024} KiB "
-            "and were not read (SGLang's longest, the server_args line, is about 19 KiB)."
-        )
+        parts = []
+        if self.long_lines:
+            parts.append(
+                f"{self.long_lines} line(s) of the log are longer than "
+                f"{MAX_LINE_CHARS // 1024} KiB and were not read (SGLang's longest, the "
+                "server_args line, is about 19 KiB)."
+            )
+        if self.unreadable_lines:
+            parts.append(
+                f"{self.unreadable_lines} memory or scheduler line(s) hold figures no SGLang "
+                "prints (out of range) and were not read."
+            )
+        return " ".join(parts) or None
 
     @property
     def has_memory(self) -> bool:
@@ -193,10 +205,25 @@ def _max(current: float | None, value: float) -> float:
     return value if current is None else max(current, value)
 
 
+# A log's figures are read through the one reader of numbers (module_utils/typed_number.py): a
+# 400-digit figure raised OverflowError and a 5,000-digit count ValueError out of parse_log.
+# A line whose figure is out of these ranges is no line SGLang wrote: it is skipped whole.
+_GIB = Range(-(1 << 20), 1 << 20)  # GB figures; negative: memory that rose during a load
+_COUNT = Range(-1, 1 << 40, integer=True)  # -1: chunked prefill off
+
+
+def _gib(text: str) -> float:
+    return float(typed_number.read(text, "a GB figure", _GIB))
+
+
+def _count(text: str) -> int:
+    return int(typed_number.read(text, "a count", _COUNT))
+
+
 def _server_args(cal: Calibration, msg: str) -> None:
     def num(name: str) -> float | None:
         found = re.search(_ARG_NUM.format(name=name), msg)
-        return float(found[1]) if found else None
+        return typed_number.finite_or_none(found[1], _GIB) if found else None
 
     def text(name: str) -> str | None:
         found = re.search(_ARG_STR.format(name=name), msg)
@@ -205,8 +232,8 @@ def _server_args(cal: Calibration, msg: str) -> None:
     cal.server_args = _literal_args(msg)
     cal.mem_fraction_static = num("mem_fraction_static")
     tp, dp = num("tp_size"), num("dp_size")
-    cal.tp_size = int(tp) if tp is not None else None
-    cal.dp_size = int(dp) if dp is not None else None
+    cal.tp_size = int(tp) if tp is not None and tp == int(tp) else None
+    cal.dp_size = int(dp) if dp is not None and dp == int(dp) else None
     cal.kv_cache_dtype = text("kv_cache_dtype")
     cal.model_path = text("model_path")
     device = text("device")
@@ -242,17 +269,18 @@ def _memory_line(cal: Calibration, msg: str) -> bool:
 
 def _load_begin(cal: Calibration, msg: str) -> bool:
     if m := _LOAD_BEGIN.search(msg):
-        cal.pre_gib = _min(cal.pre_gib, float(m[1]))
+        cal.pre_gib = _min(cal.pre_gib, _gib(m[1]))
     return m is not None
 
 
 def _load_end(cal: Calibration, msg: str) -> bool:
     if m := _head_then(msg, _LOAD_END, _LOAD_END_MEMORY):
-        cal.post_gib = _min(cal.post_gib, float(m[1]))
+        post, usage = _gib(m[1]), _gib(m[2])
+        cal.post_gib = _min(cal.post_gib, post)
         # A negative usage is free memory that rose during the load (something else freed
         # memory meanwhile): it measures no weights, so the weights stay unknown.
-        if float(m[2]) >= 0:
-            cal.weight_gib = _max(cal.weight_gib, float(m[2]))
+        if usage >= 0:
+            cal.weight_gib = _max(cal.weight_gib, usage)
         if kind := _head_then(msg, _LOAD_END, _LOAD_END_TYPE):
             cal.architecture = kind[1]
     return m is not None
@@ -277,22 +305,23 @@ def _kv_alloc(cal: Calibration, msg: str) -> bool:
     found = _kv_allocated(msg)
     if found is not None:
         dtype, m = found
+        tokens = _count(m[1])
+        size = _gib(m[2]) if m[2] else _gib(m[3]) + _gib(m[4])
         cal.kv_torch_dtype = dtype or cal.kv_torch_dtype
-        cal.kv_tokens = int(_min(cal.kv_tokens, int(m[1])))
-        size = float(m[2]) if m[2] else float(m[3]) + float(m[4])
+        cal.kv_tokens = int(_min(cal.kv_tokens, tokens))
         cal.kv_size_gib = _min(cal.kv_size_gib, size)
     return found is not None
 
 
 def _multimodal_reserve(cal: Calibration, msg: str) -> bool:
     if m := _MM_RESERVE.search(msg):
-        cal.multimodal_reserve_gib = float(m[1])
+        cal.multimodal_reserve_gib = _gib(m[1])
     return m is not None
 
 
 def _pool_end(cal: Calibration, msg: str) -> bool:
     if m := _POOL_END.search(msg):
-        cal.pool_end_avail_gib = _min(cal.pool_end_avail_gib, float(m[1]))
+        cal.pool_end_avail_gib = _min(cal.pool_end_avail_gib, _gib(m[1]))
     return m is not None
 
 
@@ -325,11 +354,12 @@ def _graph_end(cal: Calibration, msg: str) -> bool:
     if m := _graph_avail(msg):
         # Decode and prefill graphs are captured one after the other: the lowest figure is
         # what is left once every graph is resident.
-        cal.graph_end_avail_gib = _min(cal.graph_end_avail_gib, float(m[1]))
-        if bs := _graph_batch_sizes(msg):
-            sizes = [int(n) for n in bs[1].replace(" ", "").split(",") if n]
-            if sizes:
-                cal.decode_graph_max_bs = max(sizes)
+        avail = _gib(m[1])
+        bs = _graph_batch_sizes(msg)
+        sizes = [_count(n) for n in bs[1].replace(" ", "").split(",") if n] if bs else []
+        cal.graph_end_avail_gib = _min(cal.graph_end_avail_gib, avail)
+        if sizes:
+            cal.decode_graph_max_bs = max(sizes)
     return m is not None
 
 
@@ -347,13 +377,13 @@ def _scheduler_line(cal: Calibration, msg: str) -> bool:
     m = _SCHED.search(msg)
     if not m:
         return False
+    figures = _count(m[1]), _count(m[2]), _count(m[4]), _count(m[5])
+    avail = _gib(m[7]) if m[7] is not None else None
     cal.lines.setdefault("scheduler", msg[:MAX_QUOTED_LINE])
-    cal.max_total_num_tokens = int(m[1])
-    cal.chunked_prefill_size = int(m[2])
-    cal.max_running_requests = int(m[4])
-    cal.context_len = int(m[5])
-    if m[7] is not None:
-        cal.startup_avail_gib = float(m[7])
+    (cal.max_total_num_tokens, cal.chunked_prefill_size, cal.max_running_requests,
+     cal.context_len) = figures  # fmt: skip
+    if avail is not None:
+        cal.startup_avail_gib = avail
         cal.device = "cpu" if m[6] == "cpu" else cal.device or "cuda"
     return True
 
@@ -378,14 +408,17 @@ def parse_decode_line(line: str) -> DecodeSample | None:
     if found is None:
         return None
     counts, speed = found
-    return DecodeSample(
-        rank=rank,
-        num_running_reqs=int(counts[1]),
-        num_tokens=int(counts[2]),
-        token_usage=float(counts[3]),
-        gen_throughput=float(speed[1]),
-        num_queue_reqs=int(speed[2]),
-    )
+    try:
+        return DecodeSample(
+            rank=rank,
+            num_running_reqs=_count(counts[1]),
+            num_tokens=_count(counts[2]),
+            token_usage=_gib(counts[3]),
+            gen_throughput=_gib(speed[1]),
+            num_queue_reqs=_count(speed[2]),
+        )
+    except typed_number.NumberError:
+        return None
 
 
 def parse_decode_lines(lines: Iterable[str]) -> list[DecodeSample]:
@@ -394,7 +427,8 @@ def parse_decode_lines(lines: Iterable[str]) -> list[DecodeSample]:
 
 def parse_log(text: str) -> Calibration:
     """Parse a whole server log; a line longer than MAX_LINE_CHARS is skipped (counted in
-    long_lines)."""
+    long_lines), and so is a memory or scheduler line whose figure is no number SGLang prints
+    (counted in unreadable_lines)."""
     cal = Calibration()
     for line in text.splitlines():
         if len(line) > MAX_LINE_CHARS:
@@ -406,9 +440,14 @@ def parse_log(text: str) -> Calibration:
             cal.rank_tags.update(rank.split())
         if "server_args=" in msg:
             _server_args(cal, msg)
-        elif _memory_line(cal, msg) or _scheduler_line(cal, msg):
             continue
-        elif _POST_CAPTURE.search(msg):
+        try:
+            if _memory_line(cal, msg) or _scheduler_line(cal, msg):
+                continue
+        except typed_number.NumberError:
+            cal.unreadable_lines += 1
+            continue
+        if _POST_CAPTURE.search(msg):
             cal.post_capture_kv_sizing = True
         elif sample := parse_decode_line(line):
             cal.decode_samples.append(sample)
