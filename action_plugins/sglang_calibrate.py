@@ -18,12 +18,14 @@ One operator verb, sequenced on the controller through modules on the host, as
 5. the host's store: this record first, entries no plan may use moved to a side file beside it
    (calibration.store_update), both written in one run of library/sglang_state_files.py.
 
-Calibration never fails a healthy start: what cannot be read ends the step with
-`record: null` and the reason. The result: record, msg (what was measured, or why nothing
-was), store, set_aside_path, steps (what each step did), changed (the store or a side file
-was written); the role registers it as sglang_server_calibration (a registered result, not a fact:
-a fact would sit under set_fact's values of the same name). Check mode: nothing is started
-in check mode, so nothing is measured; the action is skipped.
+Calibration never fails a healthy start, by construction: the step runs inside the block whose
+rescue restores last-known-good, so any failure of reading or recording the start (any
+Exception, foreseen or not) ends it with `record: null`, the reason in msg and a warning.
+The result: record, msg (what was measured, or why nothing was), store, set_aside_path, steps
+(what each step did), changed (the store or a side file was written); the role registers it
+as sglang_server_calibration (a registered result, not a fact: a fact would sit under
+set_fact's values of the same name). Check mode: nothing is started in check mode, so nothing
+is measured; the action is skipped.
 """
 
 from __future__ import annotations
@@ -101,8 +103,19 @@ class ActionModule(VerbAction):
         return result
 
     def _calibrate(self, server: Mapping[str, Any], args: Mapping[str, Any], result: dict) -> dict:
-        record = self._record(server, args)
-        changed, warning, side_path = self._keep(server, record)
+        changed, update = self._keep(server, self._record(server, args))
+        record, warning = update["record"], update["warning"]
+        if warning:
+            result["warnings"] = [f"{self._vars.get('inventory_hostname', '?')}: {warning}"]
+        result.update(
+            changed=changed,
+            store=server["paths"]["calibration_file"],
+            set_aside_path=update["set_aside_path"],
+            steps=self._steps,
+        )
+        if record is None:  # refused by the store's rule (the warning says why)
+            result.update(record=None, msg=f"{server['name']}: no calibration recorded: {warning}")
+            return result
         measured, key = record["measured"], record["key"]
         msg = (
             f"{server['name']} calibrated: {measured['max_total_num_tokens']} KV tokens, "
@@ -110,16 +123,7 @@ class ActionModule(VerbAction):
             f"mem_fraction_static {key['mem_fraction_static']} "
             f"({key['kv_cache_dtype']} KV, from {' and '.join(record['sources'])})"
         )
-        if warning:
-            result["warnings"] = [f"{self._vars.get('inventory_hostname', '?')}: {warning}"]
-        result.update(
-            changed=changed,
-            record=record,
-            msg=msg,
-            store=server["paths"]["calibration_file"],
-            set_aside_path=side_path,
-            steps=self._steps,
-        )
+        result.update(record=record, msg=msg)
         return result
 
     def _clean(self, text: str) -> str:
@@ -280,7 +284,7 @@ class ActionModule(VerbAction):
         return fingerprint
 
     # --- the store -------------------------------------------------------------------------
-    def _keep(self, server: Mapping[str, Any], record: dict) -> tuple[bool, str | None, Any]:
+    def _keep(self, server: Mapping[str, Any], record: dict) -> tuple[bool, dict[str, Any]]:
         """The record first in the store, and what no plan may use set aside beside it, in one
         module run on the host (library/sglang_state_files.py, inside the server's folder).
         Every record kept is cleaned of secrets on the way (calibration.store_update)."""
@@ -299,8 +303,9 @@ class ActionModule(VerbAction):
         if update["set_aside"] is not None:
             self._step(f"set aside what no plan may use in {update['set_aside_path']}")
         records = len(update["store"]["records"])
-        self._step(f"kept the record first of {records} in {store_path}")
-        return bool(done.get("changed")), update["warning"], update["set_aside_path"]
+        if update["record"] is not None:
+            self._step(f"kept the record first of {records} in {store_path}")
+        return bool(done.get("changed")), update
 
 
 def _mapping(value: Any) -> Mapping[str, Any]:

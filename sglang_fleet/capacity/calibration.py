@@ -992,6 +992,7 @@ def store_update(
     """What the record step of a healthy start writes (docs/CALIBRATION.md, "The store"):
 
     {store: the store with `record` first, to write to `path`;
+     record: `record` as the store holds it (cleaned of secrets), or None when it is not kept;
      set_aside: the side file's content (dump_set_aside), or None;
      set_aside_path: where it goes, beside the store;
      warning: which entries were set aside and why (naming the file and the server), or None}.
@@ -1004,10 +1005,11 @@ def store_update(
     values = tuple(s for s in secrets if isinstance(s, str) and len(s) >= MIN_SECRET_VALUE_CHARS)
     read = _cleaned(read_store(store if store not in (None, "") else None), values)
     problems = [] if not read.set_aside else [read.problems()]
+    kept: dict[str, Any] | None = public_record(record, values)
     try:
-        records = add_record(read.records, public_record(record, values))
+        records = add_record(read.records, kept)
     except CalibrationError as exc:
-        records = read.records
+        records, kept = read.records, None
         problems.append(f"this start's record is not kept: {exc}")
     set_aside, side_path = None, None
     if read.set_aside:
@@ -1025,6 +1027,7 @@ def store_update(
         )
     return {
         "store": dump_store(records),
+        "record": kept,
         "set_aside": set_aside,
         "set_aside_path": side_path,
         "warning": warning,
