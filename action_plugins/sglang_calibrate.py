@@ -114,7 +114,8 @@ class ActionModule(VerbAction):
             steps=self._steps,
         )
         if record is None:  # refused by the store's rule (the warning says why)
-            result.update(record=None, msg=f"{server['name']}: no calibration recorded: {warning}")
+            reason = self._clean(f"{server['name']}: no calibration recorded: {warning}")
+            result.update(record=None, msg=reason)
             return result
         measured, key = record["measured"], record["key"]
         msg = (
@@ -195,9 +196,8 @@ class ActionModule(VerbAction):
             self._step(f"the journal's lines came back as {shown(lines)}, not text")
             lines = ""
         lines = lines[:MAX_LINES_CHARS]
-        self._step(
-            f"read {lines.count(chr(10)) + bool(lines)} start-up memory line(s) of {server['unit']}"
-        )
+        count = lines.count("\n") + bool(lines)
+        self._step(f"read {count} start-up memory line(s) of {server['unit']}")
         info = calibration.public_server_info(done.get("server_info"))
         if info is None:
             self._step(f"/server_info gave nothing ({_said(done.get('server_info_error'))})")

@@ -221,6 +221,8 @@ CASES: dict[str, dict[str, Any]] = {
         "known": KNOWN | {"sglang_version": 10**30, "gpus": "all"},
         "gpu_info": json.dumps({"gpus": [{"index": 0, "name": "H200", "memory_total_mib": 1e308}]}),
     },
+    # Refused before the action reads anything: the task file's own rescue says why.
+    "an argument the action refuses": {"facts": json.dumps(GOOD_FACTS), "python": ""},
     "a CPU host's RAM as a huge integer": {
         "facts": json.dumps(GOOD_FACTS),
         "server": {"device": "cpu"},
@@ -279,6 +281,7 @@ def _case_vars(index: int, name: str, case: dict[str, Any], state: Path) -> dict
         "known": case.get("known", KNOWN),
         "host_ram_mib": case.get("host_ram_mib", 0),
         "nvidia_smi": f"case-{index}",
+        "python": case.get("python", "/nonexistent/python"),
     }
 
 
@@ -317,6 +320,7 @@ def test_no_hostile_answer_reaches_the_rescue_of_the_real_block(tmp_path: Path) 
                 "sglang_server_preflight": "{{ case.known }}",
                 "__sglang_server_host_ram_mib": "{{ case.host_ram_mib }}",
                 "sglang_server_nvidia_smi": "{{ case.nvidia_smi }}",
+                "sglang_server_python": "{{ case.python }}",
             },
         }
     ]
@@ -328,7 +332,6 @@ def test_no_hostile_answer_reaches_the_rescue_of_the_real_block(tmp_path: Path) 
         "vars_files": [str(tmp_path / "cases.json")],
         "vars": {
             "ansible_python_interpreter": sys.executable,
-            "sglang_server_python": "/nonexistent/python",
             "__sglang_server_api_keys": {"kimi": KEY},
             "outcomes": [],
             "rolled_back": [],

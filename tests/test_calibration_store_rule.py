@@ -308,3 +308,22 @@ def test_one_calibrate_write_cleans_every_secret_from_the_store() -> None:
 
 
 ARGS_KEY = "sk-the-servers-own-key"
+
+
+def test_a_record_its_cleaning_leaves_unusable_is_not_kept_and_the_step_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A server key that is also a dtype's name: redacted by value, the record would name an
+    unknown dtype; it is not written, and the action reports no calibration (before, it said
+    'calibrated' for a record the store did not keep)."""
+    record = copy.deepcopy(GOOD)
+    record["key"]["kv_cache_dtype"] = "fp8_e4m3"
+    record["key"]["flags"] = dict(KIMI_RUN_FLAGS, kv_cache_dtype="fp8_e4m3")
+    update = calibration.store_update(_store(GOOD), record, "/s/c.json", "kimi", ["fp8_e4m3"])
+    assert update["record"] is None and update["store"]["records"] == [GOOD]
+    assert "this start's record is not kept" in update["warning"]
+    assert "fp8_e4m3" not in json.dumps(update)
+    monkeypatch.setattr(calibration, "store_update", lambda *_a, **_k: update)
+    result = FakeCalibrate(ARGS, kimi_host()).run_it()
+    assert result["record"] is None and not result.get("failed")
+    assert result["msg"].startswith("kimi: no calibration recorded: /s/c.json")
