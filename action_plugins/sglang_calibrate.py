@@ -18,12 +18,14 @@ One operator verb, sequenced on the controller through modules on the host, as
 5. the host's store: this record first, entries no plan may use moved to a side file beside it
    (calibration.store_update), both written in one run of library/sglang_state_files.py.
 
-Calibration never fails a healthy start: what cannot be read ends the step with
-`record: null` and the reason. The result: record, msg (what was measured, or why nothing
-was), store, set_aside_path, steps (what each step did), changed (the store or a side file
-was written); the role registers it as sglang_server_calibration (a registered result, not a fact:
-a fact would sit under set_fact's values of the same name). Check mode: nothing is started
-in check mode, so nothing is measured; the action is skipped.
+Calibration never fails a healthy start, by construction: the step runs inside the block whose
+rescue restores last-known-good, so any failure of reading or recording the start (any
+Exception, foreseen or not) ends it with `record: null`, the reason in msg and a warning.
+The result: record, msg (what was measured, or why nothing was), store, set_aside_path, steps
+(what each step did), changed (the store or a side file was written); the role registers it
+as sglang_server_calibration (a registered result, not a fact: a fact would sit under
+set_fact's values of the same name). Check mode: nothing is started in check mode, so nothing
+is measured; the action is skipped.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ from typing import Any
 
 from ansible.errors import AnsibleActionFail
 from sglang_fleet.module_utils.bounded_json import loads as bounded_loads
+from sglang_fleet.module_utils.typed_number import NumberError, Range, shown
+from sglang_fleet.module_utils.typed_number import read as read_number
 
 from sglang_fleet.capacity import calibration
 from sglang_fleet.capacity.model_config import ModelConfigError, weight_bytes_from_index
@@ -53,6 +57,14 @@ REQUIRED = ("server", "python", "nvidia_smi")
 MAX_JOURNAL_LINES = 2000
 # Rank 0's memory figures in /server_info (calibration.public_server_info keeps them).
 MEMORY_USAGE_PATH = "internal_states.0.memory_usage"
+# At most the module's own bound on what it returns: MAX_JOURNAL_LINES lines of at most 4096
+# characters (library/sglang_start_facts.py MAX_LINE_CHARS).
+MAX_LINES_CHARS = MAX_JOURNAL_LINES * 4097
+# A version as importlib.metadata prints it, a fingerprint as calibration.model_fingerprint
+# writes it: one short line.
+MAX_VERSION_CHARS = 64
+MAX_FINGERPRINT = 128
+FILE_SIZE = Range(0, integer=True)
 
 
 class NoCalibration(Exception):
@@ -73,56 +85,74 @@ class ActionModule(VerbAction):
             result.update(skipped=True, msg="check mode: no server was started, nothing measured")
             return result
         self.begin(task_vars)
-        name = server["name"]
+        self._store_text: Any = None
+        api_key = args.get("api_key")
+        self._secrets = (api_key,) if isinstance(api_key, str) and api_key else ()
+        name = _said(server["name"], 100)
+        # This step runs inside the block whose rescue restores last-known-good: whatever goes
+        # wrong reading or recording a start (any exception, not only the ones foreseen) is
+        # this start's missing calibration, a warning with the reason, never a failed task
+        # that would roll back a healthy server.
         try:
-            record = self._record(server, args)
-        except NoCalibration as exc:
-            reason = f"{name}: no calibration recorded: {exc}"
-            self._step(reason)
-            result.update(
-                changed=False,
-                record=None,
-                msg=reason,
-                steps=self._steps,
-            )
-            return result
-        changed, warning, side_path = self._keep(server, record)
-        measured = record["measured"]
-        msg = (
-            f"{name} calibrated: {measured['max_total_num_tokens']} KV tokens, "
-            f"{measured['free_after_graph_gib']} GiB free after CUDA graph capture at "
-            f"mem_fraction_static {record['key']['mem_fraction_static']} "
-            f"({record['key']['kv_cache_dtype']} KV, from {' and '.join(record['sources'])})"
-        )
+            return self._calibrate(server, args, result)
+        except Exception as exc:  # by design: see above
+            reason = self._clean(f"{name}: no calibration recorded: {_reason(exc)}")
+        self._step(reason)
+        result.update(changed=False, record=None, msg=reason, steps=self._steps)
+        result["warnings"] = [f"{self._vars.get('inventory_hostname', '?')}: {reason}"]
+        return result
+
+    def _calibrate(self, server: Mapping[str, Any], args: Mapping[str, Any], result: dict) -> dict:
+        changed, update = self._keep(server, self._record(server, args))
+        record, warning = update["record"], update["warning"]
         if warning:
             result["warnings"] = [f"{self._vars.get('inventory_hostname', '?')}: {warning}"]
         result.update(
             changed=changed,
-            record=record,
-            msg=msg,
             store=server["paths"]["calibration_file"],
-            set_aside_path=side_path,
+            set_aside_path=update["set_aside_path"],
             steps=self._steps,
         )
+        if record is None:  # refused by the store's rule (the warning says why)
+            reason = self._clean(f"{server['name']}: no calibration recorded: {warning}")
+            result.update(record=None, msg=reason)
+            return result
+        measured, key = record["measured"], record["key"]
+        msg = (
+            f"{server['name']} calibrated: {measured['max_total_num_tokens']} KV tokens, "
+            f"{measured['free_after_graph_gib']} GiB free after CUDA graph capture at "
+            f"mem_fraction_static {key['mem_fraction_static']} "
+            f"({key['kv_cache_dtype']} KV, from {' and '.join(record['sources'])})"
+        )
+        result.update(record=record, msg=msg)
         return result
+
+    def _clean(self, text: str) -> str:
+        """text without the server's key (a reason quotes what failed, never the key)."""
+        for secret in self._secrets:
+            text = text.replace(secret, "<redacted>")
+        return text
 
     # --- steps ---------------------------------------------------------------------------
     def _record(self, server: Mapping[str, Any], args: Mapping[str, Any]) -> dict[str, Any]:
         lines, info = self._read_start(server, str(args.get("api_key") or ""))
         # What this play's pre-flight read already (its version, GPUs and the model's
-        # fingerprint) is not read again.
-        known = args.get("known") or {}
-        fingerprints = known.get("fingerprints") or {}
-        version = known.get("sglang_version") or self._version(args["python"])
+        # fingerprint) is not read again; what it holds that is not of that shape is read.
+        known = _mapping(args.get("known"))
+        fingerprints = _mapping(known.get("fingerprints"))
+        version = _version_text(known.get("sglang_version")) or self._version(args["python"])
+        flags = args.get("flags") or server["flags"]
+        if not isinstance(flags, Mapping):
+            raise NoCalibration(f"the flag set that started must be a mapping, got {shown(flags)}")
         key = {
             "server": server["name"],
             "config_hash": args.get("config_hash") or server["config_hash"],
             "model_path": server["model_path"],
-            "model_fingerprint": fingerprints.get(server["name"])
+            "model_fingerprint": _version_text(fingerprints.get(server["name"]), MAX_FINGERPRINT)
             or self._fingerprint(server["model_path"]),
             **self._device(server, args, known.get("gpus")),
-            "sglang_version": version or (info or {}).get("version"),
-            "flags": dict(args.get("flags") or server["flags"]),
+            "sglang_version": version or _version_text((info or {}).get("version")),
+            "flags": dict(flags),
         }
         try:
             record = calibration.build_record(lines, info, key)
@@ -155,14 +185,22 @@ class ActionModule(VerbAction):
             )
         if done.get("failed"):
             raise NoCalibration(
-                f"this start of {server['unit']} could not be read: {done.get('msg')}"
+                f"this start of {server['unit']} could not be read: {_said(done.get('msg'))}"
             )
-        self._store_text = done.get("store")
-        lines = str(done.get("lines") or "")
-        self._step(f"read {len(lines.splitlines())} start-up memory line(s) of {server['unit']}")
+        store = done.get("store")
+        if store is not None and not isinstance(store, str):
+            raise NoCalibration(f"the store came back as {shown(store)}, not text")
+        self._store_text = store
+        lines = done.get("lines")
+        if not isinstance(lines, str):
+            self._step(f"the journal's lines came back as {shown(lines)}, not text")
+            lines = ""
+        lines = lines[:MAX_LINES_CHARS]
+        count = lines.count("\n") + bool(lines)
+        self._step(f"read {count} start-up memory line(s) of {server['unit']}")
         info = calibration.public_server_info(done.get("server_info"))
         if info is None:
-            self._step(f"/server_info gave nothing ({done.get('server_info_error')})")
+            self._step(f"/server_info gave nothing ({_said(done.get('server_info_error'))})")
         else:
             self._step("read /server_info (only the fields a record uses are kept)")
         return lines, info
@@ -170,38 +208,49 @@ class ActionModule(VerbAction):
     def _version(self, python: str) -> str | None:
         code = "import importlib.metadata as m; print(m.version('sglang'))"
         done = self._module("ansible.legacy.command", {"argv": [python, "-c", code]})
-        version = str(done.get("stdout") or "").strip() if done.get("rc") == 0 else None
+        version = _version_text(done.get("stdout")) if done.get("rc") == 0 else None
         self._step(f"installed SGLang: {version or 'unknown'}")
-        return version or None
+        return version
 
     def _device(
         self, server: Mapping[str, Any], args: Mapping[str, Any], gpus: Any = None
     ) -> dict[str, Any]:
         """gpu_name and gpu_memory_mib of the key: the server's own GPUs (the smallest
         memory; nvidia_gpu_info unless the pre-flight's read is given), or for a CPU server the
-        host's RAM (docs/CPU-SERVERS.md)."""
-        if server.get("device") == "cpu":
-            ram = int(float(args.get("host_ram_mib") or 0))
-            if ram <= 0:
-                raise NoCalibration("a CPU server's record needs host_ram_mib")
-            return {"gpu_name": "cpu", "gpu_memory_mib": ram}
-        if not gpus:
-            info = self._module("nvidia_gpu_info", {"nvidia_smi": args["nvidia_smi"]})
-            gpus = info.get("gpus") or []
-            if info.get("failed") or not gpus:
-                raise NoCalibration(f"the host's GPUs could not be read: {info.get('msg')}")
-        own = server_gpus(server, gpus)
-        self._step(f"GPUs {', '.join(str(g.get('index')) for g in own)}: {own[0].get('name')}")
-        return {
-            "gpu_name": own[0].get("name"),
-            "gpu_memory_mib": min(g.get("memory_total_mib") for g in own),
-        }
+        host's RAM (docs/CPU-SERVERS.md). Every figure is typed (typed_number): one that is
+        not a number in range is a reason, never an exception."""
+        try:
+            if server.get("device") == "cpu":
+                ram = read_number(args.get("host_ram_mib"), "host_ram_mib", calibration.DEVICE_MIB)
+                return {"gpu_name": "cpu", "gpu_memory_mib": ram}
+            if not _gpu_list(gpus):
+                info = self._module("nvidia_gpu_info", {"nvidia_smi": args["nvidia_smi"]})
+                gpus = info.get("gpus")
+                if info.get("failed") or not _gpu_list(gpus):
+                    why = _said(info.get("msg")) if info.get("failed") else shown(gpus)
+                    raise NoCalibration(f"the host's GPUs could not be read: {why}")
+            own = server_gpus(server, gpus)
+            name = own[0].get("name")
+            if not isinstance(name, str) or not name or len(name) > calibration.MAX_NAME_CHARS:
+                raise NoCalibration(f"the GPU's name is {shown(name)}, not a name")
+            memory = min(
+                read_number(g.get("memory_total_mib"), "memory_total_mib", calibration.DEVICE_MIB)
+                for g in own
+            )
+        except NumberError as exc:
+            raise NoCalibration(f"the device's memory: {exc}") from None
+        self._step(f"GPUs {', '.join(shown(g.get('index')) for g in own)}: {name}")
+        return {"gpu_name": name, "gpu_memory_mib": memory}
 
     def _slurp(self, path: str) -> str | None:
         done = self._module("ansible.legacy.slurp", {"src": path})
-        if done.get("failed") or "content" not in done:
+        content = done.get("content")
+        if done.get("failed") or not isinstance(content, str):
             return None
-        return base64.b64decode(done["content"]).decode("utf-8", errors="replace")
+        try:
+            return base64.b64decode(content, validate=True).decode("utf-8", errors="replace")
+        except ValueError:  # binascii.Error: no base64
+            return None
 
     def _fingerprint(self, model_path: str) -> str:
         config_text = self._slurp(f"{model_path}/config.json")
@@ -217,38 +266,87 @@ class ActionModule(VerbAction):
                 found = self._module(
                     "ansible.legacy.find", {"paths": model_path, "patterns": "*.safetensors"}
                 )
-                weights = sum(int(f.get("size") or 0) for f in found.get("files") or [])
+                files = found.get("files") or []
+                if not isinstance(files, list) or not all(isinstance(f, Mapping) for f in files):
+                    raise NoCalibration(
+                        f"the checkpoint files of {model_path} came back as {shown(files)}"
+                    )
+                weights = sum(
+                    read_number(f.get("size") or 0, "a checkpoint file's size", FILE_SIZE)
+                    for f in files
+                )
+            if not isinstance(config, dict):
+                raise NoCalibration(f"{model_path}/config.json is not a mapping")
+            fingerprint = calibration.model_fingerprint(config, weights)
         except (ValueError, ModelConfigError) as exc:
-            raise NoCalibration(f"the model description of {model_path}: {exc}") from None
-        if not isinstance(config, dict):
-            raise NoCalibration(f"{model_path}/config.json is not a mapping")
+            raise NoCalibration(f"the model description of {model_path}: {_said(exc)}") from None
         self._step(f"model fingerprint of {model_path}")
-        return calibration.model_fingerprint(config, weights)
+        return fingerprint
 
     # --- the store -------------------------------------------------------------------------
-    def _keep(self, server: Mapping[str, Any], record: dict) -> tuple[bool, str | None, Any]:
+    def _keep(self, server: Mapping[str, Any], record: dict) -> tuple[bool, dict[str, Any]]:
         """The record first in the store, and what no plan may use set aside beside it, in one
-        module run on the host (library/sglang_state_files.py, inside the server's folder)."""
+        module run on the host (library/sglang_state_files.py, inside the server's folder).
+        Every record kept is cleaned of secrets on the way (calibration.store_update)."""
         paths = server["paths"]
         folder, store_path = str(paths["state_dir"]), str(paths["calibration_file"])
         store = self._store_text  # read with this start's lines (_read_start)
-        update = calibration.store_update(store, record, store_path, server["name"])
+        update = calibration.store_update(
+            store, record, store_path, server["name"], secrets=self._secrets
+        )
         files = [_state_file(folder, store_path, update["store"], "0644")]
         if update["set_aside"] is not None:
             files.append(_state_file(folder, update["set_aside_path"], update["set_aside"], "0600"))
         done = self._module("sglang_state_files", {"folder": folder, "files": files})
         if done.get("failed"):
-            raise AnsibleActionFail(f"sglang_calibrate: writing in {folder}: {done.get('msg')}")
+            raise NoCalibration(f"writing in {folder}: {_said(done.get('msg'))}")
         if update["set_aside"] is not None:
             self._step(f"set aside what no plan may use in {update['set_aside_path']}")
         records = len(update["store"]["records"])
-        self._step(f"kept the record first of {records} in {store_path}")
-        return bool(done.get("changed")), update["warning"], update["set_aside_path"]
+        if update["record"] is not None:
+            self._step(f"kept the record first of {records} in {store_path}")
+        return bool(done.get("changed")), update
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _gpu_list(gpus: Any) -> bool:
+    """Whether gpus is nvidia_gpu_info's list: GPUs, each a mapping."""
+    return isinstance(gpus, list) and bool(gpus) and all(isinstance(g, Mapping) for g in gpus)
+
+
+def _version_text(value: Any, limit: int = MAX_VERSION_CHARS) -> str | None:
+    """A version (or a fingerprint) as the host printed it: one short line, else nothing."""
+    if not isinstance(value, str):
+        return None
+    text = value.strip()
+    return text if text and len(text) <= limit and "\n" not in text else None
+
+
+def _said(value: Any, limit: int = 300) -> str:
+    """A module's message or an exception as a reason: text, bounded (the str() of an
+    exception that carries a huge integer can itself raise)."""
+    try:
+        text = value if isinstance(value, str) else str(value)
+    except Exception:  # its text is the one thing it cannot give
+        text = type(value).__name__
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def _reason(exc: BaseException) -> str:
+    """Why this start records nothing: the step's own reason, or an unforeseen failure named
+    by its type and message."""
+    if isinstance(exc, NoCalibration):
+        return _said(exc)
+    return f"the record step failed ({type(exc).__name__}: {_said(exc) or 'no message'})"
 
 
 def _state_file(folder: str, path: str, data: Any, mode: str) -> dict[str, str]:
-    """One file for sglang_state_files: JSON text, named inside the server's folder."""
+    """One file for sglang_state_files: JSON text (never NaN: the reader refuses it), named
+    inside the server's folder."""
     if os.path.dirname(path) != folder:
         raise AnsibleActionFail(f"sglang_calibrate: {path} is not inside {folder}")
-    text = json.dumps(data, indent=4, sort_keys=True) + "\n"
+    text = json.dumps(data, indent=4, sort_keys=True, allow_nan=False) + "\n"
     return {"name": os.path.basename(path), "content": text, "mode": mode}

@@ -30,18 +30,18 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
-import math
 import posixpath
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from sglang_fleet import server_secrets
-from sglang_fleet.ansible_values import finite_number
 from sglang_fleet.capacity import kv_cache, logged_flags
 from sglang_fleet.capacity.model_config import ModelShape
 from sglang_fleet.capacity.server_log import Calibration, parse_log
 from sglang_fleet.module_utils import bounded_json
+from sglang_fleet.module_utils.typed_number import NumberError, Range, finite_or_none, shown
+from sglang_fleet.module_utils.typed_number import read as read_number
 
 SCHEMA = 1
 STORE_SCHEMA = "sglang-fleet/calibrations/1"
@@ -138,8 +138,9 @@ class CalibrationError(ValueError):
 # --- building a record ------------------------------------------------------------------
 def model_fingerprint(config: Mapping[str, Any], weight_bytes: int) -> str:
     """Identity of a checkpoint: config.json (canonical JSON) and its tensor bytes."""
+    size = read_number(weight_bytes, "weight_bytes", _COUNT)
     text = json.dumps(config, sort_keys=True, separators=(",", ":"))
-    digest = hashlib.sha256(f"{text}\n{int(weight_bytes)}".encode()).hexdigest()
+    digest = hashlib.sha256(f"{text}\n{size}".encode()).hexdigest()
     return f"sha256:{digest[:32]}"
 
 
@@ -149,10 +150,99 @@ def _is_secret(name: str) -> bool:
 
 def public_flags(flags: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """The flag set without secrets (a record is stored in clear on the host): the one list
-    of secret flags is sglang_fleet/server_secrets.py's."""
+    of secret flags is sglang_fleet/server_secrets.py's, applied at every depth of a value,
+    a value that is JSON text of a mapping or list included (_public_value)."""
     if flags is None:
         return None
-    return server_secrets.public_flags(flags)
+    return {
+        name: _public_value(value) for name, value in server_secrets.public_flags(flags).items()
+    }
+
+
+# A flag's value may be JSON text (SGLang's --json-model-override-args, a mapping flag the way
+# the description writes it): a secret inside it is as much a secret. Text this long is no
+# flag value worth parsing; it is kept only when it holds no mapping or list.
+_MAX_JSON_TEXT = 1 << 20
+_MAX_SECRET_DEPTH = 32
+
+
+def _public_value(value: Any, depth: int = 0) -> Any:
+    """value with every entry named like a secret redacted (server_secrets.redact), at every
+    depth, inside JSON text too; past _MAX_SECRET_DEPTH levels the rest is redacted whole.
+
+    server_secrets.redact walks mappings and lists only; this is the smallest addition that
+    also opens a string holding JSON (issue 44: secrets by value, not by place)."""
+    if depth > _MAX_SECRET_DEPTH:
+        return server_secrets.REDACTED
+    if isinstance(value, Mapping):
+        return {
+            name: server_secrets.REDACTED if _is_secret(name) else _public_value(item, depth + 1)
+            for name, item in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return [_public_value(item, depth + 1) for item in value]
+    if isinstance(value, str) and value.lstrip()[:1] in ("{", "[") and len(value) <= _MAX_JSON_TEXT:
+        try:
+            parsed = bounded_json.loads(value, "a flag's value")
+        except ValueError:
+            return value
+        public = _public_value(parsed, depth + 1)
+        return value if public == parsed else json.dumps(public, sort_keys=True)
+    return value
+
+
+def _without_values(value: Any, secrets: tuple[str, ...], depth: int = 0) -> Any:
+    """value with every string that holds one of `secrets` (the server's own keys, as the
+    record step knows them) redacted, whatever its place: the by-value half of the cleaning."""
+    if not secrets:
+        return value
+    if depth > _MAX_SECRET_DEPTH:
+        return server_secrets.REDACTED
+    if isinstance(value, str):
+        for secret in secrets:
+            value = value.replace(secret, server_secrets.REDACTED)
+        return value
+    if isinstance(value, Mapping):
+        return {
+            _without_values(name, secrets, depth + 1): _without_values(item, secrets, depth + 1)
+            for name, item in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return [_without_values(item, secrets, depth + 1) for item in value]
+    return value
+
+
+def _public_fields(fields: Mapping[str, Any], known: Iterable[str]) -> dict[str, Any]:
+    """A record's mapping with the secrets redacted: its own fields (`known`, never secrets
+    whatever their names say) keep their names, every other entry is judged by its name."""
+    own = set(known)
+    return {
+        name: (
+            server_secrets.REDACTED
+            if name not in own and _is_secret(name)
+            else _public_value(value)
+        )
+        for name, value in fields.items()
+    }
+
+
+def public_record(record: Any, secrets: Iterable[str] = ()) -> Any:
+    """A record (or a set-aside entry) as the world-readable store may hold it: the flags
+    without secret flags, every entry named like a secret redacted at every depth (flag values
+    that are JSON text included), and every string holding one of `secrets` redacted. A record
+    written before a flag joined server_secrets.SECRET_FLAGS is cleaned so on the next write."""
+    values = tuple(s for s in secrets if isinstance(s, str) and s)
+    if not isinstance(record, Mapping):
+        return _without_values(_public_value(record), values)
+    public = _public_fields(record, _RECORD_FIELDS)
+    key, measured = record.get("key"), record.get("measured")
+    if isinstance(key, Mapping):
+        public["key"] = _public_fields(key, _KEY_FIELDS)
+        if isinstance(key.get("flags"), Mapping):
+            public["key"]["flags"] = public_flags(key["flags"])
+    if isinstance(measured, Mapping):
+        public["measured"] = _public_fields(measured, _MEASURED_FIELDS)
+    return _without_values(public, values)
 
 
 # What a record reads of /server_info. The endpoint lists every server argument, the API key
@@ -174,22 +264,44 @@ SERVER_INFO_FIELDS = (
 )
 
 
+def _memory_usage(info: Mapping[str, Any]) -> Mapping[str, Any]:
+    """Rank 0's memory_usage of /server_info ({} when the answer has none of that shape)."""
+    states = info.get("internal_states")
+    if isinstance(states, list) and states and isinstance(states[0], Mapping):
+        usage = states[0].get("memory_usage")
+        if isinstance(usage, Mapping):
+            return usage
+    return {}
+
+
 def public_server_info(info: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """The part of /server_info a record uses: SERVER_INFO_FIELDS and rank 0's memory_usage."""
     if not isinstance(info, Mapping):
         return None
     kept: dict[str, Any] = {name: info[name] for name in SERVER_INFO_FIELDS if name in info}
-    states = info.get("internal_states")
-    if isinstance(states, list) and states and isinstance(states[0], Mapping):
-        usage = states[0].get("memory_usage")
-        if isinstance(usage, Mapping):
-            kept["internal_states"] = [{"memory_usage": dict(usage)}]
+    usage = _memory_usage(info)
+    if usage:
+        kept["internal_states"] = [{"memory_usage": dict(usage)}]
     return kept
 
 
+# Any integer a record, a log or /server_info gives (typed_number refuses past 2**63).
+_COUNT = Range(0, integer=True)
+_INTEGER = Range(integer=True)
+
+
 def _int(value: Any) -> int | None:
-    number = finite_number(value)
-    return None if number is None else int(number)
+    """A count as a record, a flag or /server_info holds it: an integer (or its text), else
+    None (a fraction, a boolean, NaN, a huge integer, anything else)."""
+    try:
+        return int(read_number(value, "a count", _INTEGER))
+    except NumberError:
+        return None
+
+
+def _text(value: Any) -> str | None:
+    """A name (model path, GPU, version) as a record holds it: text, else nothing."""
+    return value if isinstance(value, str) else None
 
 
 def _first(*values: Any) -> Any:
@@ -199,23 +311,23 @@ def _first(*values: Any) -> Any:
 def _graph_total_gib(memory_usage: Mapping[str, Any]) -> float | None:
     graph = memory_usage.get("graph")
     if isinstance(graph, Mapping):
-        parts = [finite_number(v) for v in graph.values()]
+        parts = [finite_or_none(v) for v in graph.values()]
         return sum(p for p in parts if p is not None)
-    return finite_number(graph)
+    return finite_or_none(graph)
 
 
 def _memory_from_server_info(info: Mapping[str, Any]) -> dict[str, float | None]:
     """/server_info's figures (rank 0 only). SGLang reports no pre-load free memory there:
-    post ~ KV + graphs + what was still free, pre ~ post + weights (both a little low)."""
-    states = info.get("internal_states") or [{}]
-    usage = (states[0] if isinstance(states[0], Mapping) else {}).get("memory_usage") or {}
-    weight, kv = finite_number(usage.get("weight")), finite_number(usage.get("kvcache"))
+    post ~ KV + graphs + what was still free, pre ~ post + weights (both a little low).
+    A figure that is no finite number is left out (the record's rule judges the rest)."""
+    usage = _memory_usage(info)
+    weight, kv = finite_or_none(usage.get("weight")), finite_or_none(usage.get("kvcache"))
     if weight is not None and weight < 0:
         weight = None  # the log's negative "mem usage": free memory rose, no weights measured
-    free, graph = finite_number(usage.get("startup_available")), _graph_total_gib(usage)
+    free, graph = finite_or_none(usage.get("startup_available")), _graph_total_gib(usage)
     post = None
-    if None not in (kv, free, graph):
-        post = kv + free + graph  # type: ignore[operator]
+    if kv is not None and free is not None and graph is not None:
+        post = kv + free + graph
     return {
         "weight_gib": weight,
         "kv_size_gib": kv,
@@ -223,7 +335,7 @@ def _memory_from_server_info(info: Mapping[str, Any]) -> dict[str, float | None]
         "graph_gib": graph,
         "post_gib": post,
         "pre_gib": None if post is None or weight is None else post + weight,
-        "max_total_num_tokens": finite_number(usage.get("token_capacity")),
+        "max_total_num_tokens": _int(usage.get("token_capacity")),
     }
 
 
@@ -270,22 +382,43 @@ def _requested(name: str, flags: Mapping | None, cal: Calibration) -> Any:
     return cal.server_args.get(name)
 
 
+def _mapping(value: Any) -> dict[str, Any]:
+    return dict(value) if isinstance(value, Mapping) else {}
+
+
+def _given(value: Any, typed: Callable[[Any], Any]) -> Any:
+    """value typed (a count, a figure), or as given when it is none: the record's rule then
+    names it, so that a damaged input refuses the record rather than changing its meaning."""
+    number = typed(value)
+    return value if number is None else number
+
+
+def _given_count(value: Any, default: int | None = None) -> Any:
+    return default if value is None else _given(value, _int)
+
+
 def _record_key(
     cal: Calibration, info: Mapping[str, Any], key: Mapping[str, Any], measured: dict
 ) -> dict[str, Any]:
-    flags = key.get("flags")
+    flags = dict(key["flags"]) if isinstance(key.get("flags"), Mapping) else None
     # logged_flags: the logged run's flags as the caller found them
     # (sglang_fleet.capacity.logged_flags:
     # stated by the operator, or inferred from the log's own lines); the start's own flag set
     # beats them, and what the log or /server_info says beats both.
-    known = dict(key.get("logged_flags") or {}) | dict(flags or {})
+    known = _mapping(key.get("logged_flags")) | (flags or {})
     # Then what the lines alone show (no config.json here: the KV line's own size).
-    known = logged_flags.infer(cal, stated=known).flags | known
+    try:
+        known = logged_flags.infer(cal, stated=known).flags | known
+    except (ArithmeticError, ValueError) as exc:  # a figure of the lines past its reader
+        raise CalibrationError(f"the start-up lines cannot be read: {_said(exc)}") from None
     fingerprint = key.get("model_fingerprint")
     if fingerprint is None and key.get("model_config") is not None:
-        fingerprint = model_fingerprint(key["model_config"], int(key["weight_bytes"]))
+        try:
+            fingerprint = model_fingerprint(key["model_config"], key.get("weight_bytes"))
+        except (TypeError, ValueError) as exc:
+            raise CalibrationError(f"the model's fingerprint: {_said(exc)}") from None
     # The fraction SGLang reports beats the flags.
-    fraction = finite_number(
+    fraction = finite_or_none(
         _first(
             info.get("mem_fraction_static"),
             cal.server_args.get("mem_fraction_static"),
@@ -293,43 +426,69 @@ def _record_key(
         )
     )
     return {
-        "model_path": _first(key.get("model_path"), _resolved("model_path", info, cal, known)),
+        "model_path": _first(
+            key.get("model_path"), _text(_resolved("model_path", info, cal, known))
+        ),
         "model_fingerprint": fingerprint,
         "architecture": cal.architecture,
         # cpu for SGLang's CPU engine (its "avail mem" is host RAM, docs/CPU-SERVERS.md).
         "device": cal.device or "cuda",
         "gpu_name": key.get("gpu_name"),
-        "gpu_memory_mib": finite_number(key.get("gpu_memory_mib")),
-        "sglang_version": _first(key.get("sglang_version"), info.get("version")),
-        "tp_size": _int(_resolved("tp_size", info, cal, known)) or 1,
+        "gpu_memory_mib": _given(key.get("gpu_memory_mib"), finite_or_none),
+        "sglang_version": _first(key.get("sglang_version"), _text(info.get("version"))),
+        "tp_size": _given_count(_resolved("tp_size", info, cal, known), 1),
         **_attn_dp_key(info, cal, known),
-        "pp_size": _int(_resolved("pp_size", info, cal, known)) or 1,
-        "nnodes": _int(_resolved("nnodes", info, cal, known)) or 1,
-        "mem_fraction_static": _first(fraction, finite_number(known.get("mem_fraction_static"))),
-        "kv_cache_dtype": str(_resolved("kv_cache_dtype", info, cal, known) or "auto"),
-        "page_size": _int(_resolved("page_size", info, cal, known)) or 1,
+        "pp_size": _given_count(_resolved("pp_size", info, cal, known), 1),
+        "nnodes": _given_count(_resolved("nnodes", info, cal, known), 1),
+        "mem_fraction_static": _first(
+            fraction, _given(known.get("mem_fraction_static"), finite_or_none)
+        ),
+        "kv_cache_dtype": _resolved("kv_cache_dtype", info, cal, known) or "auto",
+        "page_size": _given_count(_resolved("page_size", info, cal, known), 1),
         "chunked_prefill_size": measured["chunked_prefill_size"],
-        "max_running_requests": _int(_requested("max_running_requests", flags, cal)),
-        "cuda_graph_max_bs_decode": _int(
+        "max_running_requests": _given_count(_requested("max_running_requests", flags, cal)),
+        "cuda_graph_max_bs_decode": _given_count(
             _first(
                 _requested("cuda_graph_max_bs_decode", flags, cal),
                 _requested("cuda_graph_max_bs", flags, cal),
             )
         ),
-        "context_length": _int(_requested("context_length", flags, cal)),
-        "max_total_tokens": _int(_requested("max_total_tokens", flags, cal)),
+        "context_length": _given_count(_requested("context_length", flags, cal)),
+        "max_total_tokens": _given_count(_requested("max_total_tokens", flags, cal)),
         "flags": public_flags(flags),
     }
 
 
-def _attn_dp_key(info: Mapping[str, Any], cal: Calibration, known: Mapping) -> dict[str, int]:
+def _attn_dp_key(info: Mapping[str, Any], cal: Calibration, known: Mapping) -> dict[str, Any]:
     """dp_size and attn_dp_size as SGLang resolves them: the deprecated `--enable-dp-attention
     --dp-size N` is attn_dp_size N with dp_size 1 (docs/ATTENTION-DP.md)."""
-    dp = _int(_resolved("dp_size", info, cal, known)) or 1
-    attn = _int(_resolved("attn_dp_size", info, cal, known)) or 1
+    dp = _given_count(_resolved("dp_size", info, cal, known), 1)
+    attn = _given_count(_resolved("attn_dp_size", info, cal, known), 1)
     if _norm(_resolved("enable_dp_attention", info, cal, known)) is True and attn == 1:
         attn, dp = dp, 1
     return {"dp_size": dp, "attn_dp_size": attn}
+
+
+def _said(exc: BaseException, limit: int = 300) -> str:
+    """An exception as a reason: its message, bounded (a message can hold a long value, and
+    the str() of an exception that carries a huge integer can itself raise)."""
+    try:
+        text = str(exc)
+    except Exception:  # its message is the one thing it cannot give
+        text = ""
+    text = text or type(exc).__name__
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _parsed(log_text: str | Calibration | None) -> Calibration:
+    if isinstance(log_text, Calibration):
+        return log_text
+    if log_text is not None and not isinstance(log_text, str):
+        raise CalibrationError(f"the start-up log must be text, got {shown(log_text)}")
+    try:
+        return parse_log(log_text or "")
+    except (ArithmeticError, ValueError) as exc:  # a number in a line past its reader
+        raise CalibrationError(f"the start-up lines cannot be read: {_said(exc)}") from None
 
 
 _REQUIRED = ("pre_gib", "post_gib", "max_total_num_tokens", "free_after_graph_gib")
@@ -346,12 +505,15 @@ def build_record(
     key: what the start depends on that neither source says: model_path,
     model_fingerprint (or model_config + weight_bytes to compute it), gpu_name,
     gpu_memory_mib, sglang_version, flags (the requested flag set; secrets are dropped),
-    and optionally server, config_hash, recorded_at. Raises CalibrationError when the
-    sources lack the memory figures a plan needs.
+    and optionally server, config_hash, recorded_at. Raises CalibrationError (and nothing
+    else) when the sources lack the memory figures a plan needs or give ones the store's rule
+    (record_problem) refuses: every figure is typed before any arithmetic.
     """
-    key = dict(key or {})
-    info = dict(server_info or {})
-    cal = log_text if isinstance(log_text, Calibration) else parse_log(log_text or "")
+    key, info = _mapping(key), _mapping(server_info)
+    cal = _parsed(log_text)
+    problem = _log_problem(cal)
+    if problem:
+        raise CalibrationError(f"this start's figures are no calibration: {problem}")
     measured = _measured(cal, info)
     missing = [name for name in _REQUIRED if measured[name] is None]
     if missing:
@@ -360,11 +522,15 @@ def build_record(
             "'Load weight begin/end', 'Capture ... CUDA graph end' and 'max_total_num_tokens=' "
             "lines, or /server_info internal_states[0].memory_usage)"
         )
+    problem = _figures_problem(measured)
+    if problem:
+        raise CalibrationError(f"this start's figures are no calibration: {problem}")
     record_key = _record_key(cal, info, key, measured)
     # The CPU engine's pool does not follow the fraction (docs/CPU-SERVERS.md): a CPU record
     # may go without one; a GPU record is its fraction's measurement.
     if record_key["mem_fraction_static"] is None and record_key["device"] != "cpu":
         raise CalibrationError("neither /server_info nor the log says mem_fraction_static")
+    # Typed and bounded above (_figures_problem): the arithmetic below cannot overflow.
     tokens = int(measured["max_total_num_tokens"])
     if measured["kv_size_gib"] and tokens:
         measured["cell_size_bytes"] = round(measured["kv_size_gib"] * kv_cache.GIB / tokens)
@@ -414,42 +580,187 @@ _COUNT_FIGURES = ("max_total_num_tokens", "max_running_requests", "context_len",
                   "chunked_prefill_size", "cell_size_bytes")  # fmt: skip
 
 
+# The rule's bounds on a record's key, as the planner bounds the same flags
+# (capacity/planner_inputs.py): a parallel size past any cluster, a count past any setting.
+MAX_PARALLEL = 4096
+MAX_COUNT = 2**31 - 1
+MAX_NAME_CHARS = 4096
+_KEY_COUNTS: dict[str, Range] = {
+    **{name: Range(1, MAX_PARALLEL, integer=True) for name in (*TOPOLOGY_FLAGS, "attn_dp_size")},
+    "page_size": Range(1, MAX_COUNT, integer=True),
+    "chunked_prefill_size": Range(-1, MAX_COUNT, integer=True),  # -1 (and 0): no chunking
+    "max_running_requests": Range(1, MAX_COUNT, integer=True),
+    "cuda_graph_max_bs_decode": Range(0, MAX_COUNT, integer=True),
+    "context_length": Range(1, MAX_COUNT, integer=True),
+    "max_total_tokens": Range(1, MAX_COUNT, integer=True),
+}
+_KEY_NAMES = ("model_path", "model_fingerprint", "architecture", "gpu_name", "sglang_version")
+FRACTION = Range(0, 1, low_open=True, high_open=True)
+DEVICE_MIB = Range(0, 1e12, low_open=True)
+DEVICES = ("cuda", "cpu")
+# A record's own fields: never judged a secret by their names (the record's "key" would be).
+_RECORD_FIELDS = ("schema", "recorded_at", "server", "config_hash", "sources", "key", "measured")
+_KEY_FIELDS = (*_KEY_COUNTS, *_KEY_NAMES, "device", "gpu_memory_mib", "mem_fraction_static",
+               "kv_cache_dtype", "flags")  # fmt: skip
+_MEASURED_FIELDS = (*_GIB_FIGURES, *_COUNT_FIGURES, "post_capture_kv_sizing")
+# How far a GPU record's KV pool may exceed what its fraction leaves for it (_pool_problem):
+# the figures' two decimals, and a fraction inferred from those figures rounded down.
+POOL_SLACK_FRACTION = 0.01
+
+
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a number JSON allows")
 
 
-def _figure_problem(name: str, value: Any, limit: float) -> str | None:
+def _figure_problem(name: str, value: Any, limit: float, integer: bool = False) -> str | None:
+    """Why a measured figure is none (None: it is one, or absent): a finite number (never a
+    boolean, text or an integer past typed_number's bound) from -1 to limit."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        return f"measured.{name} is {value!r}, not a finite number"
-    if not -1 <= value <= limit:  # chunked_prefill_size -1 means disabled
-        return f"measured.{name} {value:g} is outside -1..{limit:g}"
+    try:
+        number = read_number(value, name, text=False)
+    except NumberError:
+        kind = "outside" if isinstance(value, int) and not isinstance(value, bool) else "not"
+        what = f"-1..{limit:g}" if kind == "outside" else "a finite number"
+        return f"{name} is {shown(value)}, {kind} {what}"
+    if not -1 <= number <= limit:  # chunked_prefill_size -1 means disabled
+        return f"{name} {number:g} is outside -1..{limit:g}"
+    if integer and number != int(number):
+        return f"{name} {number:g} is not a whole number"
     return None
+
+
+def _figures_problem(measured: Mapping[str, Any], what: str = "measured") -> str | None:
+    problems = (
+        *(_figure_problem(f"{what}.{n}", measured.get(n), MAX_GPU_GIB) for n in _GIB_FIGURES),
+        *(
+            _figure_problem(f"{what}.{n}", measured.get(n), MAX_POOL_TOKENS, integer=True)
+            for n in _COUNT_FIGURES
+        ),
+    )
+    return next((p for p in problems if p), None)
+
+
+# The parsed log's figures (server_log.Calibration) a record or its key reads, by kind.
+_LOG_GIB = ("pre_gib", "post_gib", "weight_gib", "kv_size_gib", "pool_end_avail_gib",
+            "graph_end_avail_gib", "startup_avail_gib", "multimodal_reserve_gib")  # fmt: skip
+_LOG_COUNTS = ("kv_tokens", "max_total_num_tokens", "chunked_prefill_size",
+               "max_running_requests", "context_len", "decode_graph_max_bs")  # fmt: skip
+
+
+def _log_problem(cal: Calibration) -> str | None:
+    """Why the log's own figures are no measurement (a line's number past any device: a
+    400-digit count, 1e999 GiB), before any arithmetic is done with them."""
+    problems = (
+        *(_figure_problem(f"the log's {n}", getattr(cal, n), MAX_GPU_GIB) for n in _LOG_GIB),
+        *(
+            _figure_problem(f"the log's {n}", getattr(cal, n), MAX_POOL_TOKENS, integer=True)
+            for n in _LOG_COUNTS
+        ),
+    )
+    return next((p for p in problems if p), None)
 
 
 def _shape_problem(record: Any) -> str | None:
     if not isinstance(record, Mapping):
         return f"not a record (JSON {type(record).__name__})"
     if record.get("schema") != SCHEMA:
-        return f"record schema {record.get('schema')!r}, not {SCHEMA}"
+        return f"record schema {shown(record.get('schema'))}, not {SCHEMA}"
     if not isinstance(record.get("key"), Mapping) or not isinstance(
         record.get("measured"), Mapping
     ):
         return "a record holds a key and measured figures (mappings)"
+    made = record.get("recorded_at")
+    if made is not None and not (isinstance(made, str) and len(made) <= 64):
+        return f"recorded_at must be a time stamp, got {shown(made)}"
     missing = [name for name in _REQUIRED if record["measured"].get(name) is None]
     return f"measured.{missing[0]} is missing" if missing else None
 
 
+def _key_problem(key: Mapping[str, Any]) -> str | None:
+    """Why a record's key cannot anchor a prediction (None: it can). Every field a match or a
+    prediction reads is checked: counts in the planner's own ranges, the fraction in (0, 1)
+    (a GPU record's is required: it is that fraction's measurement), a dtype with a known cell
+    size, the device, names as text, the flags a mapping."""
+    return _key_numbers_problem(key) or _key_words_problem(key)
+
+
+def _key_numbers_problem(key: Mapping[str, Any]) -> str | None:
+    try:
+        for name, allowed in _KEY_COUNTS.items():
+            if key.get(name) is not None:
+                read_number(key[name], f"key.{name}", allowed, text=False)
+        if key.get("gpu_memory_mib") is not None:
+            read_number(key["gpu_memory_mib"], "key.gpu_memory_mib", DEVICE_MIB, text=False)
+        if key.get("mem_fraction_static") is not None:
+            read_number(key["mem_fraction_static"], "key.mem_fraction_static", FRACTION, text=False)
+    except NumberError as exc:
+        return str(exc)
+    if key.get("mem_fraction_static") is None and key.get("device") != "cpu":
+        return "key.mem_fraction_static is missing (a GPU record measures one fraction)"
+    return None
+
+
+def _key_words_problem(key: Mapping[str, Any]) -> str | None:
+    device, dtype, flags = key.get("device"), key.get("kv_cache_dtype"), key.get("flags")
+    problems = [
+        f"key.{name} must be text of at most {MAX_NAME_CHARS} characters, got {shown(value)}"
+        for name, value in ((n, key.get(n)) for n in _KEY_NAMES)
+        if value is not None and not (isinstance(value, str) and len(value) <= MAX_NAME_CHARS)
+    ]
+    if device is not None and device not in DEVICES:
+        problems.append(f"key.device must be one of {', '.join(DEVICES)}, got {shown(device)}")
+    if dtype is not None and not _dtype_known(dtype):
+        known = ", ".join(sorted(kv_cache.KV_ELEM_BYTES))
+        problems.append(
+            f"key.kv_cache_dtype {shown(dtype)} has no known cell size (one of {known})"
+        )
+    if flags is not None and not (
+        isinstance(flags, Mapping) and all(isinstance(name, str) for name in flags)
+    ):
+        problems.append(f"key.flags must be a mapping of flag names, got {shown(flags)}")
+    return problems[0] if problems else None
+
+
+def _pool_problem(record: Mapping[str, Any]) -> str | None:
+    """Whether a GPU record's fraction holds its KV pool. SGLang sizes the pool from what the
+    fraction leaves (kv_cache.rest_gib: post - pre x (1 - f)); a pool larger than that, past
+    the figures' rounding, was not measured at this fraction, and a prediction scaled from it
+    would refuse flag sets a good record passes. A pool smaller is legitimate (capped by
+    --max-total-tokens, a multimodal reserve, another pool beside it). Only the log's own
+    pre and post say this: /server_info's leave out the request table and runtime buffers
+    (docs/CALIBRATION.md), which can be GiB."""
+    key, measured = record["key"], record["measured"]
+    kv = measured.get("kv_size_gib")
+    sources = record.get("sources")
+    if (
+        kv is None
+        or not isinstance(sources, list)
+        or "log" not in sources
+        or key.get("device") == "cpu"
+        or measured.get("post_capture_kv_sizing")
+    ):
+        return None
+    pre, post = float(measured["pre_gib"]), float(measured["post_gib"])
+    fraction = float(key["mem_fraction_static"])
+    rest = kv_cache.rest_gib(pre, post, fraction)
+    slack = max(LOAD_NOISE_MIN_GIB, POOL_SLACK_FRACTION * pre)
+    if kv > rest + slack:
+        return (
+            f"key.mem_fraction_static {fraction:g} leaves {rest:.2f} GiB for the KV pool "
+            f"(post_gib {post:g} - pre_gib {pre:g} x (1 - {fraction:g})), less than the "
+            f"measured kv_size_gib {kv:g}: the figures are not this fraction's"
+        )
+    return None
+
+
 def _physical_problem(key: Mapping[str, Any], measured: Mapping[str, Any]) -> str | None:
-    problems = [_figure_problem(n, measured.get(n), MAX_GPU_GIB) for n in _GIB_FIGURES]
-    problems += [_figure_problem(n, measured.get(n), MAX_POOL_TOKENS) for n in _COUNT_FIGURES]
-    problem = next((p for p in problems if p), None)
+    problem = _figures_problem(measured) or _key_problem(key)
     if problem:
         return problem
     pre, post = float(measured["pre_gib"]), float(measured["post_gib"])
     free = float(measured["free_after_graph_gib"])
-    gpu_mib = finite_number(key.get("gpu_memory_mib"))
+    gpu_mib = finite_or_none(key.get("gpu_memory_mib"))
     gpu_gib = gpu_mib / 1024 if gpu_mib and gpu_mib > 0 else MAX_GPU_GIB
     if not (0 < pre <= gpu_gib * 1.01 and 0 < post <= gpu_gib * 1.01 and 0 <= free <= gpu_gib):
         return (
@@ -475,15 +786,39 @@ def load_noise_gib(pre_gib: float, device: str) -> float:
     )
 
 
+def _json_problem(record: Mapping[str, Any]) -> str | None:
+    """Whether the record, written into the store, reads back as JSON: no NaN or infinity
+    anywhere (its flags included), nesting within what the reader parses (the store adds two
+    levels), nothing JSON cannot hold."""
+    deep = bounded_json.depth_problem(record, bounded_json.MAX_DEPTH - 2)
+    if deep:
+        return f"the record is {deep}"
+    try:
+        json.dumps(record, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        return f"the record is no JSON the store can hold ({_said(exc, 120)})"
+    return None
+
+
 def record_problem(record: Any) -> str | None:
     """Why an entry is not a record this version can plan with (None: it is). The one rule
-    for both sides of the store: build_record and add_record refuse what read_store would set
-    aside, so nothing is written that the next read refuses."""
-    return _shape_problem(record) or _physical_problem(record["key"], record["measured"])
+    for both sides of the store, over the whole record (its key and its measured figures):
+    build_record and add_record refuse what read_store would set aside, so nothing is written
+    that the next read refuses, and what the reader keeps plans like a record just built."""
+    return (
+        _shape_problem(record)
+        or _physical_problem(record["key"], record["measured"])
+        or _pool_problem(record)
+        or _json_problem(record)
+    )
 
 
 # What a set-aside entry keeps of what it replaced: enough for the operator to see it, bounded.
 SET_ASIDE_TEXT_CHARS = 65536
+# A store holds STORE_LIMIT records; a file of more entries than this is no store this project
+# wrote, and is set aside whole rather than entry by entry. A warning names this many entries.
+MAX_STORE_ENTRIES = 1024
+PROBLEMS_NAMED = 8
 
 
 @dataclass(frozen=True)
@@ -499,7 +834,7 @@ class SetAside:
         where = "the whole file" if self.entry is None else f"record {self.entry}"
         if isinstance(self.content, Mapping):
             made = self.content.get("recorded_at")
-            where += f" (recorded {made})" if isinstance(made, str) else ""
+            where += f" (recorded {made[:64]})" if isinstance(made, str) else ""
         return f"{where}: {self.problem}"
 
 
@@ -511,16 +846,16 @@ class StoreRead:
     set_aside: list[SetAside]
 
     def problems(self) -> str:
-        """One line naming every entry set aside ("" when none)."""
-        return "; ".join(s.describe() for s in self.set_aside)
+        """One line naming the entries set aside ("" when none), the first
+        PROBLEMS_NAMED of them."""
+        named = "; ".join(s.describe() for s in self.set_aside[:PROBLEMS_NAMED])
+        more = len(self.set_aside) - PROBLEMS_NAMED
+        return named + (f"; and {more} more" if more > 0 else "")
 
 
 def _whole_file(problem: str, text: Any) -> StoreRead:
     content = text.decode(errors="replace") if isinstance(text, bytes) else text
-    if isinstance(content, str):
-        content = content[:SET_ASIDE_TEXT_CHARS]
-    else:
-        content = repr(content)[:SET_ASIDE_TEXT_CHARS]
+    content = content[:SET_ASIDE_TEXT_CHARS] if isinstance(content, str) else _said_repr(content)
     return StoreRead([], [SetAside(None, problem, content)])
 
 
@@ -546,12 +881,17 @@ def read_store(text: str | bytes | Mapping | list | None) -> StoreRead:
         return _whole_file(problem[:200], text)
     if isinstance(data, Mapping) and "records" in data:
         if data.get("schema") != STORE_SCHEMA:
-            return _whole_file(f"store schema {data.get('schema')!r}, not {STORE_SCHEMA!r}", text)
+            schema = shown(data.get("schema"))
+            return _whole_file(f"store schema {schema}, not {STORE_SCHEMA!r}", text)
         data = data["records"]
     elif isinstance(data, Mapping):
         data = [data]
     if not isinstance(data, list):
         return _whole_file("a calibration store holds {schema, records: [...]}", text)
+    if len(data) > MAX_STORE_ENTRIES:
+        return _whole_file(
+            f"{len(data)} entries, more than a store holds ({MAX_STORE_ENTRIES})", text
+        )
     records, set_aside = [], []
     for index, entry in enumerate(data):
         problem = record_problem(entry)
@@ -570,15 +910,34 @@ SET_ASIDE_SCHEMA = "sglang-fleet/calibrations-set-aside/1"
 
 
 def dump_set_aside(read: StoreRead, store_path: str, when: str | None = None) -> dict[str, Any]:
-    """The side file that keeps what the store set aside, for the operator to look at."""
+    """The side file that keeps what the store set aside, for the operator to look at (an
+    entry JSON cannot hold, a NaN in a record given as data, is kept as its text)."""
     return {
         "schema": SET_ASIDE_SCHEMA,
         "store": store_path,
         "set_aside_at": when or timestamp(),
         "entries": [
-            {"entry": s.entry, "problem": s.problem, "content": s.content} for s in read.set_aside
+            {"entry": s.entry, "problem": s.problem, "content": _as_json(s.content)}
+            for s in read.set_aside
         ],
     }
+
+
+def _as_json(content: Any) -> Any:
+    if bounded_json.depth_problem(content, bounded_json.MAX_DEPTH - 4):
+        return shown(content)
+    try:
+        json.dumps(content, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        return _said_repr(content)
+    return content
+
+
+def _said_repr(content: Any) -> str:
+    try:
+        return repr(content)[:SET_ASIDE_TEXT_CHARS]
+    except (ValueError, RecursionError):  # a huge integer inside, or nesting repr gives up on
+        return shown(content)
 
 
 def _same_setting(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
@@ -597,40 +956,78 @@ def add_record(
     return [dict(record), *kept][:limit]
 
 
+# A secret value shorter than this is not looked for inside other text: the server's key is
+# long, and a short one ("a") would be found in every name ("auto") and damage the record.
+MIN_SECRET_VALUE_CHARS = 8
+
+
+def _cleaned(read: StoreRead, secrets: tuple[str, ...]) -> StoreRead:
+    """The store as read, its secrets removed (public_record) from every record kept and every
+    entry set aside; a record that the cleaning leaves unusable is set aside and named."""
+    records, set_aside = [], []
+    for index, record in enumerate(read.records):
+        public = public_record(record, secrets)
+        problem = record_problem(public)
+        if problem:
+            set_aside.append(SetAside(index, f"after its secrets were removed: {problem}", public))
+        else:
+            records.append(public)
+    for entry in read.set_aside:
+        content = entry.content
+        if isinstance(content, str):
+            content = _without_values(content, secrets)
+        else:
+            content = public_record(content, secrets)
+        set_aside.append(SetAside(entry.entry, entry.problem, content))
+    return StoreRead(records, set_aside)
+
+
 def store_update(
-    store: Any, record: Mapping[str, Any], path: str = "calibration.json", server: str = "?"
+    store: Any,
+    record: Mapping[str, Any],
+    path: str = "calibration.json",
+    server: str = "?",
+    secrets: Iterable[str] = (),
 ) -> dict[str, Any]:
     """What the record step of a healthy start writes (docs/CALIBRATION.md, "The store"):
 
     {store: the store with `record` first, to write to `path`;
+     record: `record` as the store holds it (cleaned of secrets), or None when it is not kept;
      set_aside: the side file's content (dump_set_aside), or None;
      set_aside_path: where it goes, beside the store;
      warning: which entries were set aside and why (naming the file and the server), or None}.
 
     Entries of the file on the host that no plan may use are moved to the side file, the good
-    ones kept: the step never fails the start, and never drops what it cannot read unseen."""
-    read = read_store(store if store not in (None, "") else None)
+    ones kept: the step never fails the start, and never drops what it cannot read unseen.
+    Every record kept, written before or now, is cleaned of secrets (public_record: secret
+    flags, entries named like a secret at any depth, and the `secrets` values themselves,
+    the server's key as the record step knows it): the store is world-readable."""
+    values = tuple(s for s in secrets if isinstance(s, str) and len(s) >= MIN_SECRET_VALUE_CHARS)
+    read = _cleaned(read_store(store if store not in (None, "") else None), values)
     problems = [] if not read.set_aside else [read.problems()]
+    kept: dict[str, Any] | None = public_record(record, values)
     try:
-        records = add_record(read.records, record)
+        records = add_record(read.records, kept)
     except CalibrationError as exc:
-        records = read.records
+        records, kept = read.records, None
         problems.append(f"this start's record is not kept: {exc}")
     set_aside, side_path = None, None
     if read.set_aside:
         stamp = timestamp().replace("-", "").replace(":", "")
-        folder, name = posixpath.split(path)
+        folder, name = posixpath.split(str(path))
         side_path = posixpath.join(folder, f"{posixpath.splitext(name)[0]}.set-aside-{stamp}.json")
-        set_aside = dump_set_aside(read, path)
+        set_aside = dump_set_aside(read, str(path))
     warning = None
     if problems:
         moved = f"; set aside in {side_path}" if side_path else ""
-        warning = (
+        warning = _without_values(
             f"{path} (calibrations of server {server}): {' | '.join(problems)}{moved}; "
-            f"{len(records)} record(s) kept"
+            f"{len(records)} record(s) kept",
+            values,
         )
     return {
         "store": dump_store(records),
+        "record": kept,
         "set_aside": set_aside,
         "set_aside_path": side_path,
         "warning": warning,
@@ -650,14 +1047,23 @@ def _norm(value: Any) -> Any:
             return False
         if text in {"", "none", "null"}:
             return None
-        number = finite_number(text)
+        number = finite_or_none(text)
         return number if number is not None else text
-    number = finite_number(value)
+    number = finite_or_none(value)
     return number if number is not None else value
 
 
-def _dtype_known(dtype: str) -> bool:
-    return dtype in kv_cache.KV_ELEM_BYTES
+def _say(value: Any) -> str:
+    """A value in a reason: as str() writes it when that is short and safe, else shown()."""
+    if isinstance(value, str) and len(value) <= 40:
+        return value
+    if finite_or_none(value) is not None or value is None or isinstance(value, bool):
+        return str(value)
+    return shown(value)
+
+
+def _dtype_known(dtype: Any) -> bool:
+    return isinstance(dtype, str) and dtype in kv_cache.KV_ELEM_BYTES
 
 
 def _identity_problems(key: Mapping[str, Any], host: Mapping[str, Any], notes: list[str]) -> list:
@@ -675,7 +1081,10 @@ def _identity_problems(key: Mapping[str, Any], host: Mapping[str, Any], notes: l
                 notes.append(f"{what} not verified")
             continue
         if _norm(mine) != _norm(theirs):
-            problems.append(f"{what} differs ({mine} vs {theirs})")
+            problems.append(f"{what} differs ({_say(mine)} vs {_say(theirs)})")
+    sizes = {finite_or_none(side.get("gpu_memory_mib")) for side in (key, host)}
+    if sizes == {None}:  # predict() needs one of them
+        problems.append("GPU memory known on neither side")
     return problems
 
 
@@ -684,25 +1093,24 @@ def _flag_problems(
 ) -> list[str]:
     problems = []
     for name in TOPOLOGY_FLAGS:
-        mine, theirs = _norm(key.get(name) or 1), _norm(flags.get(name) or 1)
-        if mine != theirs:
-            problems.append(f"{name} differs ({key.get(name) or 1} vs {flags.get(name) or 1})")
-    for dtype in (
-        str(key.get("kv_cache_dtype") or "auto"),
-        str(flags.get("kv_cache_dtype") or "auto"),
-    ):
+        mine, theirs = key.get(name) or 1, flags.get(name) or 1
+        if _norm(mine) != _norm(theirs):
+            problems.append(f"{name} differs ({_say(mine)} vs {_say(theirs)})")
+    for dtype in (key.get("kv_cache_dtype") or "auto", flags.get("kv_cache_dtype") or "auto"):
         if not _dtype_known(dtype):
-            problems.append(f"kv_cache_dtype {dtype} has no known cell size")
+            problems.append(f"kv_cache_dtype {_say(dtype)} has no known cell size")
     recorded = key.get("flags")
     if recorded is None or not complete:
         notes.append("other flags not " + ("recorded" if recorded is None else "given"))
         return problems
     skip = PREDICTED_FLAGS | NO_MEMORY_EFFECT_FLAGS | set(TOPOLOGY_FLAGS) | {"enable_dp_attention"}
-    for name in sorted(set(recorded) | set(flags)):
+    for name in sorted(set(recorded) | set(flags), key=str):
         if name in skip or _is_secret(name):
             continue
         if _norm(recorded.get(name)) != _norm(flags.get(name)):
-            problems.append(f"{name} differs ({recorded.get(name)!r} vs {flags.get(name)!r})")
+            problems.append(
+                f"{name} differs ({shown(recorded.get(name))} vs {shown(flags.get(name))})"
+            )
     return problems
 
 
@@ -719,7 +1127,7 @@ def _changes(key: Mapping[str, Any], flags: Mapping[str, Any]) -> list[str]:
         if theirs is None and name in ("mem_fraction_static", "chunked_prefill_size"):
             continue  # SGLang resolves it; compared after resolution by predict()
         if _norm(mine) != _norm(theirs):
-            changes.append(f"{name} {mine} -> {theirs}")
+            changes.append(f"{name} {_say(mine)} -> {_say(theirs)}")
     return changes
 
 
@@ -729,13 +1137,13 @@ def check_record(
     host: Mapping[str, Any],
     flags_complete: bool = True,
 ) -> tuple[list[str], list[str]]:
-    """(problems that make the record unusable, notes) for one record and flag set."""
+    """(problems that make the record unusable, notes) for one record and flag set. A record
+    the store's rule refuses (record_problem) is unusable whoever hands it over."""
     notes: list[str] = []
-    if record.get("schema") != SCHEMA:
-        return [f"record schema {record.get('schema')!r} is not {SCHEMA}"], notes
-    key, measured = record.get("key") or {}, record.get("measured") or {}
-    if any(measured.get(name) is None for name in _REQUIRED):
-        return ["record lacks memory figures"], notes
+    problem = record_problem(record)
+    if problem:
+        return [problem], notes
+    key, measured = record["key"], record["measured"]
     if measured.get("post_capture_kv_sizing"):
         return ["KV pool sized after CUDA graph capture: another memory model"], notes
     problems = _identity_problems(key, host, notes)
@@ -743,14 +1151,17 @@ def check_record(
     return problems, notes
 
 
-def _describe(record: Mapping[str, Any]) -> str:
-    key = record.get("key") or {}
-    fraction = key.get("mem_fraction_static")
+def _describe(record: Any) -> str:
+    if not isinstance(record, Mapping):
+        return f"an entry that is no record (JSON {type(record).__name__})"
+    key = record.get("key") if isinstance(record.get("key"), Mapping) else {}
+    made = _say(record.get("recorded_at"))
+    fraction = finite_or_none(key.get("mem_fraction_static"))
+    if fraction is None:
+        return f"calibration of {made}"
     return (
-        f"calibration of {record.get('recorded_at')} (tp {key.get('tp_size')}, "
-        f"{key.get('kv_cache_dtype')} at {fraction:.3f})"
-        if isinstance(fraction, int | float)
-        else f"calibration of {record.get('recorded_at')}"
+        f"calibration of {made} (tp {_say(key.get('tp_size'))}, "
+        f"{_say(key.get('kv_cache_dtype'))} at {fraction:.3f})"
     )
 
 
@@ -769,7 +1180,7 @@ def match(
     Returns (record, reason): the reason says what is predicted across and what could not
     be verified, or, with no record usable, why each was rejected.
     """
-    host = dict(host or {})
+    host = _mapping(host)
     if records is None:
         return None, "no calibration recorded"
     if isinstance(records, Mapping):
@@ -878,11 +1289,12 @@ def _resolve(
     explicit_bs = _int(
         _first(values.get("cuda_graph_max_bs_decode"), values.get("cuda_graph_max_bs"))
     )
-    fraction = finite_number(values.get("mem_fraction_static"))
+    fraction = finite_or_none(values.get("mem_fraction_static"))
     attn_dp = _int(values.get("attn_dp_size")) or 1
+    dtype = values.get("kv_cache_dtype") or "auto"
     return _Setting(
         fraction=defaults.mem_fraction_static if fraction is None else fraction,
-        dtype=str(values.get("kv_cache_dtype") or "auto"),
+        dtype=dtype if isinstance(dtype, str) else "auto",  # match() refused any other
         chunk=defaults.chunked_prefill_size,
         decode_bs=explicit_bs if explicit_bs is not None else defaults.decode_cuda_graph_max_bs,
         page=_int(values.get("page_size")) or 1,
@@ -936,7 +1348,9 @@ def predict(
     key, measured = record["key"], record["measured"]
     tp = int(_int(flags.get("tp_size")) or 1)
     gpu_mib = float(
-        _first(finite_number(host.get("gpu_memory_mib")), finite_number(key.get("gpu_memory_mib")))
+        _first(
+            finite_or_none(host.get("gpu_memory_mib")), finite_or_none(key.get("gpu_memory_mib"))
+        )
     )
     old = _resolve(key, shape, gpu_mib, tp, measured.get("chunked_prefill_size"))
     new = _resolve(flags, shape, gpu_mib, tp, None)
@@ -1069,8 +1483,12 @@ def apply(
         raise CalibrationError(f"calibration_mode must be one of {', '.join(MODES)}, got {mode!r}")
     if mode == "ignore":
         return Applied(None, None, "calibration_mode is 'ignore'")
-    found = read_store(records).records if _is_text(records) else records
-    record, reason = match(found, flags, host, flags_complete=flags_complete)
+    # Records given as data pass the store's rule too: whoever hands them over, what the rule
+    # refuses never plans (and never refuses a flag set).
+    found = read_store(records)
+    record, reason = match(found.records, flags, host, flags_complete=flags_complete)
+    if record is None and found.set_aside and not found.records:
+        reason = f"no calibration usable: {found.problems()}"
     if record is None:
         warning = _issue(
             "calibration_mismatch",
@@ -1083,7 +1501,3 @@ def apply(
     if issue is not None:
         (applied.errors if mode == "enforce" else applied.warnings).append(issue)
     return applied
-
-
-def _is_text(value: Any) -> bool:
-    return isinstance(value, str | bytes)
