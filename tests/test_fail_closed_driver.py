@@ -120,9 +120,11 @@ def test_a_branch_is_whole_ascii_digits(branch: Any) -> None:
     assert [p.split(":")[0] for p in problems] == ["nvidia_driver_branch"]
 
 
-@pytest.mark.parametrize("serial", ["²", ["1", "²"]])
+@pytest.mark.parametrize("serial", ["²", ["1", "²"], [1, " 100% "], "25%\n"])
 def test_a_serial_of_other_digits_is_a_problem_not_a_traceback(serial: Any) -> None:
-    """str.isdigit() takes "²", which int() then refuses: a8010cc's settings_problems raised."""
+    """str.isdigit() takes "²", which int() then refuses: a8010cc's settings_problems raised.
+    A percentage with text after its % passed a8010cc's check (it stripped the text first),
+    and Ansible's own reading (pct_to_int) then failed the play that uses it."""
     problems = dr.settings_problems(serial, "590")
     assert [p.split(":")[0] for p in problems] == ["driver_upgrade_serial"]
 

@@ -90,8 +90,12 @@ def check_serial(value: Any) -> list[int | str]:
         elif text is not None and _COUNT_RE.fullmatch(text) and int(text) > 0:
             checked.append(int(text))
             continue
+        # Ansible reads "x%" only when the text ends in % (helpers.pct_to_int): " 25% " would
+        # fail its play after this check passed; int() takes spaces around a count.
         elif (
-            text is not None and (match := _PERCENT_RE.fullmatch(text)) and 0 < int(match[1]) <= 100
+            isinstance(item, str)
+            and (match := _PERCENT_RE.fullmatch(item.lstrip()))
+            and 0 < int(match[1]) <= 100
         ):
             checked.append(f"{int(match[1])}%")
             continue
