@@ -18,10 +18,16 @@ description:
     others in C(<root>/versions/.building-<version>) and renamed into place only when it is
     complete, with C(sglang-fleet-env.json) (version, key of the package set) inside it. A
     version's folder without that file, or with another key, is not ready.
-  - Who uses a version, proven from the host, never guessed: a running C(sglang@) unit whose main
+  - Who uses a version, proven from the host, never guessed; a running C(sglang@) unit whose main
     process was started by that virtualenv's python (C(/proc/<pid>/cmdline)); a unit whose launch
     drop-in (C(<units_dir>/sglang@*.service.d/*.conf)) names it; a server's last-known-good
-    launch line (C(<state_dir>/*/lkg/10-launch.conf)).
+    launch line (C(<state_dir>/*/lkg/*.conf)). C(ExecStart=) is read as systemd reads it
+    (module_utils/server_configs.py) and paths are compared after the same normalisation on
+    both sides (normpath, links resolved).
+  - What cannot be read or understood (a drop-in, an C(ExecStart=) line, a folder listing cut
+    at its bound, a failed or timed-out systemctl, a main process's command line) is listed in
+    C(unknown); I(state=installed) and I(state=pruned) then refuse, before removing anything,
+    whatever would remove a version, naming it.
   - I(state=read) changes nothing. I(state=installed) puts C(.building-<wanted>) in place of
     C(<wanted>), refusing when the old folder is used by anything. I(state=pruned) removes the
     versions I(remove) names, refusing (before removing anything) any that is used, then the
@@ -79,7 +85,8 @@ EXAMPLES = r"""
 
 RETURN = r"""
 versions:
-  description: Each version folder, oldest first, {name, python, ready, key, used_by}.
+  description: Each version folder, oldest first, {name, python, ready, key, problem, used_by}
+    (problem says why its marker is not a complete version's, "" when it is).
   returned: always
   type: list
   elements: dict
@@ -92,6 +99,16 @@ wanted_used_by:
   returned: always
   type: list
   elements: str
+unknown:
+  description: What could not be read or understood, so who uses the versions is not proven
+    (nothing is removed while it is not empty).
+  returned: always
+  type: list
+  elements: str
+building_used_by:
+  description: Unfinished builds (C(.building-*)) a unit names, with who names them.
+  returned: always
+  type: dict
 legacy:
   description: I(root) itself is a virtualenv of the older layout (left alone), with its users.
   returned: always

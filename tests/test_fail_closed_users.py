@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from ansible.module_utils.testing import patch_module_args
 from conftest import load_plugin
 from test_flags import HOSTILE
@@ -550,3 +551,11 @@ def test_model_pruning_refuses_when_a_process_cannot_be_read(
         pruned, skipped = stage_mod.prune(params, folder)
     assert pruned == [] and "process 9" in skipped
     assert (parent / "rev-0").is_dir() and (parent / "rev-1").is_dir()
+
+
+def test_the_module_documents_what_it_returns_as_yaml() -> None:
+    """ansible-doc reads DOCUMENTATION as YAML: a8010cc's had `guessed: a running ...` inside a
+    list item, which YAML reads as a mapping key, so the module's documentation did not load."""
+    doc = yaml.safe_load(versions.DOCUMENTATION)
+    assert set(doc["options"]) >= {"root", "wanted", "state", "keep", "remove"}
+    assert {"unknown", "building_used_by", "versions"} <= set(yaml.safe_load(versions.RETURN))
