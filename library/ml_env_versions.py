@@ -195,17 +195,17 @@ class Users:
     def mentions_root(self, word: str) -> bool:
         return any(root + "/" in word or word.endswith(root) for root in self.roots)
 
-    def take_argv(self, words: list[str], who: str, program: str) -> None:
+    def take_argv(self, words: list[str], who: str, program: str, mentions: bool = True) -> None:
         """A command: the program it runs, and every other word that is a path (or a path after
-        `=`: the interpreter numactl, taskset or nice wrap, --python=...); a word that names the
-        root but is no path (a shell's script) cannot be placed."""
+        `=`: the interpreter numactl, taskset or nice wrap, --python=...); with mentions, a word
+        that names the root but is no path (a shell's script) cannot be placed."""
         values = [program] + [v for w in words for v in (w, w.partition("=")[2]) if v]
         for value in values:
             try:
                 if value.startswith("/"):
                     for entry in self.entries_of_path(value):
                         self.add(entry, who)
-                elif self.mentions_root(value):
+                elif mentions and self.mentions_root(value):
                     raise Unplaced(f"{value[:200]!r} names the root but is no path")
             except Unplaced as err:
                 self.unknown.append(f"{who}: {err}")
@@ -241,7 +241,10 @@ def _command_users(users: Users, command: Command, who: str) -> None:
     except NotUnderstood as err:
         users.unknown.append(f"{who}: {err}")
         return
-    users.take_argv([*command.argv, *program.argv[1:]], who, path)
+    users.take_argv(list(program.argv[1:]), who, path)
+    if program is not command:
+        # env's own words: its assignments' paths count; its -S text was read by launched().
+        users.take_argv(list(command.argv), who, path, mentions=False)
 
 
 def _dropin_users(users: Users, units_dir: str, state_dir: str) -> None:
