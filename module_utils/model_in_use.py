@@ -119,13 +119,18 @@ def _map_paths(path: str) -> list[str]:
     found: set[str] = set()
     read = 0
     with os.fdopen(fd, "rb") as handle:
-        for line in handle:
-            read += len(line)
-            if read > MAX_MAPS:
-                raise ValueError(f"{path} is over {MAX_MAPS} bytes")
-            fields = line.rstrip(b"\n").split(None, 5)
-            if len(fields) == 6 and fields[5].startswith(b"/"):
-                found.add(fields[5].decode(errors="surrogateescape"))
+        try:
+            for line in handle:
+                read += len(line)
+                if read > MAX_MAPS:
+                    raise ValueError(f"{path} is over {MAX_MAPS} bytes")
+                fields = line.rstrip(b"\n").split(None, 5)
+                if len(fields) == 6 and fields[5].startswith(b"/"):
+                    found.add(fields[5].decode(errors="surrogateescape"))
+        except OSError as err:  # the process ended while its maps were read
+            if _gone(err):
+                return []
+            raise
     return sorted(found)
 
 
