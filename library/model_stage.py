@@ -149,7 +149,12 @@ from collections.abc import Callable
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.model_in_use import InUse, configured_references, process_references
+from ansible.module_utils.model_in_use import (
+    InUse,
+    Unreadable,
+    configured_references,
+    process_references,
+)
 from ansible.module_utils.model_stage import (
     MARKER,
     PARTIAL_SUFFIX,
@@ -296,14 +301,18 @@ def prune(params: dict[str, Any], parent: OwnedFolder) -> tuple[list[str], str |
     configured, unreadable = configured_references(
         params["state_dir"], params["systemd_dir"], params["workdir"]
     )
+    try:
+        running = process_references()
+    except Unreadable as err:
+        unreadable += err.problems
     if unreadable:
-        return [], (
-            f"nothing pruned: {', '.join(unreadable[:5])} cannot be read, so what it refers "
-            "to is not known"
+        shown = "; ".join(unreadable[:5]) + (
+            f"; and {len(unreadable) - 5} more" if len(unreadable) > 5 else ""
         )
+        return [], f"nothing pruned: what these refer to is not known: {shown}"
     protect = [p if p.startswith("/") else os.path.join(params["workdir"], p)
                for p in params["protect"]]  # fmt: skip
-    in_use = InUse([params["path"], *protect, *configured, *process_references()])
+    in_use = InUse([params["path"], *protect, *configured, *running])
     doomed = prune_candidates(parent, params["keep"], in_use)
     for name in doomed:
         parent.remove_entry(name)

@@ -87,7 +87,7 @@ def direct_fleet(n: int) -> tuple[list[str], dict[str, dict]]:
         (2, [2]),
         ("3", [3]),
         ("50%", ["50%"]),
-        ([1, "2", " 100% "], [1, 2, "100%"]),
+        ([1, "2", " 100%"], [1, 2, "100%"]),
     ],
 )
 def test_serial_values_ansible_understands(value: Any, expected: list) -> None:

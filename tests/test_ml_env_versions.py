@@ -10,6 +10,7 @@ import pytest
 from conftest import load_plugin
 
 versions = load_plugin("library/ml_env_versions.py")
+configs = load_plugin("module_utils/server_configs.py")
 
 
 def make_version(root: Path, name: str, key: str = "k1", complete: bool = True) -> Path:
@@ -151,6 +152,12 @@ def test_the_older_layout_is_reported_and_never_a_version(host: dict[str, Path])
     assert found["versions"] == []
 
 
-@pytest.mark.parametrize("line", ["ExecStart=", "Description=x", "ExecStart='unterminated"])
+@pytest.mark.parametrize("line", ["ExecStart=", "Description=x"])
 def test_drop_in_lines_without_an_interpreter(line: str) -> None:
-    assert versions._python_of_line(line) in (None, "'unterminated")
+    assert configs.exec_starts(line) == []
+
+
+def test_a_drop_in_line_systemd_would_not_run_is_not_understood() -> None:
+    # It used to be read as the interpreter "'unterminated" (outside the root: nobody's).
+    with pytest.raises(configs.NotUnderstood, match="unbalanced quoting"):
+        configs.exec_starts("ExecStart='unterminated")

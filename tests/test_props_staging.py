@@ -344,6 +344,7 @@ def test_pruning_never_removes_a_revision_in_use_or_anything_outside(
         (folder / ms.MARKER).write_text(json.dumps({"revision": "x", "staged_at": staged_at}))
         names.append(folder.name)
     proc = tmp / "proc"
+    proc.mkdir()  # an empty /proc: no process (a missing one proves nothing, and refuses)
     in_use = set()
     for number, (index, how) in enumerate(used):
         if index >= len(names):

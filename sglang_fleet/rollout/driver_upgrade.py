@@ -37,14 +37,25 @@ import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
+from sglang_fleet.module_utils.typed_number import NumberError, Range, finite_or_none, shown
+from sglang_fleet.module_utils.typed_number import read as read_number
+
 SERIAL_VAR = "driver_upgrade_serial"
 BRANCH_VAR = "nvidia_driver_branch"
 MIN_OTHERS_VAR = "sglang_server_router_min_healthy_others"
 DEFAULT_SERIAL: list[int | str] = [1, "25%"]
 COMMAND = "ansible-playbook playbooks/driver_upgrade.yml"
 
-_PERCENT_RE = re.compile(r"^([0-9]{1,3})%$")
-_BRANCH_RE = re.compile(r"^[0-9]+$")
+# Whole strings only (fullmatch): "590\n" is no branch. ASCII digits: str.isdigit() also takes
+# "²", which int() then refuses.
+_PERCENT_RE = re.compile(r"([0-9]{1,3})%")
+_COUNT_RE = re.compile(r"[0-9]{1,9}")
+_BRANCH_RE = re.compile(r"[0-9]{1,6}")
+BATCH = Range(1, 1 << 31, integer=True)
+BRANCH = Range(1, 999_999, integer=True)
+GPU_COUNT = Range(0, 4096, integer=True)
+MIN_OTHERS = Range(0, 4096, integer=True)
+ACCELERATORS = ("cuda", "cpu")
 
 
 class DriverRolloutError(ValueError):
@@ -70,30 +81,44 @@ def check_serial(value: Any) -> list[int | str]:
     checked: list[int | str] = []
     for item in items:
         text = item.strip() if isinstance(item, str) else None
-        if isinstance(item, int) and not isinstance(item, bool) and item > 0:
-            checked.append(item)
-        elif text is not None and text.isdigit() and int(text) > 0:
+        if isinstance(item, int) and not isinstance(item, bool):
+            try:
+                checked.append(int(read_number(item, SERIAL_VAR, BATCH)))
+                continue
+            except NumberError:
+                pass
+        elif text is not None and _COUNT_RE.fullmatch(text) and int(text) > 0:
             checked.append(int(text))
-        elif text is not None and (match := _PERCENT_RE.match(text)) and 0 < int(match[1]) <= 100:
+            continue
+        # Ansible reads "x%" only when the text ends in % (helpers.pct_to_int): " 25% " would
+        # fail its play after this check passed; int() takes spaces around a count.
+        elif (
+            isinstance(item, str)
+            and (match := _PERCENT_RE.fullmatch(item.lstrip()))
+            and 0 < int(match[1]) <= 100
+        ):
             checked.append(f"{int(match[1])}%")
-        else:
-            raise DriverRolloutError(
-                SERIAL_VAR,
-                f"{item!r} is not a batch size: each item is a whole number of hosts above 0 or "
-                "a percentage from 1% to 100% (for example [1, 2, '25%']); 0 or less would "
-                "change every host at once",
-            )
+            continue
+        raise DriverRolloutError(
+            SERIAL_VAR,
+            f"{shown(item)} is not a batch size: each item is a whole number of hosts above 0 "
+            "or a percentage from 1% to 100% (for example [1, 2, '25%']); 0 or less would "
+            "change every host at once",
+        )
     return checked
 
 
 def check_branch(value: Any) -> str:
     """nvidia_driver_branch: a driver major version, "590" (an unquoted 590 is read as one)."""
-    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-        return str(value)
-    if isinstance(value, str) and _BRANCH_RE.match(value):
+    if isinstance(value, int) and not isinstance(value, bool):
+        try:
+            return str(read_number(value, BRANCH_VAR, BRANCH, text=False))
+        except NumberError:
+            pass
+    elif isinstance(value, str) and _BRANCH_RE.fullmatch(value) and int(value) > 0:
         return value
     raise DriverRolloutError(
-        BRANCH_VAR, f'{value!r} is not a driver branch: the major version, such as "590"'
+        BRANCH_VAR, f'{shown(value)} is not a driver branch: the major version, such as "590"'
     )
 
 
@@ -131,6 +156,98 @@ def batches(hosts: list[str], serial: Any) -> list[list[str]]:
 
 
 # --------------------------------------------------------------------------- the decision
+
+
+def _typed_read(host: str, read: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """(the host's read with every field typed, what could not be typed). Each field decides
+    whether a host changes, which servers stop, drain and come back, and which GPUs are cleaned
+    first; one that is not what the first play writes refuses the run by name, never reads as
+    "nothing runs" or "no GPU to clean"."""
+    problems: list[str] = []
+    accelerator = read.get("accelerator", "cuda")
+    if accelerator not in ACCELERATORS:
+        problems.append(f"{host}: ml_env_accelerator {shown(accelerator)} is not cuda or cpu")
+        accelerator = "cuda"
+    driver = read.get("driver")
+    if accelerator == "cuda" and not isinstance(driver, Mapping):
+        problems.append(
+            f"{host}: nvidia_driver_plan was not read (the nvidia_driver role's pre-flight): "
+            "whether the driver changes here is not known"
+        )
+    driver = dict(driver) if isinstance(driver, Mapping) else {}
+    installing = driver.get("installing", False)
+    if accelerator == "cuda" and not isinstance(installing, bool):
+        problems.append(f"{host}: nvidia_driver_plan.installing {shown(installing)} is not a bool")
+        installing = True  # its checks are reported with it; the run does not start
+    driver["installing"] = installing
+    try:
+        count = driver.get("gpu_count")
+        driver["gpu_count"] = (
+            None if count is None else int(read_number(count, "gpu_count", GPU_COUNT))
+        )
+    except NumberError as err:
+        problems.append(
+            f"{host}: nvidia_driver_plan.{err}: the GPUs to clean before the reboot are not known"
+        )
+        driver["gpu_count"] = None
+    active = read.get("active_units")
+    if not isinstance(active, list) or not all(isinstance(u, str) for u in active):
+        problems.append(
+            f"{host}: the sglang@ units active now were not read as a list of unit names "
+            f"(got {shown(active)}): which servers stop and come back is not known"
+        )
+        active = []
+    servers = read.get("servers")
+    if not isinstance(servers, list) or not all(_is_server(s) for s in servers):
+        problems.append(f"{host}: the described servers are not a list of servers")
+        servers = [s for s in servers if _is_server(s)] if isinstance(servers, list) else []
+    try:
+        others = int(read_number(read.get("min_healthy_others", 1), MIN_OTHERS_VAR, MIN_OTHERS))
+    except NumberError as err:
+        problems.append(f"{host}: {err}")
+        others = 1
+    typed = {
+        "accelerator": accelerator,
+        "driver": driver if accelerator == "cuda" else None,
+        "servers": [dict(s) for s in servers],
+        "active_units": list(active),
+        "routers": _typed_routers(read.get("routers")),
+        "min_healthy_others": others,
+    }
+    return typed, problems
+
+
+def _is_server(server: Any) -> bool:
+    return (
+        isinstance(server, Mapping)
+        and isinstance(server.get("name"), str)
+        and isinstance(server.get("unit"), str)
+        and (server.get("router") is None or _is_router(server["router"]))
+    )
+
+
+def _is_router(router: Any) -> bool:
+    return isinstance(router, Mapping) and all(
+        isinstance(router.get(key), str) for key in ("url", "worker_url")
+    )
+
+
+def _typed_routers(routers: Any) -> dict[str, dict[str, Any]]:
+    """Each router answer as {workers: [{url, is_healthy, ...}], error}; an answer of another
+    shape is an error (a router whose replicas cannot be proven healthy)."""
+    typed: dict[str, dict[str, Any]] = {}
+    for name, answer in (routers or {}).items() if isinstance(routers, Mapping) else []:
+        workers = answer.get("workers") if isinstance(answer, Mapping) else None
+        error = answer.get("error") if isinstance(answer, Mapping) else None
+        if (
+            isinstance(workers, list)
+            and all(isinstance(w, Mapping) and isinstance(w.get("url"), str) for w in workers)
+            and isinstance(error, str | None)
+        ):
+            typed[str(name)] = {"workers": [dict(w) for w in workers], "error": error or ""}
+        else:
+            typed[str(name)] = {"workers": [], "error": "its worker list is not one"}
+    return typed
 
 
 def _url_key(url: str) -> str:
@@ -291,7 +408,7 @@ def _router_problems(
                 f"router {shown}: {host} holds {len(names)} of its replicas ({', '.join(names)}): "
                 f"the host's reboot takes them out together, below N-1 of {total}"
             )
-        wanted = int((reads.get(host) or {}).get("min_healthy_others", 1))
+        wanted = (reads.get(host) or {}).get("min_healthy_others", 1)
         if total - 1 < wanted:
             problems.append(
                 f"router {shown} lists {total} replica(s): taking the one on {host} out leaves "
@@ -311,6 +428,12 @@ def plan(
     run must not start (every host fails with them, nothing changed)."""
     serial = DEFAULT_SERIAL if serial is None else serial
     problems = settings_problems(serial)
+    typed: dict[str, dict[str, Any]] = {}
+    for host in hosts:
+        read = reads.get(host)
+        typed[host], input_problems = _typed_read(host, read if isinstance(read, Mapping) else {})
+        problems.extend(input_problems)
+    reads = typed
     changing = [h for h in hosts if _needs_change(reads.get(h) or {})]
     for host in changing:
         problems.extend(_host_problems(host, reads.get(host) or {}))
@@ -351,7 +474,7 @@ def plan(
             "branch": driver.get("branch"),
             "stop": stop,
             "routed": host in routed,
-            "clean_gpus": list(range(int(driver["gpu_count"]))) if driver.get("gpu_count") else [],
+            "clean_gpus": list(range(driver.get("gpu_count") or 0)),
             "when": when,
         }
     return {
@@ -390,11 +513,12 @@ def table(hosts: list[str], decided: Mapping[str, Mapping[str, Any]]) -> list[st
 
 
 def _seconds(start: Any, end: Any) -> float | None:
-    try:
-        value = float(end) - float(start)
-    except (TypeError, ValueError):
+    """end - start in seconds, None when either is no finite number (a huge integer, text)."""
+    begun, ended = finite_or_none(start), finite_or_none(end)
+    if begun is None or ended is None:
         return None
-    return value if value >= 0 else None
+    value = ended - begun
+    return value if 0 <= value < float("inf") else None
 
 
 def host_summary(

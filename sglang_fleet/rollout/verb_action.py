@@ -36,6 +36,14 @@ ROUTER_KEYS = {
 }
 
 
+# What `systemctl is-active` says of a unit (systemctl(1)) and what it means for its router: a
+# unit that runs (or reloads, or is being stopped: its router may still send to it) leaves its
+# router and drains first; one that is stopped, failed, or waiting to start again (the units
+# are Type=simple without ExecStartPre: "activating" is the wait of Restart=) serves nothing.
+UNIT_RUNS = frozenset({"active", "reloading", "refreshing", "deactivating"})
+UNIT_SERVES_NOTHING = frozenset({"inactive", "failed", "activating"})
+
+
 def router_args(verb: str, router: Mapping[str, Any] | None, drain: Mapping | None) -> dict:
     """A server's router (its description's URLs) with the drain's bounds, checked: unknown
     keys and a router without its url or worker_url fail the task before the host is touched;
@@ -170,8 +178,19 @@ class VerbAction(ActionBase):
         before anything left it."""
         script = f"systemctl is-active {shlex.quote(str(server['unit']))} || true"
         done = self._module("ansible.legacy.command", {"argv": ["bash", "-c", script]})
-        if str(done.get("stdout") or "").strip() != "active":
-            self._step(f"{server['unit']} does not run: not taken out of its router")
+        state = str(done.get("stdout") or "").strip()
+        if done.get("failed") or state not in UNIT_RUNS | UNIT_SERVES_NOTHING:
+            # Skipping the take-out is a decision to stop a replica its router still sends to:
+            # only a state that proves it serves nothing skips it.
+            raise StepFailed(
+                f"whether {server['unit']} runs cannot be read (systemctl is-active answered "
+                f"{state[:80]!r}{': ' + str(done.get('msg'))[:200] if done.get('failed') else ''}"
+                "): it is not stopped before it has left its router"
+            )
+        if state in UNIT_SERVES_NOTHING:
+            self._step(
+                f"{server['unit']} is {state}: it serves nothing, not taken out of its router"
+            )
             return None
         drain_timeout = int(float(router.get("drain_timeout") or 0))
         self._renew(lock, int(lock.get("lease_s") or 0) + drain_timeout)
