@@ -3,13 +3,12 @@
 Ansible hands filters lazy or tagged containers, or JSON text where a registered result was
 templated; the sglang_fleet functions take plain dicts and lists. A ValueError names what was
 wrong; each filter plugin turns it into AnsibleFilterError where it calls the package.
-Also the one reading of a recorded figure (`finite_number`): a number or nothing, never NaN.
+(A recorded figure is read by module_utils/typed_number.py's finite_or_none.)
 """
 
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
 from typing import Any, Literal, overload
 
@@ -51,14 +50,3 @@ def plain_mapping(value: Any, what: str, optional: bool = False) -> dict[str, An
     if not isinstance(value, Mapping):
         raise ValueError(f"{what} must be a mapping, got {type(value).__name__}")
     return plain(value)
-
-
-def finite_number(value: Any) -> float | None:
-    """A recorded figure as a finite float; None for a missing, boolean, broken or NaN/inf one."""
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None

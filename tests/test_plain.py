@@ -12,7 +12,7 @@ import pytest
 from ansible.errors import AnsibleFilterError
 from conftest import load_plugin
 
-from sglang_fleet.ansible_values import finite_number, plain, plain_mapping
+from sglang_fleet.ansible_values import plain, plain_mapping
 
 
 class Lazy(Mapping):
@@ -156,9 +156,3 @@ def test_server_filters_take_lazy_containers_as_plain_data() -> None:
     server = load_plugin("filter_plugins/sglang_server.py")
     described = (Lazy({"name": "a", "gpus": (0,)}), Lazy({"name": "b", "gpus": (1, 2)}))
     assert server.sglang_servers_on_gpus(described, (2,)) == [{"name": "b", "gpus": [1, 2]}]
-
-
-def test_a_recorded_figure_is_a_finite_number_or_nothing() -> None:
-    assert finite_number("12.5") == 12.5 and finite_number(3) == 3.0
-    for broken in (None, True, "", "abc", float("nan"), float("inf"), "-inf", [], {}):
-        assert finite_number(broken) is None, broken

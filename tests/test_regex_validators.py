@@ -68,13 +68,6 @@ def test_cgroup_names_are_matched_whole() -> None:
 
 # --------------------------------------------------------------------------- every expression
 
-# Expressions of files that other work on issue 44 rewrites (the driver upgrade's fail-closed
-# helper, the versions module): each still ends in `$`; drop an entry once its file is fixed.
-OTHERS = {
-    "sglang_fleet/rollout/driver_upgrade.py": {"_PERCENT_RE", "_BRANCH_RE"},
-    "library/ml_env_versions.py": {"NAME_RE"},
-}
-
 
 def test_no_product_expression_ends_in_a_dollar_that_takes_a_newline() -> None:
     regexes = product_regexes()
@@ -82,7 +75,7 @@ def test_no_product_expression_ends_in_a_dollar_that_takes_a_newline() -> None:
     dollar = [
         f"{regex} = {regex.pattern.pattern!r}"
         for regex in regexes
-        if regex.name not in OTHERS.get(regex.file, ()) and takes_a_last_newline(regex.pattern)
+        if takes_a_last_newline(regex.pattern)
     ]
     assert not dollar, "use fullmatch or \\Z:\n" + "\n".join(dollar)
 
