@@ -149,46 +149,10 @@ def _is_secret(name: str) -> bool:
 
 
 def public_flags(flags: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """The flag set without secrets (a record is stored in clear on the host): the one list
-    of secret flags is sglang_fleet/server_secrets.py's, applied at every depth of a value,
-    a value that is JSON text of a mapping or list included (_public_value)."""
-    if flags is None:
-        return None
-    return {
-        name: _public_value(value) for name, value in server_secrets.public_flags(flags).items()
-    }
-
-
-# A flag's value may be JSON text (SGLang's --json-model-override-args, a mapping flag the way
-# the description writes it): a secret inside it is as much a secret. Text this long is no
-# flag value worth parsing; it is kept only when it holds no mapping or list.
-_MAX_JSON_TEXT = 1 << 20
-_MAX_SECRET_DEPTH = 32
-
-
-def _public_value(value: Any, depth: int = 0) -> Any:
-    """value with every entry named like a secret redacted (server_secrets.redact), at every
-    depth, inside JSON text too; past _MAX_SECRET_DEPTH levels the rest is redacted whole.
-
-    server_secrets.redact walks mappings and lists only; this is the smallest addition that
-    also opens a string holding JSON (issue 44: secrets by value, not by place)."""
-    if depth > _MAX_SECRET_DEPTH:
-        return server_secrets.REDACTED
-    if isinstance(value, Mapping):
-        return {
-            name: server_secrets.REDACTED if _is_secret(name) else _public_value(item, depth + 1)
-            for name, item in value.items()
-        }
-    if isinstance(value, list | tuple):
-        return [_public_value(item, depth + 1) for item in value]
-    if isinstance(value, str) and value.lstrip()[:1] in ("{", "[") and len(value) <= _MAX_JSON_TEXT:
-        try:
-            parsed = bounded_json.loads(value, "a flag's value")
-        except ValueError:
-            return value
-        public = _public_value(parsed, depth + 1)
-        return value if public == parsed else json.dumps(public, sort_keys=True)
-    return value
+    """The flag set without secrets (a record is stored in clear on the host): the one rule is
+    sglang_fleet/server_secrets.py's public_flags, applied at every depth of a value, JSON text
+    included (a text that holds a secret is redacted whole)."""
+    return None if flags is None else server_secrets.public_flags(flags)
 
 
 def _without_values(value: Any, secrets: tuple[str, ...], depth: int = 0) -> Any:
@@ -196,7 +160,7 @@ def _without_values(value: Any, secrets: tuple[str, ...], depth: int = 0) -> Any
     record step knows them) redacted, whatever its place: the by-value half of the cleaning."""
     if not secrets:
         return value
-    if depth > _MAX_SECRET_DEPTH:
+    if depth > server_secrets.MAX_DEPTH:
         return server_secrets.REDACTED
     if isinstance(value, str):
         for secret in secrets:
@@ -220,7 +184,7 @@ def _public_fields(fields: Mapping[str, Any], known: Iterable[str]) -> dict[str,
         name: (
             server_secrets.REDACTED
             if name not in own and _is_secret(name)
-            else _public_value(value)
+            else server_secrets.redact(value)
         )
         for name, value in fields.items()
     }
@@ -233,7 +197,7 @@ def public_record(record: Any, secrets: Iterable[str] = ()) -> Any:
     written before a flag joined server_secrets.SECRET_FLAGS is cleaned so on the next write."""
     values = tuple(s for s in secrets if isinstance(s, str) and s)
     if not isinstance(record, Mapping):
-        return _without_values(_public_value(record), values)
+        return _without_values(server_secrets.redact(record), values)
     public = _public_fields(record, _RECORD_FIELDS)
     key, measured = record.get("key"), record.get("measured")
     if isinstance(key, Mapping):
@@ -517,11 +481,13 @@ def build_record(
     measured = _measured(cal, info)
     missing = [name for name in _REQUIRED if measured[name] is None]
     if missing:
+        skipped = cal.long_lines_note()
         raise CalibrationError(
-            "the start-up log and /server_info lack " + ", ".join(missing) + " (need SGLang's "
-            "'Load weight begin/end', 'Capture ... CUDA graph end' and 'max_total_num_tokens=' "
-            "lines, or /server_info internal_states[0].memory_usage)"
-        )
+            "the start-up log and /server_info lack " + ", ".join(missing)
+            + (f" ({skipped})" if skipped else "")
+            + " (need SGLang's 'Load weight begin/end', 'Capture ... CUDA graph end' and "
+            "'max_total_num_tokens=' lines, or /server_info internal_states[0].memory_usage)"
+        )  # fmt: skip
     problem = _figures_problem(measured)
     if problem:
         raise CalibrationError(f"this start's figures are no calibration: {problem}")
