@@ -23,6 +23,7 @@ LAYERS = {
     "monitoring": 2,
     "diagnosis": 3,
     "tuning": 3,
+    "job": 3,
     "rollout": 4,
 }
 MAP_START = "## Package map"

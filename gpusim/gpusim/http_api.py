@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import os
 import signal
@@ -326,6 +327,25 @@ def _max_new(fault: Fault | None, asked: int) -> int:
     return fault.max_new_tokens(asked) if fault is not None else asked
 
 
+# The sampling settings the double's text depends on (max_tokens not: a longer answer begins
+# with the shorter one, as a greedy server's does).
+SAMPLING_KEYS = (
+    "temperature", "top_p", "top_k", "min_p", "seed", "sampling_seed", "frequency_penalty",
+    "presence_penalty", "repetition_penalty", "stop", "n",
+)  # fmt: skip
+
+
+def output_seed(prompt: Any, sampling: dict[str, Any]) -> int:
+    """The seed of a request's text: a function of its prompt as sent (text, token ids or chat
+    messages: the double's word tokenizer reads every unknown word as one id, so the ids alone
+    would tell few prompts apart) and its sampling settings only. The same prompt asked the same
+    way gets the same text, on any replica, in any run: the job scenario checks every row's
+    output against it (docs/JOB.md)."""
+    settings = sorted((k, repr(sampling[k])) for k in SAMPLING_KEYS if k in sampling)
+    digest = hashlib.blake2b(repr((prompt, settings)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") & 0xFFFF
+
+
 class TextStream:
     """Spells out a request's generated tokens as words, incrementally."""
 
@@ -555,7 +575,7 @@ async def _generate(
         stream=stream,
         rid=body.get("rid"),
     )
-    text = TextStream(state.tokenizer, hash(req.rid) & 0xFFFF)
+    text = TextStream(state.tokenizer, output_seed(source, params))
     scheduler.submit(req)
     if not stream:
         return await _collect(state, request, req, lambda: _generate_chunk(req, text, count), text)
@@ -699,7 +719,7 @@ async def _openai_answer(
     scheduler = _scheduler(state)
     stream = bool(body.get("stream", False))
     req = _new_request(ids, count, max_new, stream=stream)
-    text = TextStream(state.tokenizer, hash(req.rid) & 0xFFFF)
+    text = TextStream(state.tokenizer, output_seed(body.get("messages", body.get("prompt")), body))
     prefix = "chatcmpl-" if chat else "cmpl-"
     base = {
         "id": prefix + req.rid,

@@ -307,7 +307,14 @@ def api_key_problem(key: str) -> str | None:
 class HttpClient:
     """Connection pool for one server: connections are reused while the server keeps them."""
 
-    def __init__(self, url: str, api_key: str | None, clock: Clock, timeout: float) -> None:
+    def __init__(
+        self,
+        url: str,
+        api_key: str | None,
+        clock: Clock,
+        timeout: float,
+        user_agent: str = "sglang-fleet-smoke",
+    ) -> None:
         parts, port = split_url(url)
         problem = api_key_problem(api_key) if api_key else None
         if problem:
@@ -321,7 +328,7 @@ class HttpClient:
         self._idle: list[_Connection] = []
         host_header = parts.netloc.rpartition("@")[2]
         auth = f"Authorization: Bearer {api_key}\r\n" if api_key else ""
-        self._common_headers = f"Host: {host_header}\r\n{auth}User-Agent: sglang-fleet-smoke\r\n"
+        self._common_headers = f"Host: {host_header}\r\n{auth}User-Agent: {user_agent}\r\n"
 
     async def _connect(self) -> _Connection:
         """A new connection; a host that never answers the SYN fails at the request timeout."""
@@ -350,13 +357,20 @@ class HttpClient:
         return await self._connect(), False
 
     async def send(
-        self, request: bytes, exchange: Exchange, before_send: Callable[[], None]
+        self,
+        request: bytes,
+        exchange: Exchange,
+        before_send: Callable[[], None],
+        timeout: float | None = None,
     ) -> None:
         """Run one exchange; sets ``exchange.error`` instead of raising for request failures.
+        `timeout`: this exchange's limit (the client's own when None; the job runner sizes one
+        per row from its max_tokens).
 
         A reused keep-alive connection that the server closed meanwhile fails before any byte
         comes back: that request is sent once more on a fresh connection.
         """
+        limit = self.timeout if timeout is None else timeout
         for attempt in range(2):
             try:
                 conn, reused = await self._connection()
@@ -365,9 +379,7 @@ class HttpClient:
                 return
             before_send()
             conn.start(request, exchange)
-            timer = asyncio.get_running_loop().call_later(
-                self.timeout, self._expire, conn, exchange
-            )
+            timer = asyncio.get_running_loop().call_later(limit, self._expire, conn, exchange)
             try:
                 await exchange.done
             finally:

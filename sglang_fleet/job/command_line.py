@@ -1,0 +1,300 @@
+"""The job runner's command line (docs/JOB.md):
+
+    python -m sglang_fleet.job run INPUT --output OUT --server URL [--server URL ...]
+        [--concurrency N] [--max-tokens N] [--temperature T] [--sampling JSON]
+        [--api-key-file FILE] [--metrics-port PORT] [--name NAME]
+    python -m sglang_fleet.job status OUT [--json]
+
+`run` resumes by default: a second run with the same input and output sends only the rows the
+ledger does not hold. The API key comes from --api-key-file (`-` for standard input), the
+systemd credential `api-key`, or SGLANG_API_KEY, never from argv. Exit status: 0 every row
+ended, 3 stopped (run again to resume), 1 the run failed (a full disk: the message says), 2 bad
+usage (nothing was sent).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+from sglang_fleet.bench.smoke_client.http_client import HttpClient, api_key_problem, shown_url
+from sglang_fleet.job import ledger as ledger_mod
+from sglang_fleet.job import progress as progress_mod
+from sglang_fleet.job import rows
+from sglang_fleet.job.ledger import Ledger, LedgerError
+from sglang_fleet.job.runner import Runner, Settings
+from sglang_fleet.job.servers import Pool, Server
+from sglang_fleet.module_utils import typed_number
+from sglang_fleet.module_utils.bounded_json import loads as bounded_loads
+from sglang_fleet.module_utils.typed_number import Range
+
+EXIT = {"finished": 0, "failed": 1, "stopped": 3}
+USAGE = 2
+MAX_KEY_BYTES = 4096
+# The HTTP client's own limit covers a connection's set-up and a probe; a call's limit is set
+# per call from its tokens (runner.Runner._time_limit).
+CONNECT_TIMEOUT_S = 30.0
+
+
+class UsageError(ValueError):
+    """Bad usage (exit status 2): the message names the argument."""
+
+
+def _number(allowed: Range, what: str) -> Any:
+    def read(text: str) -> int | float:
+        try:
+            return typed_number.read(text, what, allowed)
+        except typed_number.NumberError as exc:
+            raise argparse.ArgumentTypeError(exc.message) from None
+
+    return read
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="python -m sglang_fleet.job", description=__doc__)
+    verbs = top.add_subparsers(dest="verb", required=True)
+    run = verbs.add_parser("run", help="send every row not yet done (resumes by default)")
+    run.add_argument("input", help="JSON lines: SpecForge conversation rows or OpenAI batch lines")
+    run.add_argument("--output", required=True, help="the rows that succeeded (JSON lines)")
+    run.add_argument(
+        "--server", action="append", required=True, metavar="URL",
+        help="a replica, or the router in front of them (repeatable)",
+    )  # fmt: skip
+    run.add_argument(
+        "--concurrency", type=_number(Range(1, 1 << 16, integer=True), "--concurrency"),
+        default=16, help="requests each --server holds at once (the planner's "
+        "max_concurrent_requests for the job's lengths; a router: the sum over its replicas)",
+    )  # fmt: skip
+    run.add_argument("--name", help="the job's name in metrics and status (default: OUT's stem)")
+    run.add_argument("--model", default="default", help="the model field of each request")
+    run.add_argument(
+        "--max-tokens", type=_number(Range(1, 1 << 24, integer=True), "--max-tokens"),
+        default=2048, help="per generated turn",
+    )  # fmt: skip
+    run.add_argument("--temperature", type=_number(Range(0, 100), "--temperature"))
+    run.add_argument("--top-p", type=_number(Range(0, 1, low_open=True), "--top-p"))
+    run.add_argument(
+        "--sampling", default="{}", metavar="JSON",
+        help="more sampling fields for every conversation request (top_k, seed, ...)",
+    )  # fmt: skip
+    run.add_argument("--api-key-file", metavar="FILE", help="the servers' key ('-': stdin)")
+    run.add_argument(
+        "--max-attempts", type=_number(Range(1, 1000, integer=True), "--max-attempts"),
+        default=8,
+    )  # fmt: skip
+    run.add_argument(
+        "--drain-seconds", type=_number(Range(0, 86400), "--drain-seconds"), default=30.0,
+        help="how long rows in flight may finish after a stop",
+    )  # fmt: skip
+    run.add_argument(
+        "--sync-every", type=_number(Range(1, 1 << 20, integer=True), "--sync-every"),
+        default=64, help="rows between two fsyncs of the output files and the ledger",
+    )  # fmt: skip
+    run.add_argument("--health-path", default="/health")
+    run.add_argument(
+        "--metrics-port", type=_number(Range(0, 65535, integer=True), "--metrics-port"),
+        default=0, help="serve sglang_job_* for Prometheus here (0: not served)",
+    )  # fmt: skip
+    run.add_argument("--metrics-address", default="127.0.0.1")
+    run.add_argument("--json", action="store_true", help="print the final status as JSON")
+    status = verbs.add_parser("status", help="where a job stands (its ledger and status file)")
+    status.add_argument("output")
+    status.add_argument("--json", action="store_true")
+    return top
+
+
+def _api_key(path: str | None) -> str:
+    """The key, from the file, the systemd credential or the environment; never argv."""
+    credential = os.path.join(os.environ.get("CREDENTIALS_DIRECTORY", ""), "api-key")
+    if path is None and os.environ.get("CREDENTIALS_DIRECTORY") and os.path.isfile(credential):
+        path = credential
+    if path is None:
+        key = os.environ.get("SGLANG_API_KEY", "")
+    elif path == "-":
+        key = sys.stdin.readline(MAX_KEY_BYTES)
+    else:
+        try:
+            with open(path, encoding="utf-8") as handle:
+                key = handle.read(MAX_KEY_BYTES)
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError(f"--api-key-file {path}: cannot read it ({exc})") from None
+    key = key.strip()
+    if key and (problem := api_key_problem(key)):
+        raise UsageError(f"the API key {problem}")
+    return key
+
+
+def _outputs_apart_from_input(input_path: str, output: str) -> None:
+    paths = ledger_mod.file_paths(output)
+    inside = os.path.realpath(input_path)
+    for name, path in paths.items():
+        if os.path.realpath(path) == inside:
+            raise UsageError(f"--output {output}: its {name} file would be the input itself")
+    folder = os.path.dirname(os.path.abspath(output))
+    if not os.path.isdir(folder):
+        raise UsageError(f"--output {output}: the folder {folder} does not exist")
+
+
+def _sampling(ns: argparse.Namespace) -> dict[str, Any]:
+    try:
+        extra = bounded_loads(ns.sampling, "--sampling")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if not isinstance(extra, dict):
+        raise UsageError("--sampling must be a JSON object of sampling fields")
+    reserved = sorted(set(extra) & {"model", "messages", "max_tokens", "stream"})
+    if reserved:
+        raise UsageError(f"--sampling cannot set {', '.join(reserved)} (the runner's own fields)")
+    for name in ("temperature", "top_p"):
+        value = getattr(ns, name)
+        if value is not None:
+            extra[name] = value
+    return dict(sorted(extra.items()))
+
+
+def _pool(ns: argparse.Namespace, key: str) -> Pool:
+    servers = []
+    for url in ns.server:
+        try:
+            client = HttpClient(
+                url, key or None, time.monotonic, CONNECT_TIMEOUT_S, user_agent="sglang-fleet-job"
+            )
+        except ValueError as exc:
+            raise UsageError(f"--server {shown_url(url)}: {exc}") from None
+        servers.append(Server(shown_url(url), int(ns.concurrency), client))
+    return Pool(servers, health_path=ns.health_path)
+
+
+def run(ns: argparse.Namespace) -> int:
+    try:
+        index = rows.scan(ns.input)
+    except (rows.InputError, OSError) as exc:
+        raise UsageError(str(exc)) from None
+    _outputs_apart_from_input(ns.input, ns.output)
+    settings = Settings(
+        model=ns.model, max_tokens=int(ns.max_tokens), sampling=_sampling(ns),
+        max_attempts=int(ns.max_attempts), drain_s=float(ns.drain_seconds),
+    )  # fmt: skip
+    key = _api_key(ns.api_key_file)
+    pool = _pool(ns, key)
+    identity = {
+        "input_path": os.path.abspath(ns.input),
+        "input_size": index.size,
+        "input_sha256": index.sha256,
+        "rows": len(index.lines),
+        "settings": settings.identity(),
+    }
+    ledger = Ledger(ns.output, identity, sync_every=int(ns.sync_every))
+    name = ns.name or os.path.basename(ns.output).rsplit(".", 1)[0]
+    try:
+        found = ledger.open()
+    except LedgerError as exc:
+        raise UsageError(str(exc)) from None
+    progress = progress_mod.Progress(name, len(index.lines), dict(ledger.counts))
+    metrics = progress_mod.Metrics(name)
+    if ns.metrics_port:
+        metrics.serve(int(ns.metrics_port), ns.metrics_address)
+    display = progress_mod.Display(progress)
+    print(_opening(name, index, found, pool), file=sys.stderr, flush=True)
+    runner = Runner(
+        index, ledger, pool, settings, progress, status_path=ns.output + ".status.json",
+        metrics=metrics, display=display,
+    )  # fmt: skip
+    try:
+        asyncio.run(_until_signal(runner, pool))
+    finally:
+        try:
+            ledger.close()
+        except LedgerError as exc:
+            runner.fatal = runner.fatal or str(exc)
+            progress.state, progress.message = "failed", runner.fatal
+    snapshot = runner.report(force=True)
+    display.close()
+    if ns.json:
+        print(json.dumps(snapshot, indent=1, sort_keys=True))
+    if runner.fatal:
+        print(f"job {name}: {runner.fatal}", file=sys.stderr)
+    return EXIT[progress.state]
+
+
+async def _until_signal(runner: Runner, pool: Pool) -> str:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for number in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(number, stop.set)
+    try:
+        return await runner.run(stop)
+    finally:
+        pool.close()  # inside the loop: its connections close with it
+
+
+def _opening(name: str, index: rows.InputIndex, found: Any, pool: Pool) -> str:
+    skipped = sum(1 for line in index.lines if line.skip)
+    parts = [
+        f"job {name}: {len(index.lines)} rows in {index.path} (sha256 {index.sha256[:12]}), "
+        f"{skipped} unusable, {index.duplicates} duplicate ids",
+        f"{found.done} already done" + (f", {found.redone} to run again" if found.redone else ""),
+        f"{len(pool.servers)} server(s), {pool.capacity()} calls at once",
+    ]
+    if found.cut_bytes:
+        cut = ", ".join(f"{n} {b} bytes" for n, b in sorted(found.cut_bytes.items()))
+        parts.append(f"cut what a stop left half-written ({cut})")
+    return "; ".join(parts)
+
+
+def status(ns: argparse.Namespace) -> int:
+    """The ledger's counts (what is on disk), with the running job's figures when it runs."""
+    counts = ledger_mod.read_counts(ns.output)
+    if counts is None:
+        raise UsageError(f"{ns.output}: no job ledger beside it ({ns.output}.ledger)")
+    snapshot: dict[str, Any] = {}
+    path = ns.output + ".status.json"
+    try:
+        with open(path, encoding="utf-8") as handle:
+            snapshot = bounded_loads(handle.read(1 << 20), path)
+    except (OSError, ValueError):
+        snapshot = {}
+    if not isinstance(snapshot, dict) or "rows" not in snapshot:
+        snapshot = progress_mod.Progress(
+            os.path.basename(ns.output), counts["total"], dict.fromkeys(ledger_mod.FILES, 0)
+        ).snapshot(None)
+        snapshot["state"] = "not running"
+    done = {f: counts[f] for f in ledger_mod.FILES}
+    snapshot["rows"] = {
+        **done,
+        "total": counts["total"],
+        "left": counts["total"] - sum(done.values()),
+    }
+    if snapshot.get("state") == "running" and not _alive(snapshot.get("pid")):
+        snapshot["state"] = "not running (stopped without a word: run it again to resume)"
+    print(
+        json.dumps(snapshot, indent=1, sort_keys=True) if ns.json else progress_mod.line(snapshot)
+    )
+    return 0
+
+
+def _alive(pid: Any) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return run(args) if args.verb == "run" else status(args)
+    except UsageError as exc:
+        print(f"python -m sglang_fleet.job {args.verb}: {exc}", file=sys.stderr)
+        return USAGE

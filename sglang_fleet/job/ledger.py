@@ -1,0 +1,357 @@
+"""Where a job's rows end, exactly once (docs/JOB.md, "Exactly once").
+
+A job writes three files its readers know (SpecForge's names): OUT (the rows that succeeded),
+OUT_error and OUT_skipped (the same stem with `_error` and `_skipped` before the suffix), and
+one of its own, OUT.ledger: an append-only list of which row ended in which file, at which
+offset. A finished row is one ledger line `{"key", "file", "end", "length", "sha"}` saying
+where its line will be, then one write of that whole line to its file. Every `sync_every` rows
+(and at the end) the three files are fsync'd, then a sync mark `{"synced": {file: end}}` is
+written and the ledger fsync'd: what lies before the last mark is on disk whatever happens to
+the machine.
+
+Opening a ledger again (resume, the default) reconciles it with the files before anything is
+sent, so that a SIGKILL or a reboot at any instant leaves every row in exactly one place:
+- a torn last ledger line is cut off;
+- ledger entries past the last sync mark are checked against their file (the line at
+  [end - length, end) must be whole and hash to `sha`); from the first that is not there (a
+  kill between the ledger line and the row's write, or a reboot that lost either), that file's
+  later entries are dropped: those rows run again;
+- whatever a file holds past its last entry that stands (a partial line, a line whose ledger
+  line a reboot lost) is cut off: a row is in a file only where the ledger says so.
+A write that fails (a full disk) cuts the file back to where it was and stops the run: nothing
+is half-written, and the row runs again on resume.
+
+The first ledger line holds the input's identity (path, size, SHA-256) and the job's settings'
+digest: the same output with another input is refused, never mixed.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from sglang_fleet.module_utils.bounded_json import loads as bounded_loads
+
+SCHEMA = "sglang-fleet/job-ledger/1"
+FILES = ("output", "error", "skipped")
+MAX_LEDGER_LINE = 64 * 1024
+
+
+class LedgerError(Exception):
+    """The job cannot go on with these files (the message says which and why)."""
+
+
+def file_paths(output: str) -> dict[str, str]:
+    """{output, error, skipped, ledger}: SpecForge's names beside the output."""
+    stem, dot, suffix = output.rpartition(".")
+    if not dot or "/" in suffix:
+        stem, suffix = output, "jsonl"
+    return {
+        "output": output,
+        "error": f"{stem}_error.{suffix}",
+        "skipped": f"{stem}_skipped.{suffix}",
+        "ledger": f"{output}.ledger",
+    }
+
+
+def _sha(line: bytes) -> str:
+    return hashlib.sha256(line).hexdigest()[:16]
+
+
+@dataclass
+class Entry:
+    key: str
+    file: str
+    end: int
+    length: int
+    sha: str
+
+
+@dataclass
+class Reconciled:
+    """What opening the ledger found and did (said in the run's first lines)."""
+
+    done: int = 0
+    redone: int = 0
+    cut_bytes: dict[str, int] = field(default_factory=dict)
+
+
+class Ledger:
+    """The job's output files and its ledger, held open for appending under a lock."""
+
+    def __init__(self, output: str, identity: dict[str, Any], sync_every: int = 64) -> None:
+        self.paths = file_paths(output)
+        self.identity = identity
+        self.sync_every = max(1, sync_every)
+        self.entries: dict[str, Entry] = {}
+        self.counts = dict.fromkeys(FILES, 0)
+        self.ends = dict.fromkeys(FILES, 0)
+        self._fds: dict[str, int] = {}
+        self._unsynced = 0
+        self._lock_fd: int | None = None
+        self.reconciled = Reconciled()
+
+    # --- opening ------------------------------------------------------------------------
+    def open(self) -> Reconciled:
+        """Lock, read and reconcile the ledger, open every file for appending."""
+        self._lock()
+        for name in (*FILES, "ledger"):
+            path = self.paths[name]
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o640)
+            except OSError as exc:
+                raise LedgerError(f"{path}: cannot open it ({exc.strerror})") from None
+            if not _regular(fd):
+                os.close(fd)
+                raise LedgerError(f"{path}: not a regular file")
+            self._fds[name] = fd
+        header, entries, synced = self._read_ledger()
+        if header is None:
+            held = [self.paths[f] for f in FILES if self._size(f)]
+            if held:
+                raise LedgerError(
+                    f"{', '.join(held)} hold rows but {self.paths['ledger']} says nothing of "
+                    "them: not this job's output; name a new output"
+                )
+            self._append_ledger({"schema": SCHEMA, "identity": self.identity})
+        self._reconcile(entries, synced)
+        self.sync()
+        return self.reconciled
+
+    def _lock(self) -> None:
+        path = self.paths["ledger"] + ".lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise LedgerError(
+                f"another run of this job holds {path}: one run of a job at a time"
+            ) from None
+        self._lock_fd = fd
+
+    def _size(self, name: str) -> int:
+        return os.fstat(self._fds[name]).st_size
+
+    def _read_ledger(self) -> tuple[dict[str, Any] | None, list[Entry], dict[str, int]]:
+        """The header, the entries and the last sync mark; checks the header against this
+        job."""
+        fd = self._fds["ledger"]
+        size = os.fstat(fd).st_size
+        entries: list[Entry] = []
+        synced = dict.fromkeys(FILES, 0)
+        offset, header = 0, None
+        with os.fdopen(os.dup(fd), "rb") as handle:
+            handle.seek(0)
+            for raw in handle:
+                if not raw.endswith(b"\n") or len(raw) > MAX_LEDGER_LINE:
+                    break  # torn by a kill: cut below
+                record = _record(raw)
+                if record is None:
+                    break
+                offset += len(raw)
+                if header is None:
+                    self._check_header(record)
+                    header = record
+                elif "synced" in record:
+                    synced = {f: int(record["synced"].get(f, 0)) for f in FILES}
+                else:
+                    entries.append(Entry(**{k: record[k] for k in Entry.__annotations__}))
+        if offset < size:
+            self.reconciled.cut_bytes["ledger"] = size - offset
+            os.ftruncate(fd, offset)
+        return header, entries, synced
+
+    def _check_header(self, header: dict[str, Any]) -> None:
+        if header.get("schema") != SCHEMA:
+            raise LedgerError(f"{self.paths['ledger']}: not a job ledger of this version")
+        theirs, ours = header.get("identity") or {}, self.identity
+        if theirs.get("input_sha256") != ours.get("input_sha256"):
+            raise LedgerError(
+                f"{self.paths['output']} holds the rows of another input "
+                f"({theirs.get('input_path')}, sha256 {str(theirs.get('input_sha256'))[:12]}...): "
+                "one output per input; name a new output to start another job"
+            )
+        if theirs.get("settings") != ours.get("settings"):
+            raise LedgerError(
+                f"{self.paths['output']} was written with other job settings "
+                f"({theirs.get('settings')} against {ours.get('settings')}): rows of one job "
+                "are generated alike; name a new output to change them"
+            )
+
+    def _reconcile(self, entries: list[Entry], synced: dict[str, int]) -> None:
+        """See the module docstring."""
+        kept: list[Entry] = []
+        broken: set[str] = set()
+        ends = dict(synced)
+        for entry in entries:
+            if entry.file not in FILES or entry.file in broken:
+                self.reconciled.redone += entry.file in FILES
+                continue
+            if entry.end > synced.get(entry.file, 0) and not self._holds(entry):
+                broken.add(entry.file)
+                self.reconciled.redone += 1
+                continue
+            kept.append(entry)
+            ends[entry.file] = max(ends[entry.file], entry.end)
+        for name in FILES:
+            size = self._size(name)
+            end = min(ends[name], size) if name in broken else ends[name]
+            if end > size:  # the file lost what a sync mark says it held: no such machine
+                raise LedgerError(
+                    f"{self.paths[name]} is {size} bytes, but the ledger synced {end}: the file "
+                    "was changed by something else; restore it or name a new output"
+                )
+            self.ends[name] = end
+        for entry in kept:
+            if entry.end <= self.ends[entry.file]:
+                self._take(entry)
+        for name in FILES:
+            self._cut(name)
+
+    def _holds(self, entry: Entry) -> bool:
+        if entry.length <= 0 or entry.end > self._size(entry.file):
+            return False
+        data = os.pread(self._fds[entry.file], entry.length, entry.end - entry.length)
+        return data.endswith(b"\n") and _sha(data) == entry.sha
+
+    def _cut(self, name: str) -> None:
+        """The file ends where its last standing entry does."""
+        size, end = self._size(name), self.ends[name]
+        if end < size:
+            self.reconciled.cut_bytes[name] = size - end
+            os.ftruncate(self._fds[name], end)
+
+    def _take(self, entry: Entry) -> None:
+        if entry.key in self.entries:
+            raise LedgerError(f"{self.paths['ledger']} names row {entry.key!r} twice")
+        self.entries[entry.key] = entry
+        self.counts[entry.file] += 1
+        self.reconciled.done += 1
+
+    # --- writing ------------------------------------------------------------------------
+    def done(self, key: str) -> bool:
+        return key in self.entries
+
+    def record(self, key: str, file: str, line: bytes) -> None:
+        """One finished row: its ledger entry, then its line; a failed write is undone."""
+        if key in self.entries:
+            raise LedgerError(f"row {key!r} was already written ({self.entries[key].file})")
+        fd, start = self._fds[file], self.ends[file]
+        entry = Entry(key, file, start + len(line), len(line), _sha(line))
+        ledger_start = os.fstat(self._fds["ledger"]).st_size
+        self._append_ledger(entry.__dict__)
+        try:
+            _write_all(fd, line)
+        except OSError as exc:
+            os.ftruncate(fd, start)
+            os.ftruncate(self._fds["ledger"], ledger_start)
+            raise LedgerError(_write_error(self.paths[file], exc)) from None
+        self.ends[file] = entry.end
+        self.entries[key] = entry
+        self.counts[file] += 1
+        self._unsynced += 1
+        if self._unsynced >= self.sync_every:
+            self.sync()
+
+    def _append_ledger(self, record: dict[str, Any]) -> None:
+        fd = self._fds["ledger"]
+        start = os.fstat(fd).st_size
+        data = json.dumps(record, separators=(",", ":")).encode() + b"\n"
+        try:
+            _write_all(fd, data)
+        except OSError as exc:
+            os.ftruncate(fd, start)
+            raise LedgerError(_write_error(self.paths["ledger"], exc)) from None
+
+    def sync(self) -> None:
+        """Every file on disk, then the sync mark that says so."""
+        try:
+            for name in FILES:
+                os.fsync(self._fds[name])
+            self._append_ledger({"synced": dict(self.ends)})
+            os.fsync(self._fds["ledger"])
+        except OSError as exc:
+            raise LedgerError(_write_error(self.paths["ledger"], exc)) from None
+        self._unsynced = 0
+
+    def close(self) -> None:
+        try:
+            if self._fds:
+                self.sync()
+        finally:
+            for fd in self._fds.values():
+                os.close(fd)
+            self._fds.clear()
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+                self._lock_fd = None
+
+
+def _regular(fd: int) -> bool:
+    import stat  # noqa: PLC0415 (one use)
+
+    return stat.S_ISREG(os.fstat(fd).st_mode)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def _write_error(path: str, exc: OSError) -> str:
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return (
+            f"{path}: the disk is full; nothing was half-written, and the rows not yet "
+            "written run again when the job is resumed"
+        )
+    return f"{path}: cannot write ({exc.strerror})"
+
+
+def _record(raw: bytes) -> dict[str, Any] | None:
+    try:
+        record = bounded_loads(raw, "ledger line")
+    except ValueError:
+        return None
+    if not isinstance(record, dict):
+        return None
+    if "synced" in record or "schema" in record:
+        return record
+    valid = (
+        isinstance(record.get("key"), str)
+        and record.get("file") in FILES
+        and isinstance(record.get("end"), int)
+        and isinstance(record.get("length"), int)
+        and isinstance(record.get("sha"), str)
+    )
+    return record if valid else None
+
+
+def read_counts(output: str) -> dict[str, int] | None:
+    """{output, error, skipped, total} as the ledger says, read without its lock (a running job
+    keeps writing); None without a ledger. Only whole lines count."""
+    path = file_paths(output)["ledger"]
+    counts = dict.fromkeys(FILES, 0)
+    total = 0
+    seen: set[str] = set()
+    try:
+        with open(path, "rb") as handle:
+            for number, raw in enumerate(handle):
+                record = _record(raw) if raw.endswith(b"\n") else None
+                if record is None:
+                    break
+                if number == 0:
+                    total = int((record.get("identity") or {}).get("rows") or 0)
+                elif "key" in record and record["key"] not in seen:
+                    seen.add(record["key"])
+                    counts[record["file"]] += 1
+    except OSError:
+        return None
+    return {**counts, "total": total}
