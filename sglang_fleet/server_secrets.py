@@ -25,6 +25,7 @@ shows no secret either.
 
 from __future__ import annotations
 
+import argparse
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -309,3 +310,31 @@ def server_secrets(servers: Any) -> dict[str, dict[str, str]]:
         if values:
             found[server["name"]] = values
     return found
+
+
+def refuse_key_in_argv(
+    parser: argparse.ArgumentParser, instead: str, top: argparse.ArgumentParser | None = None
+) -> None:
+    """--api-key on a command line fails without echoing its value (a command line is visible
+    to every user of the host); the message says what to use `instead`. Arguments argparse does
+    not know are not echoed either (`--api-k SECRET` would be): the error names none of them.
+    `top`: the parser that reports unknown arguments, when `parser` is a subcommand's. The
+    parsers must not take abbreviations, or --api-key would be read as --api-key-file."""
+
+    class RefuseKeyInArgv(argparse.Action):
+        def __call__(self, parser: argparse.ArgumentParser, *_: Any, **__: Any) -> None:
+            parser.error(
+                "--api-key is not accepted: a command line is visible to every user of the "
+                f"host; use {instead}"
+            )
+
+    parser.add_argument("--api-key", nargs="?", action=RefuseKeyInArgv, help=argparse.SUPPRESS)
+    for each in {id(p): p for p in (parser, top or parser)}.values():
+        report = each.error
+
+        def error(message: str, report: Any = report) -> Any:
+            if message.startswith("unrecognized arguments"):
+                message = "unrecognized arguments (not shown: one may be a secret); see --help"
+            return report(message)
+
+        each.error = error  # type: ignore[method-assign]

@@ -323,18 +323,21 @@ def test_restart_inside_the_window_and_failed_readings_are_said(scripted):
 
 
 def test_the_sampler_zipapp_holds_the_sampler_its_reader_and_its_parser_only():
-    """What the diagnosis role puts on a host: four modules and their packages, all standard
-    library (host_zipapp refuses anything else)."""
+    """What the diagnosis role puts on a host: the sampler, its HTTP reader, its number reader,
+    its Prometheus parser and the secret rule that keeps a key off its command line, with their
+    packages, all standard library (host_zipapp refuses anything else)."""
     names = set(zipfile.ZipFile(io.BytesIO(build_zipapp(SAMPLER))).namelist())
     assert names == {
         "__main__.py",
         "sglang_fleet/__init__.py",
+        "sglang_fleet/server_secrets.py",
         "sglang_fleet/bench/__init__.py",
         "sglang_fleet/bench/smoke_client/__init__.py",
         "sglang_fleet/bench/smoke_client/prometheus_text.py",
         "sglang_fleet/diagnosis/__init__.py",
         "sglang_fleet/diagnosis/live_metrics.py",
         "sglang_fleet/module_utils/__init__.py",
+        "sglang_fleet/module_utils/bounded_json.py",
         "sglang_fleet/module_utils/fleet_http.py",
         "sglang_fleet/module_utils/typed_number.py",
     }

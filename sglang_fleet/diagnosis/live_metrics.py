@@ -37,6 +37,7 @@ import sys
 import time
 from typing import Any, Callable
 
+from sglang_fleet import server_secrets
 from sglang_fleet.bench.smoke_client.prometheus_text import parse_series
 from sglang_fleet.module_utils import fleet_http, typed_number
 from sglang_fleet.module_utils.typed_number import Range
@@ -384,26 +385,25 @@ def _positive(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{exc.message} (seconds)") from None
 
 
-class _RefuseKeyInArgv(argparse.Action):
-    """--api-key fails without echoing its value (argparse would print it as unrecognized)."""
-
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: Any,
-        option_string: str | None = None,
-    ) -> None:
-        parser.error(
-            "--api-key is not accepted: a command line is visible to every user of the host; "
-            "use --api-key-file FILE (or /dev/stdin) or the SGLANG_API_KEY environment variable"
-        )
+def __call__(
+    self,
+    parser: argparse.ArgumentParser,
+    namespace: argparse.Namespace,
+    values: Any,
+    option_string: str | None = None,
+) -> None:
+    parser.error(
+        "--api-key is not accepted: a command line is visible to every user of the host; "
+        "use --api-key-file FILE (or /dev/stdin) or the SGLANG_API_KEY environment variable"
+    )
 
 
 def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
     """--url, --api-key-file, --window, --interval (shared with sglang_fleet.diagnosis.diagnose)."""
     parser.add_argument("--url", help="server base URL, e.g. http://127.0.0.1:30000")
-    parser.add_argument("--api-key", nargs="?", action=_RefuseKeyInArgv, help=argparse.SUPPRESS)
+    server_secrets.refuse_key_in_argv(
+        parser, "--api-key-file FILE (or /dev/stdin) or the SGLANG_API_KEY environment variable"
+    )
     parser.add_argument(
         "--api-key-file",
         metavar="FILE",

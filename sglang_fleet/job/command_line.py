@@ -23,6 +23,7 @@ import sys
 import time
 from typing import Any
 
+from sglang_fleet import server_secrets
 from sglang_fleet.bench.smoke_client.http_client import HttpClient, api_key_problem, shown_url
 from sglang_fleet.job import ledger as ledger_mod
 from sglang_fleet.job import progress as progress_mod
@@ -57,9 +58,16 @@ def _number(allowed: Range, what: str) -> Any:
 
 
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="python -m sglang_fleet.job", description=__doc__)
+    top = argparse.ArgumentParser(
+        prog="python -m sglang_fleet.job",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,  # --api-key must never pass as --api-key-file (server_secrets)
+    )
     verbs = top.add_subparsers(dest="verb", required=True)
-    run = verbs.add_parser("run", help="send every row not yet done (resumes by default)")
+    run = verbs.add_parser(
+        "run", help="send every row not yet done (resumes by default)", allow_abbrev=False
+    )
     run.add_argument("input", help="JSON lines: SpecForge conversation rows or OpenAI batch lines")
     run.add_argument("--output", required=True, help="the rows that succeeded (JSON lines)")
     run.add_argument(
@@ -84,6 +92,12 @@ def parser() -> argparse.ArgumentParser:
         help="more sampling fields for every conversation request (top_k, seed, ...)",
     )  # fmt: skip
     run.add_argument("--api-key-file", metavar="FILE", help="the servers' key ('-': stdin)")
+    server_secrets.refuse_key_in_argv(
+        run,
+        "--api-key-file FILE ('-': standard input), the systemd credential api-key or the "
+        "SGLANG_API_KEY environment variable",
+        top,
+    )
     run.add_argument(
         "--max-attempts", type=_number(Range(1, 1000, integer=True), "--max-attempts"),
         default=8,

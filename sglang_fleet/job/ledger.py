@@ -70,6 +70,11 @@ class Entry:
     end: int
     length: int
     sha: str
+    at: int = 0  # where its line starts in the ledger
+
+    def line(self) -> dict[str, Any]:
+        return {"key": self.key, "file": self.file, "end": self.end, "length": self.length,
+                "sha": self.sha}  # fmt: skip
 
 
 @dataclass
@@ -98,8 +103,16 @@ class Ledger:
 
     # --- opening ------------------------------------------------------------------------
     def open(self) -> Reconciled:
-        """Lock, read and reconcile the ledger, open every file for appending."""
+        """Lock, read and reconcile the ledger, open every file for appending; a refusal
+        leaves nothing open and no lock held."""
         self._lock()
+        try:
+            return self._open_locked()
+        except BaseException:
+            self._release()
+            raise
+
+    def _open_locked(self) -> Reconciled:
         for name in (*FILES, "ledger"):
             path = self.paths[name]
             try:
@@ -139,8 +152,8 @@ class Ledger:
         return os.fstat(self._fds[name]).st_size
 
     def _read_ledger(self) -> tuple[dict[str, Any] | None, list[Entry], dict[str, int]]:
-        """The header, the entries and the last sync mark; checks the header against this
-        job."""
+        """The header, the entries (each with its offset in the ledger) and the last sync mark;
+        checks the header against this job. A torn or foreign last line is cut."""
         fd = self._fds["ledger"]
         size = os.fstat(fd).st_size
         entries: list[Entry] = []
@@ -148,20 +161,19 @@ class Ledger:
         offset, header = 0, None
         with os.fdopen(os.dup(fd), "rb") as handle:
             handle.seek(0)
-            for raw in handle:
-                if not raw.endswith(b"\n") or len(raw) > MAX_LEDGER_LINE:
-                    break  # torn by a kill: cut below
-                record = _record(raw)
+            while raw := handle.readline(MAX_LEDGER_LINE + 1):
+                record = _record(raw) if raw.endswith(b"\n") else None
                 if record is None:
-                    break
-                offset += len(raw)
+                    break  # torn by a kill, or not ours: cut below
                 if header is None:
                     self._check_header(record)
                     header = record
                 elif "synced" in record:
-                    synced = {f: int(record["synced"].get(f, 0)) for f in FILES}
+                    synced = record["synced"]
                 else:
-                    entries.append(Entry(**{k: record[k] for k in Entry.__annotations__}))
+                    fields = {k: record[k] for k in ("key", "file", "end", "length", "sha")}
+                    entries.append(Entry(**fields, at=offset))
+                offset += len(raw)
         if offset < size:
             self.reconciled.cut_bytes["ledger"] = size - offset
             os.ftruncate(fd, offset)
@@ -185,33 +197,33 @@ class Ledger:
             )
 
     def _reconcile(self, entries: list[Entry], synced: dict[str, int]) -> None:
-        """See the module docstring."""
-        kept: list[Entry] = []
-        broken: set[str] = set()
+        """See the module docstring. What the last sync mark covers is on disk and trusted;
+        each later entry must find its line right after the one before it in its file. From
+        the first that does not, the ledger is cut (those rows run again), and every file
+        ends where its last standing entry does."""
         ends = dict(synced)
-        for entry in entries:
-            if entry.file not in FILES or entry.file in broken:
-                self.reconciled.redone += entry.file in FILES
-                continue
-            if entry.end > synced.get(entry.file, 0) and not self._holds(entry):
-                broken.add(entry.file)
-                self.reconciled.redone += 1
-                continue
-            kept.append(entry)
-            ends[entry.file] = max(ends[entry.file], entry.end)
-        for name in FILES:
-            size = self._size(name)
-            end = min(ends[name], size) if name in broken else ends[name]
-            if end > size:  # the file lost what a sync mark says it held: no such machine
-                raise LedgerError(
-                    f"{self.paths[name]} is {size} bytes, but the ledger synced {end}: the file "
-                    "was changed by something else; restore it or name a new output"
-                )
-            self.ends[name] = end
-        for entry in kept:
-            if entry.end <= self.ends[entry.file]:
+        for number, entry in enumerate(entries):
+            if entry.end <= synced[entry.file]:
                 self._take(entry)
+            elif entry.end - entry.length == ends[entry.file] and self._holds(entry):
+                self._take(entry)
+                ends[entry.file] = entry.end
+            else:
+                self.reconciled.redone = len(entries) - number
+                cut = os.fstat(self._fds["ledger"]).st_size - entry.at
+                self.reconciled.cut_bytes["ledger"] = (
+                    self.reconciled.cut_bytes.get("ledger", 0) + cut
+                )
+                os.ftruncate(self._fds["ledger"], entry.at)
+                break
         for name in FILES:
+            if synced[name] > self._size(name):  # a sync mark vouches for what is gone
+                raise LedgerError(
+                    f"{self.paths[name]} is {self._size(name)} bytes, but the ledger synced "
+                    f"{synced[name]}: the file was changed by something else; restore it or "
+                    "name a new output"
+                )
+            self.ends[name] = ends[name]
             self._cut(name)
 
     def _holds(self, entry: Entry) -> bool:
@@ -245,7 +257,7 @@ class Ledger:
         fd, start = self._fds[file], self.ends[file]
         entry = Entry(key, file, start + len(line), len(line), _sha(line))
         ledger_start = os.fstat(self._fds["ledger"]).st_size
-        self._append_ledger(entry.__dict__)
+        self._append_ledger(entry.line())
         try:
             _write_all(fd, line)
         except OSError as exc:
@@ -285,12 +297,15 @@ class Ledger:
             if self._fds:
                 self.sync()
         finally:
-            for fd in self._fds.values():
-                os.close(fd)
-            self._fds.clear()
-            if self._lock_fd is not None:
-                os.close(self._lock_fd)
-                self._lock_fd = None
+            self._release()
+
+    def _release(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
 
 
 def _regular(fd: int) -> bool:
@@ -322,13 +337,19 @@ def _record(raw: bytes) -> dict[str, Any] | None:
         return None
     if not isinstance(record, dict):
         return None
-    if "synced" in record or "schema" in record:
+    if "schema" in record:
         return record
+    if "synced" in record:
+        marks = record["synced"]
+        good = isinstance(marks, dict) and all(
+            isinstance(marks.get(f), int) and not isinstance(marks.get(f), bool) and marks[f] >= 0
+            for f in FILES
+        )
+        return record if good else None
     valid = (
         isinstance(record.get("key"), str)
         and record.get("file") in FILES
-        and isinstance(record.get("end"), int)
-        and isinstance(record.get("length"), int)
+        and all(_count(record.get(k)) for k in ("end", "length"))
         and isinstance(record.get("sha"), str)
     )
     return record if valid else None
@@ -355,3 +376,7 @@ def read_counts(output: str) -> dict[str, int] | None:
     except OSError:
         return None
     return {**counts, "total": total}
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value < 1 << 62
