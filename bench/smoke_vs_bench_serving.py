@@ -212,15 +212,27 @@ def run_child(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
     wall = time.perf_counter() - tic
     if proc.returncode != 0:
         assert proc.stderr is not None
-        raise RuntimeError(f"{cmd[2]} exited {proc.returncode}: {proc.stderr.read()[-2000:]!r}")
+        what = " ".join(cmd[1:3])
+        raise RuntimeError(f"{what} exited {proc.returncode}: {proc.stderr.read()[-2000:]!r}")
     return usage.ru_utime + usage.ru_stime, wall
+
+
+def smoke_archive(folder: Path) -> Path:
+    """The smoke client as a GPU host runs it: one zipapp built from this checkout's sources
+    (sglang_fleet/host_zipapp.py), which any interpreter runs without sglang_fleet installed
+    (the reference venv's has none, and the package's module_utils is a mapped folder)."""
+    from sglang_fleet.host_zipapp import build  # noqa: PLC0415 (this venv's package)
+
+    archive = folder / "smoke.pyz"
+    if not archive.exists():
+        archive.write_bytes(build("sglang_fleet.bench.smoke_client.command_line"))
+    return archive
 
 
 def run_smoke(python: str, url: str, n: int, args: argparse.Namespace, out: Path) -> Run:
     cmd = [
         python,
-        "-m",
-        "sglang_fleet.bench.smoke_client",
+        str(smoke_archive(out.parent)),
         "--url",
         url,
         "--backend",
@@ -238,10 +250,8 @@ def run_smoke(python: str, url: str, n: int, args: argparse.Namespace, out: Path
         "--json",
         str(out),
     ]
-    # The package from this checkout, whichever interpreter runs it (the reference venv's has
-    # no sglang_fleet installed).
-    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    cpu, wall = run_child(cmd, {**os.environ, "PYTHONPATH": path})
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    cpu, wall = run_child(cmd, env)
     result = json.loads(out.read_text())
     return _checked("smoke", n, result, cpu, wall)
 

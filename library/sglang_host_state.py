@@ -169,8 +169,6 @@ import os
 import pwd
 import stat
 import subprocess
-import urllib.error
-import urllib.parse
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
@@ -178,6 +176,7 @@ from ansible.module_utils.bounded_file import read_regular
 from ansible.module_utils.bounded_json import loads as bounded_loads
 from ansible.module_utils.fleet_http import HttpError, redact_url, request, without_secrets
 from ansible.module_utils.host_read import read as read_host
+from ansible.module_utils.router_workers import parse_workers, url_key
 
 MAX_RECORD_BYTES = 1 << 20  # a last-known-good record: a few kilobytes
 
@@ -315,16 +314,10 @@ def check_record(want: dict[str, Any]) -> list[str]:
     return []
 
 
-def _url_key(url: str) -> str:
-    """A worker URL as sglang-router compares it: scheme and host case-insensitive."""
-    parts = urllib.parse.urlsplit(url)
-    return urllib.parse.urlunsplit(
-        (parts.scheme.lower(), parts.netloc.lower(), parts.path, parts.query, parts.fragment)
-    )
-
-
 def check_router(want: dict[str, Any], key: str | None, timeout: int) -> tuple[list, list]:
-    """(differences, unknown) for one worker its router must list."""
+    """(differences, unknown) for one worker its router must list. A list that is not read
+    whole (module_utils/router_workers.py) is unknown, never "does not list": that difference
+    would put a replica back on a list nobody understood."""
     label, url = want.get("label") or want["worker_url"], want["router_url"].rstrip("/")
     headers = {"Accept": "application/json"}
     if key:
@@ -334,13 +327,14 @@ def check_router(want: dict[str, Any], key: str | None, timeout: int) -> tuple[l
         answer = request(f"{url}/workers", headers=headers, deadline_s=timeout)
         if answer.status != 200:
             raise ValueError(f"HTTP {answer.status}")
-        text = answer.body.decode("utf-8", errors="replace")
-        workers = bounded_loads(text, f"{shown}/workers")["workers"]
-        listed = {_url_key(str(worker.get("url", ""))) for worker in workers}
-    except (HttpError, ValueError, KeyError, TypeError) as err:
+        where = f"{shown}/workers"
+        workers = parse_workers(bounded_loads(answer.body, where), where)
+        listed = {url_key(worker["url"]) for worker in workers}
+        wanted = url_key(want["worker_url"])
+    except (HttpError, ValueError) as err:
         why = without_secrets(redact_url(err), [key])  # no key, escaped or not
-        return [], [f"{label}: router {shown} did not answer ({why})"]
-    if _url_key(want["worker_url"]) not in listed:
+        return [], [f"{label}: router {shown} did not answer a worker list ({why})"]
+    if wanted not in listed:
         return [f"{label}: router {shown} does not list {redact_url(want['worker_url'])}"], []
     return [], []
 

@@ -22,6 +22,8 @@ from ansible.module_utils.fleet_http import (
     request,
     without_secrets,
 )
+from ansible.module_utils.router_workers import parse_workers, url_key
+from ansible.module_utils.typed_number import NumberError, Range, read
 
 DOCUMENTATION = r"""
 module: sglang_router_workers
@@ -40,9 +42,15 @@ description:
   - Every request goes through module_utils/fleet_http.py, bounded as a whole by
     C(request_timeout), its answer capped in size, redirects never followed (the key never
     goes to another host); URLs with C(user:password@) are refused and never printed.
+  - The router's worker list is used only when every entry is understood, as
+    module_utils/router_workers.py reads it (an C(id), a C(url) and an C(is_healthy) of true
+    or false); a list of another shape fails the task naming the router, before anything is
+    added, removed or drained.
 options:
   router_url:
-    description: Base URL of the router (scheme, host, port), for example C(http://127.0.0.1:30000).
+    description:
+      - Base URL of the router (scheme, host, port), for example C(http://127.0.0.1:30000); no
+        path, query or fragment.
     type: str
     required: true
   api_key:
@@ -159,11 +167,22 @@ drain_seconds:
 """
 
 DRAIN_METRICS = ("sglang:num_running_reqs", "sglang:num_queue_reqs")
-# Used with fullmatch: `$` would take a URL that ends in a newline.
+# Used with fullmatch: scheme, host and port, nothing after them (a `$` would let a newline by).
 _WORKER_URL_RE = re.compile(r"(?i)https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(:[0-9]{1,5})?")
+_ROUTER_URL_RE = re.compile(r"(?i)https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(:[0-9]{1,5})?/?")
 # One Prometheus sample line: name, optional labels (quoted values may hold any character), value.
 _SAMPLE_RE = re.compile(r'^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?:[^"}]|"(?:[^"\\]|\\.)*")*\})?\s+(\S+)')
 _LISTED_FIELDS = ("id", "url", "is_healthy", "load", "model_id")
+# The module's numbers, each bounded so that no wait is endless and no sleep is negative.
+_DAY_S = 86400.0
+NUMBERS = {
+    "timeout": Range(0, _DAY_S, low_open=True),
+    "drain_timeout": Range(0, _DAY_S),
+    "poll_interval": Range(0, 3600, low_open=True),
+    "request_timeout": Range(0, 3600, low_open=True),
+    "min_healthy_others": Range(0, 4096, integer=True),
+}
+_MAX_JOB_TEXT = 300
 # Two zero readings in a row: one could fall between a request leaving the router and the
 # replica's scheduler admitting it.
 _ZERO_READINGS = 2
@@ -182,12 +201,8 @@ class Clock:
     sleep: Callable[[float], None] = time.sleep
 
 
-def normalize_url(url: str) -> str:
-    """Scheme and host in lower case; the router compares the rest as written."""
-    parts = urllib.parse.urlsplit(url)
-    return urllib.parse.urlunsplit(
-        (parts.scheme.lower(), parts.netloc.lower(), parts.path, parts.query, parts.fragment)
-    )
+# Scheme and host in lower case; the router compares the rest as written.
+normalize_url = url_key
 
 
 def check_worker_url(url: str) -> str | None:
@@ -222,6 +237,10 @@ class RouterClient:
         return without_secrets(text, (self.api_key, *self.hidden))
 
     def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        return _decode(self._exchange(method, path, body))
+
+    def _exchange(self, method: str, path: str, body: dict[str, Any] | None = None) -> bytes:
+        """The body of a 2xx answer; RouterError for anything else."""
         url = self.base_url.rstrip("/") + path
         headers = {"Accept": "application/json"}
         data = None
@@ -247,31 +266,42 @@ class RouterClient:
             raise RouterError(f"the router at {redact_url(self.base_url)}: {err}") from None
         if answer.status >= 400:
             raise RouterError(_http_error_message(method, url, answer, self.safe))
-        return _decode(answer.body)
+        return answer.body
 
     def list_workers(self) -> list[dict[str, Any]]:
-        answer = self._request("GET", "/workers")
-        if not isinstance(answer, dict) or not isinstance(answer.get("workers"), list):
+        """Every worker the router lists, each understood (module_utils/router_workers.py), or
+        RouterError naming the router: nothing is decided on a list read in part."""
+        where = f"GET {redact_url(self.base_url.rstrip('/'))}/workers"
+        raw = self._exchange("GET", "/workers")
+        try:
+            return parse_workers(bounded_loads(raw, where), where)
+        except ValueError as err:  # not JSON, too deep, or not a worker list
             raise RouterError(
-                f"GET {redact_url(self.base_url)}/workers answered {self.safe(repr(answer)):.300}, "
-                "not a worker list"
-            )
-        return [w for w in answer["workers"] if isinstance(w, dict)]
+                f"{self.safe(err)}: not a worker list this module understands"
+            ) from None
 
-    def add_worker(self, url: str, worker_api_key: str | None) -> dict[str, Any]:
+    def add_worker(self, url: str, worker_api_key: str | None) -> str | None:
+        """Queue the addition; the id of the router's registration job, when it gave one."""
         body: dict[str, Any] = {"url": url}
         if worker_api_key:
             body["api_key"] = worker_api_key
-        return _as_dict(self._request("POST", "/workers", body))
+        job_id = _as_dict(self._request("POST", "/workers", body)).get("worker_id")
+        return job_id if isinstance(job_id, str) and 0 < len(job_id) <= 256 else None
 
     def remove_worker(self, worker_id: str) -> dict[str, Any]:
-        return _as_dict(self._request("DELETE", f"/workers/{urllib.parse.quote(worker_id)}"))
+        return _as_dict(self._request("DELETE", _worker_path(worker_id)))
 
     def get_worker(self, worker_id: str) -> dict[str, Any]:
-        return _as_dict(self._request("GET", f"/workers/{urllib.parse.quote(worker_id)}"))
+        return _as_dict(self._request("GET", _worker_path(worker_id)))
+
+
+def _worker_path(worker_id: str) -> str:
+    """/workers/{id}, the id one path segment whatever it holds (a `/` or `..` included)."""
+    return f"/workers/{urllib.parse.quote(worker_id, safe='')}"
 
 
 def _decode(raw: bytes) -> Any:
+    """An answer that only a message is taken from (JSON, else its text)."""
     text = raw.decode("utf-8", errors="replace")
     try:
         return bounded_loads(text, "the router's answer") if text.strip() else {}
@@ -297,9 +327,10 @@ def _http_error_message(
 
 
 def find_worker(workers: list[dict[str, Any]], url: str) -> dict[str, Any] | None:
-    wanted = normalize_url(url)
+    """The worker listed under url (workers as list_workers gives them)."""
+    wanted = url_key(url)
     for worker in workers:
-        if normalize_url(str(worker.get("url", ""))) == wanted:
+        if url_key(worker["url"]) == wanted:
             return worker
     return None
 
@@ -309,12 +340,25 @@ def summarize(workers: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def healthy_others(workers: list[dict[str, Any]], url: str) -> int:
-    wanted = normalize_url(url)
-    return sum(
-        1
-        for w in workers
-        if w.get("is_healthy") is True and normalize_url(str(w.get("url", ""))) != wanted
-    )
+    wanted = url_key(url)
+    return sum(1 for w in workers if w["is_healthy"] is True and url_key(w["url"]) != wanted)
+
+
+def job_state(answer: Any, job_id: str) -> tuple[str, str]:
+    """(status, message) of a registration job as GET /workers/{id} shows it; ("", "") when
+    the answer has none (the worker is registered: the list says the rest). RouterError for a
+    job_status of a shape the router does not give."""
+    job = answer.get("job_status") if isinstance(answer, dict) else None
+    if job is None:
+        return "", ""
+    status = job.get("status") if isinstance(job, dict) else None
+    message = job.get("message") if isinstance(job, dict) else None
+    if not isinstance(status, str) or not isinstance(message, (str, type(None))):
+        raise RouterError(
+            f"the router's registration job {job_id} has a job_status of an unknown shape: "
+            "not {status: text, message: text or null}"
+        )
+    return status[:_MAX_JOB_TEXT], (message or "")[:_MAX_JOB_TEXT]
 
 
 @dataclass
@@ -348,14 +392,14 @@ def wait_until_healthy(
         if worker is not None:
             last_state = "listed but not healthy"
         elif job_id:
-            job = client.get_worker(job_id).get("job_status") or {}
-            if job.get("status") == "failed":
+            status, message = job_state(client.get_worker(job_id), job_id)
+            if status == "failed":
                 raise RouterError(
                     f"the router could not register {req.worker_url}: "
-                    f"{job.get('message') or 'its registration job failed'}"
+                    f"{message or 'its registration job failed'}"
                 )
-            if job.get("status"):
-                last_state = f"registration job {job['status']}"
+            if status:
+                last_state = f"registration job {status}"
         if clock.monotonic() >= deadline:
             raise RouterError(
                 f"{req.worker_url} is not a healthy worker of the router after "
@@ -446,8 +490,8 @@ def ensure_present(client: RouterClient, req: Request, clock: Clock) -> dict[str
         return {"changed": changed, "workers": workers}
     job_id = None
     if changed:
-        job_id = client.add_worker(req.worker_url, req.worker_api_key).get("worker_id")
-    healthy = worker is not None and worker.get("is_healthy") is True
+        job_id = client.add_worker(req.worker_url, req.worker_api_key)
+    healthy = worker is not None and worker["is_healthy"] is True
     if req.wait and not healthy:
         workers = wait_until_healthy(client, req, job_id, clock)
     elif changed:
@@ -463,7 +507,7 @@ def ensure_absent(
     if worker is not None:
         others = healthy_others(workers, req.worker_url)
         if others < req.min_healthy_others:
-            healthy = [w.get("url") for w in workers if w.get("is_healthy") is True]
+            healthy = [w["url"] for w in workers if w["is_healthy"] is True]
             raise RouterError(
                 f"refusing to remove {req.worker_url}: {others} other healthy worker(s) would be "
                 f"left, min_healthy_others is {req.min_healthy_others} (healthy now: {healthy})"
@@ -472,7 +516,7 @@ def ensure_absent(
     if req.check_mode:
         return {**result, "workers": workers}
     if worker is not None:
-        client.remove_worker(str(worker.get("id")))
+        client.remove_worker(worker["id"])
         workers = wait_until_gone(client, req, clock) if req.wait else client.list_workers()
     result["workers"] = workers
     if req.drain_metrics_url:
@@ -480,9 +524,25 @@ def ensure_absent(
     return result
 
 
+def check_numbers(req: Request) -> None:
+    """Every wait bounded and every sleep positive: a timeout of inf or NaN (Ansible's float
+    reads "1e400" and "nan") would poll for ever, a negative interval would end in a traceback."""
+    for name, allowed in NUMBERS.items():
+        try:
+            read(getattr(req, name), name, allowed, text=False)
+        except NumberError as err:
+            raise RouterError(str(err)) from None
+
+
 def check_urls(router_url: str, req: Request) -> None:
-    """router_url and drain_metrics_url readable by the reader, and no worker that is the
-    router itself (a router that routes to itself loops every request)."""
+    """router_url and drain_metrics_url readable by the reader, router_url the router's base URL
+    (a path or query there would end up in front of /workers), and no worker that is the router
+    itself (a router that routes to itself loops every request)."""
+    if not _ROUTER_URL_RE.fullmatch(router_url):
+        raise RouterError(
+            f"router_url {redact_url(router_url)!r} must be http(s)://host[:port] with no "
+            "path, query or fragment (the module adds /workers)"
+        )
     try:
         _, router_host, router_port, _ = check_url(router_url, "router_url")
         if req.drain_metrics_url:
@@ -506,6 +566,7 @@ def run(
 ) -> dict[str, Any]:
     """Carry out one request; raises RouterError with the operator's message."""
     clock = clock or Clock()
+    check_numbers(req)
     check_urls(client.base_url, req)
     if req.state == "list":
         return {"changed": False, "workers": summarize(client.list_workers())}
@@ -519,7 +580,7 @@ def run(
     else:
         result = ensure_absent(client, req, clock, send)
     worker = find_worker(result["workers"], req.worker_url)
-    result["worker"] = {key: worker.get(key) for key in _LISTED_FIELDS} if worker else None
+    result["worker"] = {key: worker[key] for key in _LISTED_FIELDS} if worker else None
     result["workers"] = summarize(result["workers"])
     return result
 

@@ -44,8 +44,12 @@ DEFAULT_MAX_BYTES = 16 << 20  # a busy /metrics is a few hundred KiB; a worker l
 _USERINFO = re.compile(
     r"(?i)(?<![a-z0-9+.-])((?:[0-9+.-]|\B[a-z])*)\b([a-z][a-z0-9+.-]*://)[^/\s@]*@"
 )
-# Used with fullmatch: `$` would take a label that ends in a newline.
+# Used with fullmatch only (a `$` lets a trailing newline by).
 _DNS_LABEL = re.compile(r"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)")
+# The host and port of a netloc without userinfo: one bracketed IPv6 literal or one name, then
+# at most one port of digits (urlsplit reads `[::1]]:80` and `h:` too, and guesses).
+_HOST_PORT = re.compile(r"(?:\[[^\[\]]+\]|[^\[\]:]+)(?::[0-9]+)?")
+_MAX_NAME = 253
 # An HTTP field name (RFC 9110 5.6.2: a token), and the values this reader sends: visible ASCII,
 # spaces and tabs (RFC 9110 5.5 field-value, minus obs-text, which clients encode differently).
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
@@ -117,24 +121,56 @@ def header_problem(name: object, value: object) -> str | None:
     return None
 
 
-def _host_problem(host: str) -> str | None:
+def _numeric_name(name: str) -> bool:
+    """A name the resolver reads as an IPv4 address in a short, octal or hex form (`127.1`,
+    `0x7f.1`, `017.0.0.1`, `1`), or with an all-digit last label, which no DNS name has."""
+    if name.rpartition(".")[2].isdigit():
+        return True
     try:
-        ipaddress.ip_address(host)
+        socket.inet_aton(name)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def _host_problem(host: str, netloc: str = "") -> str | None:
+    """Why host (urlsplit's hostname of netloc) is neither an IP address nor a host name: labels
+    of 1..63 letters, digits, - or _, at most 253 characters in all, one trailing dot at most."""
+    host_port = netloc.rpartition("@")[2]
+    if netloc and not _HOST_PORT.fullmatch(host_port):
+        return f"{host_port!r} is not one host and at most one port"
+    if host_port.startswith("["):
+        if "%" in host or not isinstance(_ip(host), ipaddress.IPv6Address):
+            return f"host [{host}] is not an IPv6 address without a zone"
         return None
-    except ValueError:
-        pass
-    labels = host.rstrip(".").split(".")
-    if host in (".", "..") or not all(_DNS_LABEL.fullmatch(label) for label in labels):
+    if _ip(host) is not None:
+        return None
+    name = host[:-1] if host.endswith(".") else host  # one trailing dot: a fully qualified name
+    labels = name.split(".")
+    if (
+        len(name) > _MAX_NAME
+        or not all(_DNS_LABEL.fullmatch(label) for label in labels)
+        or _numeric_name(name)
+    ):
         return f"host {host!r} is not a host name or an IP address"
     return None
+
+
+def _ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        return None
 
 
 def check_url(url: str, what: str = "URL") -> tuple[str, str, int, str]:
     """(scheme, host, port, path+query) of an http(s) URL, or HttpError("bad_url") saying why.
 
     Refused: other schemes, ``user:password@`` (never sent anywhere, never printed), a host
-    that is not a name or an address, a port outside 1..65535 or written with a leading zero
-    (a router matches worker URLs as text: ``:08000`` is not ``:8000`` to it).
+    that is not a name or an address (an IPv6 zone, a bracketed non-IPv6, a name of 254 or more
+    characters or a label of 64, a numeric name the resolver would read as IPv4), a port
+    outside 1..65535, written with a leading zero (a router matches worker URLs as text:
+    ``:08000`` is not ``:8000`` to it) or empty, a space or a ``#fragment``.
     """
     shown = redact_url(url)
     if not isinstance(url, str) or not url.isascii() or not url.isprintable():
@@ -152,7 +188,9 @@ def check_url(url: str, what: str = "URL") -> tuple[str, str, int, str]:
             f"{what} {shown!r} carries user:password@: credentials in a URL are never sent "
             "(the servers and the router take an API key)",
         )
-    problem = _host_problem(parts.hostname)
+    if " " in url or "#" in url:  # urlsplit drops a leading space; a fragment is never sent
+        raise HttpError("bad_url", f"{what} {shown!r} has a space or a #fragment")
+    problem = _host_problem(parts.hostname, parts.netloc)
     if problem:
         raise HttpError("bad_url", f"{what} {shown!r}: {problem}")
     written_port = parts.netloc.rsplit("]", 1)[-1].partition(":")[2]

@@ -13,6 +13,13 @@ and an import of anything more is refused here, on the control node, with the fi
 The archive is the same bytes for the same sources (fixed names order, timestamps and
 permissions), so writing it to a host changes the host only when a source changed.
 
+What it reads and writes is bounded and its own: an entry is a dotted name of this package
+whose module defines main(); each source is read only as a regular file in its package's own
+folder (no link followed, no FIFO waited on, at most MAX_SOURCE_BYTES); the output is written
+beside its name and renamed over it, and only where the name is a regular file or nothing (a
+folder, a link, a FIFO or a missing folder is refused, naming -o). Every refusal is a usage
+error (exit 2), never a traceback.
+
     python -m sglang_fleet.host_zipapp sglang_fleet.bench.smoke_client.command_line -o smoke.pyz
 """
 
@@ -22,9 +29,15 @@ import argparse
 import ast
 import importlib.util
 import io
+import os
+import re
+import stat
 import sys
 import zipfile
 from pathlib import Path
+from typing import Any
+
+from sglang_fleet.module_utils.bounded_file import read_regular, write_atomic
 
 PACKAGE = "sglang_fleet"
 SHEBANG = b"#!/usr/bin/env python3\n"
@@ -32,6 +45,11 @@ SHEBANG = b"#!/usr/bin/env python3\n"
 FIXED_TIME = (1980, 1, 1, 0, 0, 0)
 # The closure of a host program is a handful of files; far more means an import went astray.
 MAX_MODULES = 64
+# The largest module of the package is a few dozen KiB.
+MAX_SOURCE_BYTES = 1 << 20
+# A dotted module name (used with fullmatch): identifiers of ASCII letters, digits and _.
+_MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
+_MAX_NAME_CHARS = 200
 
 
 class ZipappError(ValueError):
@@ -39,11 +57,58 @@ class ZipappError(ValueError):
     sglang_fleet, or a module that is not there."""
 
 
+def _find_spec(module: str) -> Any:
+    """importlib's spec of module, None when there is none (a missing parent package included:
+    find_spec raises then, and for names like `a..b`)."""
+    try:
+        return importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+
+
 def _source(module: str) -> Path:
-    spec = importlib.util.find_spec(module)
+    """The module's source file: a package's __init__.py in its own folder, a module's file in
+    its package's folder under its own name (so no finder hands over a file from elsewhere)."""
+    spec = _find_spec(module)
     if spec is None or not spec.origin or not spec.origin.endswith(".py"):
         raise ZipappError(f"{module} is not a module of plain Python source")
-    return Path(spec.origin)
+    path = Path(spec.origin)
+    parent, _, leaf = module.rpartition(".")
+    if spec.submodule_search_locations is not None:
+        places = [str(Path(p)) for p in spec.submodule_search_locations]
+        wanted = "__init__.py"
+    else:
+        places, wanted = _folders(parent) if parent else [], f"{leaf}.py"
+    if path.name != wanted or str(path.parent) not in places:
+        raise ZipappError(f"{module}: its source {path} is not in its package's folder")
+    return path
+
+
+def _folders(package: str) -> list[str]:
+    """The folders the import system looks in for the package's modules (its __path__ once
+    imported, which find_spec of a submodule imports it to read)."""
+    spec = _find_spec(package)
+    imported = sys.modules.get(package)
+    folders = getattr(imported, "__path__", None) or (spec and spec.submodule_search_locations)
+    return [str(Path(p)) for p in folders or []]
+
+
+def _read_source(path: Path) -> bytes:
+    """A source's bytes: a regular file only (no link, no FIFO), at most MAX_SOURCE_BYTES."""
+    try:
+        data = read_regular(str(path), MAX_SOURCE_BYTES)
+    except (OSError, ValueError) as err:
+        raise ZipappError(f"{path} cannot be packed: {err}") from None
+    if data is None:
+        raise ZipappError(f"{path} is gone")
+    return data
+
+
+def _parse(path: Path) -> ast.Module:
+    try:
+        return ast.parse(_read_source(path), filename=str(path))
+    except (SyntaxError, ValueError, RecursionError) as err:
+        raise ZipappError(f"{path} is not Python source this builder can read: {err}") from None
 
 
 def _is_package_module(name: str) -> bool:
@@ -54,7 +119,7 @@ def _imports(module: str, path: Path) -> set[str]:
     """The absolute module names a file imports: `from a.b import c` gives a.b, and a.b.c
     when that is a module of this package. Relative imports are refused (one rule for all)."""
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_bytes(), filename=str(path))):
+    for node in ast.walk(_parse(path)):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -71,8 +136,7 @@ def _submodule(package: str, name: str) -> str | None:
     """package.name when that is a module of the package (`from a import b`: b may be a module
     of a, or a name in a), else None. Only the package's folders are looked at: no module of it
     is imported to find out."""
-    spec = importlib.util.find_spec(package)
-    for folder in (spec.submodule_search_locations or []) if spec else []:
+    for folder in _folders(package):
         if (Path(folder) / f"{name}.py").is_file() or (
             Path(folder) / name / "__init__.py"
         ).is_file():
@@ -80,11 +144,25 @@ def _submodule(package: str, name: str) -> str | None:
     return None
 
 
+def _has_main(path: Path) -> bool:
+    """Whether the module defines main() at its top level (what __main__.py calls)."""
+    return any(
+        isinstance(node, ast.FunctionDef) and node.name == "main" for node in _parse(path).body
+    )
+
+
 def closure(entry: str) -> dict[str, Path]:
     """{module name: source file} of the entry module and every sglang_fleet module it
     imports, with the packages around them; ZipappError for an import that a bare host lacks."""
-    if not _is_package_module(entry):
+    if (
+        not isinstance(entry, str)
+        or len(entry) > _MAX_NAME_CHARS
+        or not _MODULE_NAME.fullmatch(entry)
+        or not _is_package_module(entry)
+    ):
         raise ZipappError(f"the entry {entry!r} is not a module of {PACKAGE}")
+    if not _has_main(_source(entry)):
+        raise ZipappError(f"the entry {entry} has no main() at its top level to run")
     found: dict[str, Path] = {}
     todo = [entry]
     while todo:
@@ -129,7 +207,7 @@ def _entry_main(entry: str) -> bytes:
 def build(entry: str) -> bytes:
     """The zipapp's bytes: runs ``main()`` of the entry module, which returns an exit status."""
     found = closure(entry)
-    files = {_archive_name(module, path): path.read_bytes() for module, path in found.items()}
+    files = {_archive_name(module, path): _read_source(path) for module, path in found.items()}
     files["__main__.py"] = _entry_main(entry)
     buffer = io.BytesIO()
     buffer.write(SHEBANG)
@@ -142,17 +220,51 @@ def build(entry: str) -> bytes:
     return buffer.getvalue()
 
 
+def output_problem(output: str) -> str | None:
+    """Why the archive cannot be written at output (-o), or None: it must name a regular file
+    or nothing, in a folder that exists. A folder, a link (even to a file: its target is not
+    this builder's to change), a FIFO or a device there is refused, not replaced."""
+    if not output or "\0" in output or output.endswith("/"):
+        return f"-o {output!r} is not a file name"
+    folder = os.path.dirname(os.path.abspath(output))
+    if not os.path.isdir(folder):
+        return f"-o {output!r}: the folder {folder} does not exist"
+    try:
+        info = os.lstat(output)
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        return f"-o {output!r} cannot be looked at: {err.strerror}"
+    if not stat.S_ISREG(info.st_mode):
+        return (
+            f"-o {output!r} exists and is not a regular file (a folder, a link, a FIFO): "
+            "not replaced"
+        )
+    return None
+
+
+def write(output: str, data: bytes) -> None:
+    """The archive at output, mode 0755, replaced in one rename (a reader sees the old or the
+    new file; a link put there meanwhile is replaced, never written through)."""
+    write_atomic(output, data, 0o755)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("entry", help="the module whose main() the zipapp runs")
-    parser.add_argument("-o", "--output", required=True, type=Path, help="the .pyz to write")
+    parser.add_argument("-o", "--output", required=True, help="the .pyz to write")
     args = parser.parse_args(argv)
+    problem = output_problem(args.output)
+    if problem:
+        parser.error(problem)
     try:
         data = build(args.entry)
     except ZipappError as exc:
         parser.error(str(exc))
-    args.output.write_bytes(data)
-    args.output.chmod(0o755)
+    try:
+        write(args.output, data)
+    except OSError as err:
+        parser.error(f"-o {args.output!r} cannot be written: {err.strerror or err}")
     print(f"{args.output}: {len(data)} bytes")
     return 0
 

@@ -60,7 +60,13 @@ def test_the_smoke_client_archive_holds_its_package_and_nothing_else() -> None:
     names = zipfile.ZipFile(io.BytesIO(build(SMOKE))).namelist()
     assert names == sorted(names)
     others = [n for n in names if not n.startswith("sglang_fleet/bench/smoke_client/")]
-    assert others == ["__main__.py", "sglang_fleet/__init__.py", "sglang_fleet/bench/__init__.py"]
+    assert others == [
+        "__main__.py",
+        "sglang_fleet/__init__.py",
+        "sglang_fleet/bench/__init__.py",
+        "sglang_fleet/module_utils/__init__.py",
+        "sglang_fleet/module_utils/fleet_http.py",  # the one URL rule (check_url)
+    ]
     # every module of the package the entry reaches, none of the bench's control-node modules
     assert "sglang_fleet/bench/smoke_client/streams.py" in names
     assert not any(n.endswith(("gate.py", "smoke_picture.py")) for n in names)
@@ -95,7 +101,9 @@ def test_an_entry_outside_the_package_is_refused() -> None:
 
 
 def test_a_relative_import_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    (tmp_path / "relative_probe.py").write_text("from . import ansible_values\n")
+    (tmp_path / "relative_probe.py").write_text(
+        "from . import ansible_values\n\n\ndef main():\n    return 0\n"
+    )
     monkeypatch.setattr(sglang_fleet, "__path__", [*sglang_fleet.__path__, str(tmp_path)])
     importlib.invalidate_caches()
     with pytest.raises(ZipappError, match="a relative import"):

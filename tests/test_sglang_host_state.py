@@ -173,7 +173,9 @@ class Router(BaseHTTPRequestHandler):
             self.send_response(401)
             self.end_headers()
             return
-        body = json.dumps({"workers": [{"url": "http://gpu-node-01:8000"}]}).encode()
+        # The real router's shape (docs/ROUTER.md): every worker has its id and health.
+        worker = {"id": "5b2a4f47", "url": "http://gpu-node-01:8000", "is_healthy": True}
+        body = json.dumps({"workers": [worker], "total": 1}).encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()

@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from sglang_fleet.module_utils.router_workers import parse_workers
+
 
 def unit_identity(host: Any, unit: str) -> tuple[str, str]:
     """MainPID and start timestamp: both unchanged means the server was not touched."""
@@ -36,9 +38,10 @@ def router_workers(host: Any, key: str | None = None, port: int = 8080) -> list[
     )
     out = host.run("printf %%s %s | python3 -c %s", key or "", script)
     assert out.rc == 0, out.stderr
-    return json.loads(out.stdout)["workers"]
+    # The modules' own reader: a list of another shape fails the verifier, naming the router.
+    return parse_workers(json.loads(out.stdout), f"the router on {host} (port {int(port)})")
 
 
 def healthy_workers(host: Any, key: str | None = None, port: int = 8080) -> set[str]:
     """The URLs of the workers the router on `host` counts healthy now."""
-    return {w["url"] for w in router_workers(host, key, port) if w["is_healthy"]}
+    return {w["url"] for w in router_workers(host, key, port) if w["is_healthy"] is True}

@@ -37,6 +37,7 @@ import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
+from sglang_fleet.module_utils.router_workers import WorkerListError, parse_workers
 from sglang_fleet.module_utils.typed_number import NumberError, Range, finite_or_none, shown
 from sglang_fleet.module_utils.typed_number import read as read_number
 
@@ -346,7 +347,7 @@ def _router_groups(
             if not server.get("router"):
                 continue
             members.append((host, dict(server)))
-            answer = dict((read.get("routers") or {}).get(server.get("name")) or {})
+            answer = _router_answer(read.get("routers"), server, host)
             answers.append((host, dict(server), answer))
             for worker in answer.get("workers") or []:
                 routers.join("worker " + _url_key(worker.get("url", "")), _router_key(server))
@@ -370,6 +371,21 @@ def _router_groups(
             if worker.get("is_healthy") is not True:
                 seen["is_healthy"] = worker.get("is_healthy")
     return list(groups.values())
+
+
+def _router_answer(routers: Any, server: Mapping[str, Any], host: str) -> dict[str, Any]:
+    """{workers, error} of the server's router as its host read it, every worker understood
+    (module_utils/router_workers.py); a list of another shape is an error, so the N-1 rule is
+    never judged on the part of a list that could be read."""
+    answer = routers.get(server.get("name")) if isinstance(routers, Mapping) else None
+    if not isinstance(answer, Mapping):
+        return {"workers": [], "error": "no answer was kept for this server"}
+    error = answer.get("error")
+    try:
+        workers = parse_workers({"workers": answer.get("workers") or []}, "its worker list")
+    except WorkerListError as err:
+        return {"workers": [], "error": f"{error}; {err}" if error else str(err)}
+    return {"workers": workers, "error": error}
 
 
 def _router_key(server: Mapping[str, Any]) -> str:

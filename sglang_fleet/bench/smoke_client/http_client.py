@@ -5,6 +5,7 @@ on what a server can make it hold."""
 from __future__ import annotations
 
 import asyncio
+import re
 import ssl
 from typing import Any, Callable
 from urllib.parse import urlsplit
@@ -17,6 +18,7 @@ from sglang_fleet.bench.smoke_client.failures import (
     TIMEOUT,
     os_reason,
 )
+from sglang_fleet.module_utils.fleet_http import HttpError, check_url, redact_url
 
 Clock = Callable[[], float]
 
@@ -26,6 +28,9 @@ _GET_TIMEOUT_S = 10.0
 # (/metrics). A stream's own bounds are in streams.py.
 _MAX_HEAD_BYTES = 64 * 1024
 _MAX_DOCUMENT_BYTES = 16 * 1024 * 1024
+# A base path goes into every request line: segments of RFC 3986 path characters and %XX
+# escapes only (used with fullmatch; segments are split by `/`, so matching is linear).
+_BASE_PATH = re.compile(r"(?:/(?:[A-Za-z0-9._~!$&'()*+,;=:@-]|%[0-9A-Fa-f]{2})*)*")
 
 
 class Exchange:
@@ -60,13 +65,6 @@ class Exchange:
 
 
 _HEAD, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_CRLF, _TRAILER, _DONE, _LENGTH, _UNTIL_CLOSE = range(8)
-
-
-def _chunk_size(line: bytes) -> int:
-    size = int(line.split(b";", 1)[0], 16)  # chunk extensions carry nothing we need
-    if size < 0:
-        raise ValueError("negative chunk size")
-    return size
 
 
 def _line_after_chunk(state: int, blank: bool) -> int:
@@ -215,13 +213,16 @@ class _Connection(asyncio.BufferedProtocol):
                 eol = buf.find(b"\r\n", pos)
                 if eol < 0:
                     break
-                size = _chunk_size(buf[pos:eol])
+                # Chunk extensions carry nothing we need. Inline: once per streamed event.
+                size = int(buf[pos:eol].split(b";", 1)[0], 16)
+                if size < 0:
+                    raise ValueError("negative chunk size")
                 pos = eol + 2
                 end = pos + size
                 if size == 0:
                     state = _TRAILER
                 elif end + 2 <= size_of:  # the whole chunk is here: the usual case
-                    if buf[end : end + 2] != b"\r\n":
+                    if not buf.startswith(b"\r\n", end):
                         raise ValueError("chunk not followed by CRLF")
                     pieces.append(buf[pos:end])
                     pos = end + 2
@@ -264,16 +265,24 @@ class _Connection(asyncio.BufferedProtocol):
 
 
 def shown_url(url: str) -> str:
-    """The URL as messages print it: a password in it is never shown."""
+    """The URL as messages print it: a password in it is never shown, however the URL is
+    spelt (without `://`, all before its last `@` is hidden)."""
     scheme, sep, rest = url.partition("://")
+    if not sep:
+        return "***@" + url.rpartition("@")[2] if "@" in url else url
     netloc, slash, path = rest.partition("/")
     if "@" in netloc:
         netloc = "***@" + netloc.rpartition("@")[2]
-    return f"{scheme}{sep}{netloc}{slash}{path}" if sep else url
+    return f"{scheme}{sep}{netloc}{slash}{path}"
 
 
 def split_url(url: str) -> tuple[Any, int]:
-    """(urlsplit result, port); ValueError with a message that names --url."""
+    """(urlsplit result, port); ValueError with a message that names --url.
+
+    The project's one URL rule (module_utils/fleet_http.py, check_url: http(s), a host name or
+    address, a port 1..65535, no ``user:password@``), then what a base URL of this client may
+    not have: a query (it would land between the path and /generate) or a path with
+    characters a request line cannot carry."""
     shown = shown_url(url)
     if not url.isascii() or not url.isprintable():
         raise ValueError(
@@ -281,13 +290,18 @@ def split_url(url: str) -> tuple[Any, int]:
             f"got {shown!r}"
         )
     try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError as err:
-        raise ValueError(f"--url {shown!r} cannot be read: {err}") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"--url must look like http://HOST:PORT, got {shown!r}")
-    return parts, port or (443 if parts.scheme == "https" else 80)
+        _, _, port, _ = check_url(url, "--url")
+    except HttpError as err:  # its message shows the URL as this client does
+        raise ValueError(str(err).replace(repr(redact_url(url)), repr(shown))) from None
+    parts = urlsplit(url)
+    if parts.query or url.endswith("?"):
+        raise ValueError(f"--url {shown!r} has a query: give the server's base URL")
+    if not _BASE_PATH.fullmatch(parts.path):
+        raise ValueError(
+            f"--url {shown!r}: its path may hold letters, digits, -._~!$&'()*+,;=:@/ and "
+            "%XX escapes only"
+        )
+    return parts, port
 
 
 def api_key_problem(key: str) -> str | None:

@@ -5,6 +5,7 @@ into a record and judge it: the right answer, or a failure with a reason."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from sglang_fleet.bench.smoke_client import server_json
@@ -33,6 +34,12 @@ _ERROR_TEXT_LIMIT = 300
 
 # Found with rfind: a quote inside generated text is escaped (\"), so the key cannot match there.
 _COMPLETION_TOKENS_KEY = b'"completion_tokens"'
+_ERROR_KEY = b'"error"'
+# A count as SGLang writes it, or the error key, for a block of events read at once: one
+# linear pass in C (each alternative starts at a quote and has a bounded run of digits) gives
+# every count, and an empty one for each "error". A count written any other way does not match,
+# and the block goes event by event (_number_after).
+_COUNT_OR_ERROR_RE = re.compile(rb'"(?:completion_tokens": ?([0-9]{1,12})[,}]|error")')
 
 
 def _number_after(payload: bytes, key: int) -> int:
@@ -128,7 +135,7 @@ class SseStream(Exchange):
             if room > 0:
                 self.body += data[:room]
             return
-        if self.held_cr or b"\r" in data:
+        if self.held_cr or data.find(b"\r") >= 0:  # find: the fastest scan for one byte
             data = self._lf_only(data)
         partial = self.partial
         if partial:
@@ -205,7 +212,7 @@ class SseStream(Exchange):
 
     def fail_if_error(self, payload: bytes) -> bool:
         """SGLang reports errors inside the stream as ``data: {"error": ...}``."""
-        if b'"error"' not in payload:
+        if payload.find(_ERROR_KEY) < 0:
             return False
         try:
             obj = server_json.loads(payload)
@@ -265,27 +272,48 @@ class GenerateStream(SseStream):
         in the block (the usual case) only its first and last counts matter: the first gives
         the gap since the previous read, the later ones add zero gaps, exactly as handling them
         one by one would. Anything else (errors, comments, zero-token chunks) goes one by one.
-        Events start at a line start, and JSON text cannot hold a raw newline."""
-        if block.find(b"\n") == len(block) - 2 and block.startswith(b"data: {"):
-            self.on_event(block[6:-2], t)  # the usual read of a server that keeps up: one event
+        Events start at a line start, and JSON text cannot hold a raw newline.
+
+        Each test below is one pass over the block in C (an event repeats the text so far, so
+        the bytes, not the events, are the cost): the counts and error keys, the events."""
+        if block.startswith(b"data: {") and block.find(b"\n") == len(block) - 2:
+            self._one_event(block, t)  # the usual read of a server that keeps up: one event
             return
+        counts = _COUNT_OR_ERROR_RE.findall(block)
+        # [DONE] ends a stream: anywhere else it is an event without a count, so the number
+        # of events below differs and the block goes one by one.
+        done = block.endswith(b"\ndata: [DONE]\n\n")
         events = block.count(b"\ndata:") + block.startswith(b"data:")
-        done = block.count(b"\ndata: [DONE]") + block.startswith(b"data: [DONE]")
-        first = block.find(_COMPLETION_TOKENS_KEY)
-        if first < 0 or events != block.count(_COMPLETION_TOKENS_KEY) + done:
-            super().on_events(block, t)
-            return
-        first_count = _number_after(block, first)
-        last_count = _rising_counts(block, first, first_count)
-        if first_count <= self.tokens or last_count is None or b'"error"' in block:
+        values = [int(count) for count in counts if count]  # b"": an error key
+        if (
+            not values
+            or len(values) != len(counts)
+            or events != len(values) + done
+            or values[0] <= self.tokens
+            or values != sorted(values)  # a count that goes back: judged event by event
+        ):
             super().on_events(block, t)  # one by one: each event is judged on its own
             return
+        first_count, last_count = values[0], values[-1]
         self.add_tokens(first_count - self.tokens, t)
         if last_count > first_count:
             self.add_tokens(last_count - first_count, t)
         self.last_payload = block
         if done:
             self.end_t = t
+
+    def _one_event(self, block: bytes, t: float) -> None:
+        """One event, ``data: {...}\n\n``, that counts more tokens than the last and carries
+        no error key: counted where it lies (no copy of its text). Anything else goes through
+        on_event, which judges every case."""
+        key = block.rfind(_COMPLETION_TOKENS_KEY)
+        if key >= 0 and block.find(_ERROR_KEY) < 0:
+            new = _number_after(block, key) - self.tokens
+            if new > 0:
+                self.last_payload = block  # final_counts reads the line around the count
+                self.add_tokens(new, t)
+                return
+        self.on_event(block[6:-2], t)
 
     def on_event(self, payload: bytes, t: float) -> None:
         key = payload.rfind(_COMPLETION_TOKENS_KEY)
@@ -327,19 +355,6 @@ class GenerateStream(SseStream):
         self.record.prompt_tokens = _count_in(meta, "prompt_tokens") or 0
         self.record.output_tokens = count
         return count
-
-
-def _rising_counts(block: bytes, pos: int, count: int) -> int | None:
-    """The last completion_tokens count of a block of events if no count is below the one
-    before it (a stream that goes back is judged event by event), else None."""
-    while True:
-        pos = block.find(_COMPLETION_TOKENS_KEY, pos + 1)
-        if pos < 0:
-            return count
-        following = _number_after(block, pos)
-        if following < count:
-            return None
-        count = following
 
 
 class CompletionsStream(SseStream):
