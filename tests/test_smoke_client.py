@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import re
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -25,7 +26,12 @@ from sglang_fleet.bench.smoke_client.benchmark import Benchmark
 from sglang_fleet.bench.smoke_client.prometheus_text import parse_prometheus, parse_series
 from sglang_fleet.bench.smoke_client.streams import GenerateStream, RequestRecord
 from sglang_fleet.bench.smoke_client.summary import percentile
-from sglang_fleet.bench.smoke_client.workload import Config, vocab_size_of
+from sglang_fleet.bench.smoke_client.workload import (
+    Config,
+    lengths_digest,
+    parse_lengths,
+    vocab_size_of,
+)
 
 # The model /model_info names: the double's fixture (config.json and a word-level tokenizer.json),
 # whose vocabulary bounds the token ids the client draws.
@@ -1275,3 +1281,38 @@ def test_a_server_that_dies_in_the_warmup_ends_with_its_name_not_a_traceback(
     err = capsys.readouterr().err
     assert f"cannot reach the server at {srv.url} (GET /metrics after the warm-up)" in err
     assert "Traceback" not in err
+
+
+def test_a_jobs_shape_sends_its_lengths_in_turn_and_judges_each() -> None:
+    """--lengths (a job's shape): each request asks for its pair's prompt and output tokens,
+    and is judged against its own count; the result says the shape's means and identity."""
+    shape = ((30, 2), (5, 4), (12, 3))
+    scripts = [generate_script([0.01] * out) for _, out in shape * 2]
+    scripts[4] = generate_script([0.01] * 2)  # the 5th request (pair 2, 4 tokens) is short
+    result, server = run_against(scripted(*scripts), num_prompts=6, lengths=shape)
+    bodies = [r.json() for r in server.generate_requests()]
+    assert [(len(b["input_ids"]), b["sampling_params"]["max_new_tokens"]) for b in bodies] == [
+        *shape,
+        *shape,
+    ]
+    assert (result["completed"], result["failed"]) == (5, 1)
+    assert result["failure_reasons"] == {"short_output": 1}
+    assert (result["random_input_len"], result["random_output_len"]) == (16, 3)
+    assert result["lengths"] == {"pairs": 3, "digest": lengths_digest(shape)}
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("12:4,5", "pair 2 ('5') is not PROMPT:OUTPUT"),
+        ("0:4", "counts go from 1 to"),
+        ("1:-4", "is not PROMPT:OUTPUT"),
+        ("1:4;2:3", "is not PROMPT:OUTPUT"),
+        (",".join(["1:1"] * 4097), "4097 pairs, more than 4096"),
+        ("9" * 500 + ":1", "is not PROMPT:OUTPUT"),
+    ],
+)
+def test_a_shape_that_is_no_list_of_lengths_is_refused(text: str, said: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(said)):
+        parse_lengths(text)
+    assert parse_lengths(" 12:4, 5:6 ") == ((12, 4), (5, 6))

@@ -39,6 +39,7 @@ WORKLOAD_KEYS = (
     "request_rate",
     "random_input_len",
     "random_output_len",
+    "lengths",  # a job's shape (its digest): runs of another shape are another workload
     "seed",
 )
 # Metrics kept in the compact result (what last-known-good stores and the summary prints).

@@ -108,8 +108,18 @@ def generated_text(answer: dict[str, Any], chat: bool) -> str | None:
 
 
 def completion_tokens(answer: dict[str, Any]) -> int:
-    usage = answer.get("usage")
-    tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    return usage(answer)[1]
+
+
+def usage(answer: dict[str, Any]) -> tuple[int, int]:
+    """(prompt tokens, completion tokens) the answer's usage counts; 0 for a count it lacks
+    (what `python -m sglang_fleet.job shape` samples: the job's real lengths)."""
+    counts = answer.get("usage")
+    return _count(counts, "prompt_tokens"), _count(counts, "completion_tokens")
+
+
+def _count(counts: Any, name: str) -> int:
+    tokens = counts.get(name) if isinstance(counts, dict) else None
     ok = isinstance(tokens, int) and not isinstance(tokens, bool) and 0 <= tokens < 1 << 31
     return tokens if ok else 0
 

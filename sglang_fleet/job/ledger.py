@@ -40,6 +40,7 @@ from sglang_fleet.module_utils.bounded_json import loads as bounded_loads
 SCHEMA = "sglang-fleet/job-ledger/1"
 FILES = ("output", "error", "skipped")
 MAX_LEDGER_LINE = 64 * 1024
+MAX_USAGE_PAIRS = 256  # calls of one row whose lengths are kept (a conversation's turns)
 
 
 class LedgerError(Exception):
@@ -71,10 +72,16 @@ class Entry:
     length: int
     sha: str
     at: int = 0  # where its line starts in the ledger
+    # (prompt tokens, completion tokens) of each of the row's calls: the job's real lengths,
+    # which `python -m sglang_fleet.job shape` samples for the gate and autotune.
+    usage: tuple[tuple[int, int], ...] = ()
 
     def line(self) -> dict[str, Any]:
-        return {"key": self.key, "file": self.file, "end": self.end, "length": self.length,
+        line = {"key": self.key, "file": self.file, "end": self.end, "length": self.length,
                 "sha": self.sha}  # fmt: skip
+        if self.usage:
+            line["usage"] = [list(pair) for pair in self.usage]
+        return line
 
 
 @dataclass
@@ -172,7 +179,8 @@ class Ledger:
                     synced = record["synced"]
                 else:
                     fields = {k: record[k] for k in ("key", "file", "end", "length", "sha")}
-                    entries.append(Entry(**fields, at=offset))
+                    usage = tuple(tuple(pair) for pair in record.get("usage") or ())
+                    entries.append(Entry(**fields, at=offset, usage=usage))
                 offset += len(raw)
         if offset < size:
             self.reconciled.cut_bytes["ledger"] = size - offset
@@ -250,12 +258,15 @@ class Ledger:
     def done(self, key: str) -> bool:
         return key in self.entries
 
-    def record(self, key: str, file: str, line: bytes) -> None:
+    def record(
+        self, key: str, file: str, line: bytes, usage: list[tuple[int, int]] | None = None
+    ) -> None:
         """One finished row: its ledger entry, then its line; a failed write is undone."""
         if key in self.entries:
             raise LedgerError(f"row {key!r} was already written ({self.entries[key].file})")
         fd, start = self._fds[file], self.ends[file]
-        entry = Entry(key, file, start + len(line), len(line), _sha(line))
+        kept = tuple((int(p), int(c)) for p, c in (usage or [])[:MAX_USAGE_PAIRS])
+        entry = Entry(key, file, start + len(line), len(line), _sha(line), usage=kept)
         ledger_start = os.fstat(self._fds["ledger"]).st_size
         self._append_ledger(entry.line())
         try:
@@ -346,11 +357,18 @@ def _record(raw: bytes) -> dict[str, Any] | None:
             for f in FILES
         )
         return record if good else None
+    usage = record.get("usage", [])
     valid = (
         isinstance(record.get("key"), str)
         and record.get("file") in FILES
         and all(_count(record.get(k)) for k in ("end", "length"))
         and isinstance(record.get("sha"), str)
+        and isinstance(usage, list)
+        and len(usage) <= MAX_USAGE_PAIRS
+        and all(
+            isinstance(pair, list) and len(pair) == 2 and all(_tokens(n) for n in pair)
+            for pair in usage
+        )
     )
     return record if valid else None
 
@@ -380,3 +398,7 @@ def read_counts(output: str) -> dict[str, int] | None:
 
 def _count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 < value < 1 << 62
+
+
+def _tokens(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 31

@@ -51,6 +51,17 @@ class Settings:
 
 
 @dataclass
+class _Finished:
+    """Where a row ends, its line, each call's (prompt, completion) tokens, and the error's
+    class (None for a row that succeeded)."""
+
+    file: str
+    record: dict[str, Any]
+    usage: list[tuple[int, int]]
+    error: str | None = None
+
+
+@dataclass
 class _Speed:
     """Output tokens per second of one request, a moving average over the calls so far."""
 
@@ -147,17 +158,17 @@ class Runner:
     async def _row(self, line: Line) -> None:
         row = rows.read_row(self.index.path, line)
         if line.kind == "batch":
-            file, record, tokens, error = await self._batch(row, line.key)
+            done = await self._batch(row, line.key)
         else:
-            file, record, tokens, error = await self._conversation(row)
-        self.ledger.record(line.key, file, rows.dumps(record))
-        self.progress.finished(file, tokens, error)
+            done = await self._conversation(row)
+        self.ledger.record(line.key, done.file, rows.dumps(done.record), usage=done.usage)
+        self.progress.finished(done.file, sum(out for _, out in done.usage), done.error)
 
-    async def _conversation(self, row: dict[str, Any]) -> tuple[str, dict, int, str | None]:
+    async def _conversation(self, row: dict[str, Any]) -> _Finished:
         """After each user turn, the assistant turn the server generates from the turns before
         it (the row's own assistant turns left out, as SpecForge does)."""
         messages: list[dict[str, Any]] = []
-        tokens = 0
+        usage: list[tuple[int, int]] = []
         for turn in row["conversations"]:
             if turn["role"] == "assistant":
                 continue
@@ -174,12 +185,14 @@ class Runner:
             outcome, text = await self._call("/v1/chat/completions", body, chat=True)
             if text is None:
                 error = f"{outcome.kind}: {outcome.message}"
-                return "error", {**row, "status": "error", "error": error}, tokens, outcome.kind
-            tokens += calls.completion_tokens(outcome.answer or {})
+                record = {**row, "status": "error", "error": error}
+                return _Finished("error", record, usage, outcome.kind)
+            usage.append(calls.usage(outcome.answer or {}))
             messages = [*messages, {"role": "assistant", "content": text}]
-        return "output", {**row, "conversations": messages, "status": "success"}, tokens, None
+        record = {**row, "conversations": messages, "status": "success"}
+        return _Finished("output", record, usage)
 
-    async def _batch(self, row: dict[str, Any], key: str) -> tuple[str, dict, int, str | None]:
+    async def _batch(self, row: dict[str, Any], key: str) -> _Finished:
         body = row["body"]
         url = row["url"]
         outcome, text = await self._call(url, body, chat=url.endswith("/chat/completions"))
@@ -188,7 +201,7 @@ class Runner:
             line = rows.batch_error_line(row, key, outcome.kind, message)
             if outcome.status:
                 line["response"] = {"status_code": outcome.status, "request_id": None, "body": None}
-            return "error", line, 0, outcome.kind
+            return _Finished("error", line, [], outcome.kind)
         answer = outcome.answer or {}
         line = {
             "id": rows.batch_request_id(key),
@@ -200,7 +213,7 @@ class Runner:
             },
             "error": None,
         }
-        return "output", line, calls.completion_tokens(answer), None
+        return _Finished("output", line, [calls.usage(answer)])
 
     async def _call(
         self, path: str, body: dict[str, Any], *, chat: bool

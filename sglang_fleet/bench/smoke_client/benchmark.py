@@ -160,7 +160,7 @@ class Benchmark:
 
     async def _dispatch(
         self,
-        bodies: Iterator[bytes],
+        bodies: Iterator[tuple[bytes, int]],
         max_concurrency: int | None,
         request_rate: float,
         deadline: float | None,
@@ -172,7 +172,7 @@ class Benchmark:
         arrivals = random.Random(self.cfg.seed + 1)
         next_arrival = loop.time()
         tasks = []
-        for body in bodies:
+        for body, expected in bodies:
             if math.isfinite(request_rate):
                 # Poisson arrivals, as bench_serving draws them
                 next_arrival += arrivals.expovariate(request_rate)
@@ -183,14 +183,18 @@ class Benchmark:
                 if limit is not None:
                     limit.release()
                 break
-            tasks.append(loop.create_task(self._one(body, limit, timeline)))
+            tasks.append(loop.create_task(self._one(body, expected, limit, timeline)))
         return list(await asyncio.gather(*tasks))
 
     async def _one(
-        self, body: bytes, limit: asyncio.Semaphore | None, timeline: Timeline | None
+        self,
+        body: bytes,
+        expected: int,
+        limit: asyncio.Semaphore | None,
+        timeline: Timeline | None,
     ) -> RequestRecord:
         record = RequestRecord()
-        stream = self.stream_class(record, timeline, self.cfg.random_output_len)
+        stream = self.stream_class(record, timeline, expected)
         clock = self.clock
 
         def stamp_start() -> None:

@@ -20,6 +20,7 @@ from sglang_fleet.bench.smoke_client.workload import (
     MAX_TOKENS_PER_REQUEST,
     Config,
     VocabularyUnknown,
+    parse_lengths,
 )
 
 
@@ -67,6 +68,13 @@ def _whole_number(text: str) -> int:
         raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
 
 
+def _lengths(text: str) -> tuple[tuple[int, int], ...]:
+    try:
+        return parse_lengths(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description="Smoke throughput benchmark for an SGLang server (standard library only).",
@@ -87,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--random-input-len", type=_token_count, default=1024, help="prompt tokens per request")
     add("--random-output-len", type=_token_count, default=128,
         help="output tokens per request; an answer with another count fails")  # fmt: skip
+    add("--lengths", type=_lengths, default=None, metavar="I:O,...",
+        help="a job's shape: prompt and output tokens of each request in turn (python -m "
+        "sglang_fleet.job shape prints it); instead of --random-input-len/-output-len")  # fmt: skip
     add("--seed", type=_whole_number, default=42, help="workload seed (same seed, same requests)")
     add("--warmup-requests", type=_whole_number, default=1,
         help="requests sent first and not counted")  # fmt: skip
@@ -157,6 +168,7 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         metrics_interval=args.metrics_interval,
         timeout=args.timeout,
         vocab_size=args.vocab_size,
+        lengths=args.lengths,
     )
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from sglang_fleet.bench.smoke_client.failures import MALFORMED
 from sglang_fleet.bench.smoke_client.streams import RequestRecord, Timeline
-from sglang_fleet.bench.smoke_client.workload import Config
+from sglang_fleet.bench.smoke_client.workload import Config, lengths_digest
 
 _MAX_DISTRIBUTION_SAMPLES = 10000
 _MAX_ERRORS = 10
@@ -116,8 +116,14 @@ def summarize(
             "request_rate": cfg.request_rate if math.isfinite(cfg.request_rate) else None,
             "num_prompts": len(records),
             "seed": cfg.seed,
-            "random_input_len": cfg.random_input_len,
-            "random_output_len": cfg.random_output_len,
+            # With a job's shape, its mean lengths (what a plan reads) and its identity.
+            "random_input_len": _mean_length(cfg, 0),
+            "random_output_len": _mean_length(cfg, 1),
+            "lengths": (
+                {"pairs": len(cfg.lengths), "digest": lengths_digest(cfg.lengths)}
+                if cfg.lengths
+                else None
+            ),
             "goodput": _goodput(cfg, records),
             "slo": {"ttft_ms": cfg.slo_ttft_ms, "tpot_ms": cfg.slo_tpot_ms},
             "server_metrics": server,
@@ -129,6 +135,11 @@ def summarize(
         }
     )
     return result
+
+
+def _mean_length(cfg: Config, which: int) -> int:
+    pairs = cfg.pairs()
+    return round(sum(pair[which] for pair in pairs) / len(pairs))
 
 
 def format_summary(result: dict[str, Any]) -> str:

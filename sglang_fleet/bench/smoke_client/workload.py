@@ -5,12 +5,13 @@ below it) and the workload's limits."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import os
 import random
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from sglang_fleet.bench.smoke_client import server_json
@@ -28,6 +29,8 @@ _WORDS = (  # noqa: SIM905 (a paragraph reads better than a hundred one-word lin
 ).split()
 # Limits on the workload, far above any real one, so a typo fails here, not as a MemoryError.
 MAX_TOKENS_PER_REQUEST = 1 << 21
+# A job's shape (--lengths): at most this many (prompt, output) pairs, taken in turn.
+MAX_LENGTH_PAIRS = 4096
 
 
 class VocabularyUnknown(Exception):
@@ -56,6 +59,41 @@ class Config:
     metrics_interval: float = 0.5
     timeout: float = 600.0
     vocab_size: int | None = None
+    # A job's shape: (prompt tokens, output tokens) of each request in turn, instead of the
+    # fixed random_input_len/random_output_len (docs/JOB.md, "Gate and tune on the job").
+    lengths: tuple[tuple[int, int], ...] | None = None
+
+    def pairs(self) -> tuple[tuple[int, int], ...]:
+        return self.lengths or ((self.random_input_len, self.random_output_len),)
+
+
+def parse_lengths(text: str) -> tuple[tuple[int, int], ...]:
+    """`I:O,I:O,...` as (prompt tokens, output tokens) pairs (what `python -m sglang_fleet.job
+    shape` prints); ValueError saying what is wrong. Read in one linear pass, every count a
+    plain number from 1 to MAX_TOKENS_PER_REQUEST, at most MAX_LENGTH_PAIRS pairs."""
+    words = text.strip().split(",")
+    if len(words) > MAX_LENGTH_PAIRS:
+        raise ValueError(f"{len(words)} pairs, more than {MAX_LENGTH_PAIRS}")
+    pairs = []
+    for number, word in enumerate(words, start=1):
+        prompt, sep, output = word.strip().partition(":")
+        counts = (prompt, output)
+        if not sep or not all(c.isdigit() and c.isascii() and len(c) <= 8 for c in counts):
+            raise ValueError(f"pair {number} ({word.strip()[:40]!r}) is not PROMPT:OUTPUT")
+        pair = (int(prompt), int(output))
+        if not all(1 <= c <= MAX_TOKENS_PER_REQUEST for c in pair):
+            raise ValueError(f"pair {number}: counts go from 1 to {MAX_TOKENS_PER_REQUEST}")
+        pairs.append(pair)
+    return tuple(pairs)
+
+
+def format_lengths(pairs: Iterable[tuple[int, int]]) -> str:
+    return ",".join(f"{prompt}:{output}" for prompt, output in pairs)
+
+
+def lengths_digest(pairs: tuple[tuple[int, int], ...]) -> str:
+    """A shape's identity in a result: two runs of one shape compare (the relative gate)."""
+    return hashlib.sha256(format_lengths(pairs).encode()).hexdigest()[:16]
 
 
 def token_ids(vocab_size: int) -> range:
@@ -63,14 +101,18 @@ def token_ids(vocab_size: int) -> range:
     return range(min(_FIRST_TOKEN_ID, vocab_size // 4), vocab_size)
 
 
-def _generate_body(cfg: Config, rng: random.Random, model: str, ids_from: range) -> bytes:
-    """One request body; a fixed seed gives the same workload on every run."""
+def _generate_body(
+    cfg: Config, rng: random.Random, model: str, ids_from: range, lengths: tuple[int, int]
+) -> bytes:
+    """One request body of `lengths` (prompt, output tokens); a fixed seed gives the same
+    workload on every run."""
+    input_len, output_len = lengths
     if cfg.backend == "sglang":
-        ids = rng.choices(ids_from, k=cfg.random_input_len)
+        ids = rng.choices(ids_from, k=input_len)
         payload: dict[str, Any] = {
             "input_ids": ids,
             "sampling_params": {
-                "max_new_tokens": cfg.random_output_len,
+                "max_new_tokens": output_len,
                 "ignore_eos": True,
                 "temperature": 0,
             },
@@ -78,11 +120,11 @@ def _generate_body(cfg: Config, rng: random.Random, model: str, ids_from: range)
         }
     else:
         # Common words are about one token each; the server's usage gives the exact count.
-        words = [rng.choice(_WORDS) for _ in range(cfg.random_input_len)]
+        words = [rng.choice(_WORDS) for _ in range(input_len)]
         payload = {
             "model": model,
             "prompt": " ".join(words),
-            "max_tokens": cfg.random_output_len,
+            "max_tokens": output_len,
             "temperature": 0,
             "ignore_eos": True,
             "stream": True,
@@ -93,12 +135,15 @@ def _generate_body(cfg: Config, rng: random.Random, model: str, ids_from: range)
 
 def request_bodies(
     cfg: Config, seed: int, model: str, count: int | None, ids_from: range
-) -> Iterator[bytes]:
-    """Request bodies in a fixed order; endless when ``count`` is None (duration mode)."""
+) -> Iterator[tuple[bytes, int]]:
+    """(request body, output tokens it asks for) in a fixed order, the shape's pairs in turn;
+    endless when ``count`` is None (duration mode)."""
     rng = random.Random(seed)
+    pairs = cfg.pairs()
     sent = 0
     while count is None or sent < count:
-        yield _generate_body(cfg, rng, model, ids_from)
+        lengths = pairs[sent % len(pairs)]
+        yield _generate_body(cfg, rng, model, ids_from, lengths), lengths[1]
         sent += 1
 
 
