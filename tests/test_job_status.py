@@ -9,7 +9,12 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import pty
 import signal
+import struct
+import subprocess
+import sys
+import termios
 import threading
 import time
 from pathlib import Path
@@ -248,3 +253,33 @@ def test_status_of_a_run_killed_against_the_double(
     done = status(tmp_path, capsys, "--json")
     assert done["state"] == "finished" and done["rows"]["left"] == 0
     assert len(outcome(tmp_path)["output"]) == 60
+
+
+@pytest.mark.slow
+def test_a_terminal_gets_the_opening_line_then_a_bar(tmp_path: Path, paced_double: Server) -> None:
+    """On a terminal (a pseudo-terminal of 120 columns here) the run prints its opening line,
+    then a tqdm bar with rows, rows/s, errors and tok/s, which ends at every row."""
+    write_input(tmp_path / "in.jsonl", [conversation(n) for n in range(24)])
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    args = [
+        sys.executable, "-m", "sglang_fleet.job", "run", str(tmp_path / "in.jsonl"),
+        "--output", str(tmp_path / OUT), "--server", paced_double.url, "--max-tokens", "12",
+    ]  # fmt: skip
+    proc = subprocess.Popen(args, stdout=follower, stderr=follower)
+    os.close(follower)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # EIO: the run closed its end
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(leader)
+    assert proc.wait(timeout=60) == 0
+    text = shown.decode(errors="replace")
+    assert text.startswith("job out: 24 rows in "), text[:300]
+    assert "\rout: 100%|" in text and "24/24 [" in text
+    assert "row/s" in text and "errors=0" in text and "tok_s=" in text

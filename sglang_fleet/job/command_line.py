@@ -215,8 +215,8 @@ def run(ns: argparse.Namespace) -> int:
     metrics = progress_mod.Metrics(name)
     if ns.metrics_port:
         metrics.serve(int(ns.metrics_port), ns.metrics_address)
-    display = progress_mod.Display(progress)
     print(_opening(name, index, found, pool), file=sys.stderr, flush=True)
+    display = progress_mod.Display(progress)  # after that line: a bar drawn first is broken by it
     runner = Runner(
         index, ledger, pool, settings, progress, status_path=ns.output + ".status.json",
         metrics=metrics, display=display,
