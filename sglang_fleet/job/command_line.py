@@ -211,11 +211,12 @@ def run(ns: argparse.Namespace) -> int:
     except LedgerError as exc:
         raise UsageError(str(exc)) from None
     progress = progress_mod.Progress(name, len(index.lines), dict(ledger.counts))
+    progress.errors.update(ledger.error_classes)
     metrics = progress_mod.Metrics(name)
     if ns.metrics_port:
         metrics.serve(int(ns.metrics_port), ns.metrics_address)
-    display = progress_mod.Display(progress)
     print(_opening(name, index, found, pool), file=sys.stderr, flush=True)
+    display = progress_mod.Display(progress)  # after that line: a bar drawn first is broken by it
     runner = Runner(
         index, ledger, pool, settings, progress, status_path=ns.output + ".status.json",
         metrics=metrics, display=display,
@@ -263,34 +264,81 @@ def _opening(name: str, index: rows.InputIndex, found: Any, pool: Pool) -> str:
 
 
 def status(ns: argparse.Namespace) -> int:
-    """The ledger's counts (what is on disk), with the running job's figures when it runs."""
-    counts = ledger_mod.read_counts(ns.output)
-    if counts is None:
+    """Where a job stands, running or not: the rows on record in its ledger (what is on disk),
+    its errors by class and the last one, whether a run holds it now (its lock), and the last
+    status its runs wrote: a live run's speed and ETA, or how the last run ended and when."""
+    record = ledger_mod.read_record(ns.output)
+    if record is None:
         raise UsageError(f"{ns.output}: no job ledger beside it ({ns.output}.ledger)")
-    snapshot: dict[str, Any] = {}
-    path = ns.output + ".status.json"
+    snapshot = _status_file(ns.output + ".status.json")
+    running = ledger_mod.held(ns.output)
+    if running is None:  # the lock cannot be tried by this user: the pid, as the file says
+        running = snapshot.get("state") == "running" and _alive(snapshot.get("pid"))
+    if not snapshot:
+        snapshot = progress_mod.Progress(
+            os.path.basename(ns.output), record.total, dict.fromkeys(ledger_mod.FILES, 0)
+        ).snapshot(None)
+        snapshot.update(state="running" if running else "not running", updated_at=None)
+    done = sum(record.counts.values())
+    snapshot["rows"] = {**record.counts, "total": record.total, "left": record.total - done}
+    snapshot["running"] = running
+    snapshot["errors_by_class"] = dict(sorted(record.errors_by_class.items()))
+    snapshot["last_error"] = _last_error(ns.output, record)
+    snapshot["input"] = {k: record.identity.get(f"input_{k}") for k in ("path", "size", "sha256")}
+    snapshot["settings"] = record.identity.get("settings")
+    if running and snapshot.get("state") != "running":
+        snapshot["state"], snapshot["message"] = "running", "starting"
+    elif not running:
+        _not_running(snapshot)
+    print(
+        json.dumps(snapshot, indent=1, sort_keys=True)
+        if ns.json
+        else progress_mod.status_text(snapshot)
+    )
+    return 0
+
+
+def _status_file(path: str) -> dict[str, Any]:
     try:
         with open(path, encoding="utf-8") as handle:
             snapshot = bounded_loads(handle.read(1 << 20), path)
     except (OSError, ValueError):
-        snapshot = {}
-    if not isinstance(snapshot, dict) or "rows" not in snapshot:
-        snapshot = progress_mod.Progress(
-            os.path.basename(ns.output), counts["total"], dict.fromkeys(ledger_mod.FILES, 0)
-        ).snapshot(None)
+        return {}
+    return snapshot if isinstance(snapshot, dict) and "rows" in snapshot else {}
+
+
+def _not_running(snapshot: dict[str, Any]) -> None:
+    """No run holds the job: no speed, no ETA, nothing in flight; a run that said it was
+    running ended without a word."""
+    if snapshot.get("state") == "running":
         snapshot["state"] = "not running"
-    done = {f: counts[f] for f in ledger_mod.FILES}
-    snapshot["rows"] = {
-        **done,
-        "total": counts["total"],
-        "left": counts["total"] - sum(done.values()),
+        snapshot["message"] = (
+            "the last run ended without a word (killed, crashed, or its host went down); "
+            "its rows on record are kept: run it again with the same input and output to resume"
+        )
+    elif snapshot.get("state") == "stopped" and not snapshot.get("message"):
+        snapshot["message"] = "stopped: run it again with the same input and output to resume"
+    snapshot.update(output_tok_s=0.0, rows_per_s=0.0, eta_s=None)
+    for server in snapshot.get("servers") or []:
+        if isinstance(server, dict):
+            server["in_flight"] = 0
+
+
+def _last_error(output: str, record: ledger_mod.OnRecord) -> dict[str, Any] | None:
+    """The last row on record in the error file: its id, class and what went wrong."""
+    entry = record.last_error
+    if entry is None:
+        return None
+    row = ledger_mod.read_line(output, entry) or {}
+    said = row.get("error")
+    if isinstance(said, dict):  # a batch line: {"code", "message"}
+        said = f"{said.get('code')}: {said.get('message')}"
+    shown = row.get("custom_id") or row.get("id") or entry.key  # a batch line's own id is ours
+    return {
+        "row": str(shown)[:200],
+        "class": entry.why,
+        "error": str(said)[:500] if said is not None else "(its line is not on disk yet)",
     }
-    if snapshot.get("state") == "running" and not _alive(snapshot.get("pid")):
-        snapshot["state"] = "not running (stopped without a word: run it again to resume)"
-    print(
-        json.dumps(snapshot, indent=1, sort_keys=True) if ns.json else progress_mod.line(snapshot)
-    )
-    return 0
 
 
 def _alive(pid: Any) -> bool:

@@ -21,6 +21,9 @@ sent, so that a SIGKILL or a reboot at any instant leaves every row in exactly o
 A write that fails (a full disk) cuts the file back to where it was and stops the run: nothing
 is half-written, and the row runs again on resume.
 
+An error row's entry also names its class (`"class": "timeout"`, calls.py's classes), so that
+`status` counts the job's errors by class, and finds its last error, from the ledger alone.
+
 The first ledger line holds the input's identity (path, size, SHA-256) and the job's settings'
 digest: the same output with another input is refused, never mixed.
 """
@@ -32,15 +35,24 @@ import fcntl
 import hashlib
 import json
 import os
+import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from sglang_fleet.job.rows import MAX_ROW_BYTES
 from sglang_fleet.module_utils.bounded_json import loads as bounded_loads
 
 SCHEMA = "sglang-fleet/job-ledger/1"
 FILES = ("output", "error", "skipped")
 MAX_LEDGER_LINE = 64 * 1024
 MAX_USAGE_PAIRS = 256  # calls of one row whose lengths are kept (a conversation's turns)
+# How long opening a job waits for its lock: `status` holds it for an instant to tell whether a
+# run holds it (held()); another run holds it for good and is refused after this.
+LOCK_WAIT_S = 2.0
+MAX_CLASS_CHARS = 40
+# The longest line read back (read_line): an input row at its bound with what a run adds to it.
+MAX_WRITTEN_LINE = 2 * MAX_ROW_BYTES
 
 
 class LedgerError(Exception):
@@ -75,12 +87,15 @@ class Entry:
     # (prompt tokens, completion tokens) of each of the row's calls: the job's real lengths,
     # which `python -m sglang_fleet.job shape` samples for the gate and autotune.
     usage: tuple[tuple[int, int], ...] = ()
+    why: str | None = None  # an error row's class
 
     def line(self) -> dict[str, Any]:
         line = {"key": self.key, "file": self.file, "end": self.end, "length": self.length,
                 "sha": self.sha}  # fmt: skip
         if self.usage:
             line["usage"] = [list(pair) for pair in self.usage]
+        if self.why:
+            line["class"] = self.why
         return line
 
 
@@ -102,6 +117,7 @@ class Ledger:
         self.sync_every = max(1, sync_every)
         self.entries: dict[str, Entry] = {}
         self.counts = dict.fromkeys(FILES, 0)
+        self.error_classes: Counter[str] = Counter()
         self.ends = dict.fromkeys(FILES, 0)
         self._fds: dict[str, int] = {}
         self._unsynced = 0
@@ -146,13 +162,19 @@ class Ledger:
     def _lock(self) -> None:
         path = self.paths["ledger"] + ".lock"
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            raise LedgerError(
-                f"another run of this job holds {path}: one run of a job at a time"
-            ) from None
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError:
+                if time.monotonic() < deadline:
+                    time.sleep(0.05)
+                    continue
+                os.close(fd)
+                raise LedgerError(
+                    f"another run of this job holds {path}: one run of a job at a time"
+                ) from None
         self._lock_fd = fd
 
     def _size(self, name: str) -> int:
@@ -180,7 +202,7 @@ class Ledger:
                 else:
                     fields = {k: record[k] for k in ("key", "file", "end", "length", "sha")}
                     usage = tuple(tuple(pair) for pair in record.get("usage") or ())
-                    entries.append(Entry(**fields, at=offset, usage=usage))
+                    entries.append(Entry(**fields, at=offset, usage=usage, why=_class(record)))
                 offset += len(raw)
         if offset < size:
             self.reconciled.cut_bytes["ledger"] = size - offset
@@ -250,23 +272,36 @@ class Ledger:
     def _take(self, entry: Entry) -> None:
         if entry.key in self.entries:
             raise LedgerError(f"{self.paths['ledger']} names row {entry.key!r} twice")
+        self._count(entry)
+        self.reconciled.done += 1
+
+    def _count(self, entry: Entry) -> None:
         self.entries[entry.key] = entry
         self.counts[entry.file] += 1
-        self.reconciled.done += 1
+        if entry.file == "error":
+            self.error_classes[entry.why or "unknown"] += 1
 
     # --- writing ------------------------------------------------------------------------
     def done(self, key: str) -> bool:
         return key in self.entries
 
     def record(
-        self, key: str, file: str, line: bytes, usage: list[tuple[int, int]] | None = None
+        self,
+        key: str,
+        file: str,
+        line: bytes,
+        *,
+        usage: list[tuple[int, int]] | None = None,
+        why: str | None = None,
     ) -> None:
-        """One finished row: its ledger entry, then its line; a failed write is undone."""
+        """One finished row: its ledger entry, then its line; a failed write is undone.
+        `usage`: each call's (prompt, completion) tokens; `why`: an error row's class."""
         if key in self.entries:
             raise LedgerError(f"row {key!r} was already written ({self.entries[key].file})")
         fd, start = self._fds[file], self.ends[file]
         kept = tuple((int(p), int(c)) for p, c in (usage or [])[:MAX_USAGE_PAIRS])
-        entry = Entry(key, file, start + len(line), len(line), _sha(line), usage=kept)
+        why = _class({"class": why}) if file == "error" else None
+        entry = Entry(key, file, start + len(line), len(line), _sha(line), usage=kept, why=why)
         ledger_start = os.fstat(self._fds["ledger"]).st_size
         self._append_ledger(entry.line())
         try:
@@ -276,8 +311,7 @@ class Ledger:
             os.ftruncate(self._fds["ledger"], ledger_start)
             raise LedgerError(_write_error(self.paths[file], exc)) from None
         self.ends[file] = entry.end
-        self.entries[key] = entry
-        self.counts[file] += 1
+        self._count(entry)
         self._unsynced += 1
         if self._unsynced >= self.sync_every:
             self.sync()
@@ -373,27 +407,99 @@ def _record(raw: bytes) -> dict[str, Any] | None:
     return record if valid else None
 
 
-def read_counts(output: str) -> dict[str, int] | None:
-    """{output, error, skipped, total} as the ledger says, read without its lock (a running job
-    keeps writing); None without a ledger. Only whole lines count."""
+@dataclass
+class OnRecord:
+    """What a job's ledger holds, read without its lock (a running job keeps writing)."""
+
+    identity: dict[str, Any]
+    counts: dict[str, int]
+    errors_by_class: Counter[str]
+    last_error: Entry | None
+
+    @property
+    def total(self) -> int:
+        return int(self.identity.get("rows") or 0)
+
+
+def read_record(output: str) -> OnRecord | None:
+    """The ledger's header, its rows by file, its errors by class and its last error entry;
+    None without a ledger. Only whole lines count, each row once."""
     path = file_paths(output)["ledger"]
-    counts = dict.fromkeys(FILES, 0)
-    total = 0
+    found = OnRecord({}, dict.fromkeys(FILES, 0), Counter(), None)
     seen: set[str] = set()
     try:
         with open(path, "rb") as handle:
-            for number, raw in enumerate(handle):
+            for number, raw in enumerate(iter(lambda: handle.readline(MAX_LEDGER_LINE + 1), b"")):
                 record = _record(raw) if raw.endswith(b"\n") else None
                 if record is None:
                     break
                 if number == 0:
-                    total = int((record.get("identity") or {}).get("rows") or 0)
+                    found.identity = record.get("identity") or {}
                 elif "key" in record and record["key"] not in seen:
                     seen.add(record["key"])
-                    counts[record["file"]] += 1
+                    found.counts[record["file"]] += 1
+                    if record["file"] == "error":
+                        fields = {k: record[k] for k in ("key", "file", "end", "length", "sha")}
+                        found.last_error = Entry(**fields, why=_class(record))
+                        found.errors_by_class[found.last_error.why or "unknown"] += 1
     except OSError:
         return None
-    return {**counts, "total": total}
+    return found
+
+
+def read_counts(output: str) -> dict[str, int] | None:
+    """{output, error, skipped, total} as the ledger says (read_record)."""
+    found = read_record(output)
+    return None if found is None else {**found.counts, "total": found.total}
+
+
+def read_line(output: str, entry: Entry) -> dict[str, Any] | None:
+    """The row an entry names, read from its file and checked against the entry's hash; None
+    when the file does not hold it (yet: a running job writes the entry first)."""
+    if entry.length > MAX_WRITTEN_LINE:
+        return None
+    try:
+        with open(file_paths(output)[entry.file], "rb") as handle:
+            handle.seek(entry.end - entry.length)
+            data = handle.read(entry.length)
+    except OSError:
+        return None
+    if len(data) != entry.length or _sha(data) != entry.sha:
+        return None
+    try:
+        row = bounded_loads(data, f"{entry.file} row {entry.key}")
+    except ValueError:
+        return None
+    return row if isinstance(row, dict) else None
+
+
+def held(output: str) -> bool | None:
+    """Whether a run of this job holds its lock now (a run that was killed, or whose host went
+    down, holds nothing); None when the lock cannot be tried (not readable by this user). The
+    lock is taken shared for an instant: a run starting then waits for it (LOCK_WAIT_S)."""
+    path = file_paths(output)["ledger"] + ".lock"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return None
+    finally:
+        os.close(fd)  # closing releases a lock taken
+    return False
+
+
+def _class(record: dict[str, Any]) -> str | None:
+    """An entry's error class: a short printable word, or None (an older ledger's entries)."""
+    value = record.get("class")
+    ok = isinstance(value, str) and 0 < len(value) <= MAX_CLASS_CHARS and value.isprintable()
+    return value if ok else None
 
 
 def _count(value: Any) -> bool:
