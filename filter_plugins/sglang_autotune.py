@@ -60,6 +60,8 @@ def sglang_autotune_smoke_workload(workload: Any) -> dict[str, Any]:
         "max_concurrency": typed["concurrency"],
         "random_input_len": typed["input_len"],
         "random_output_len": typed["output_len"],
+        # A job's shape: its lengths in turn, instead of the fixed ones (docs/JOB.md).
+        "lengths": typed.get("lengths"),
         "slo_ttft_ms": None,
         "slo_tpot_ms": None,
     }

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from sglang_fleet.job import ledger as ledger_mod
 from sglang_fleet.job import rows
+from sglang_fleet.job import shape as shape_mod
 from sglang_fleet.job.command_line import main
 from sglang_fleet.job.ledger import Ledger, LedgerError
 
@@ -293,3 +294,54 @@ def test_a_long_row_is_skipped_without_being_held(tmp_path: Path) -> None:
         ("line:1", False),
         ("small", True),
     ]
+
+
+# --- the job's shape ------------------------------------------------------------------------
+
+
+def test_a_shape_is_measured_from_the_ledger(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ledger = open_ledger(tmp_path)
+    ledger.record("a", "output", line("a"), usage=[(120, 40), (300, 40)])
+    ledger.record("b", "output", line("b"), usage=[(80, 12)])
+    ledger.record("c", "error", line("c"), why="row")
+    ledger.close()
+    assert main(["shape", str(tmp_path / "out.jsonl"), "--json"]) == 0
+    shape = json.loads(capsys.readouterr().out)
+    assert shape["source"].startswith("measured")
+    assert shape["lengths"] == "120:40,300:40,80:12"
+    assert (shape["pairs"], shape["mean_prompt_tokens"], shape["mean_output_tokens"]) == (
+        3,
+        167,
+        31,
+    )
+
+
+def test_a_shape_is_estimated_from_an_input_before_any_row_ran(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = tmp_path / "in.jsonl"
+    talk = [
+        {"role": "system", "content": "s" * 40},
+        {"role": "user", "content": "u" * 400},
+        {"role": "assistant", "content": "old"},
+        {"role": "user", "content": "v" * 80},
+    ]
+    batch = {
+        "custom_id": "b", "url": "/v1/completions", "body": {"prompt": "p" * 20, "max_tokens": 7}
+    }  # fmt: skip
+    source.write_text(json.dumps({"id": "a", "conversations": talk}) + "\n" + json.dumps(batch))
+    assert main(["shape", str(source), "--max-tokens", "50"]) == 0
+    # 10 + 100 tokens, then that plus its answer (50) and 20 more; the batch line's own 7.
+    assert capsys.readouterr().out.strip() == "110:50,180:50,5:7"
+    open_ledger(tmp_path, identity={**IDENTITY, "input_path": str(source)}).close()
+    assert main(["shape", str(tmp_path / "out.jsonl"), "--max-tokens", "50", "--json"]) == 0
+    assert "estimated from the input" in json.loads(capsys.readouterr().out)["source"]
+
+
+def test_a_large_shape_is_sampled_the_same_way_each_time() -> None:
+    pairs = [(n, n % 7 + 1) for n in range(1, 10_000)]
+    first = shape_mod.sample(pairs, 256)
+    assert first == shape_mod.sample(pairs, 256) and len(first) == 256
+    assert len(shape_mod.sample(pairs, 10**6)) == 4096

@@ -166,6 +166,11 @@ def test_both_formats_and_every_bad_row(tmp_path: Path, slow_double: Server) -> 
     assert "over the 8 MiB a row may hold" in reasons[len(lines)]
     assert found["error"] == []
     assert len(found["output"]) + len(found["skipped"]) == len(lines)
+    # Each call's lengths as the server counted them: the job's shape (job shape).
+    usage = ledger_mod.read_usage(str(tmp_path / "out.jsonl"))
+    turns = sum(1 + n % 2 for n in range(6))
+    assert sorted(c for _, c in usage) == sorted([MAX_TOKENS] * turns + [5])
+    assert all(prompt > 0 for prompt, _ in usage)
 
 
 def test_every_row_exactly_once_through_sigkills(tmp_path: Path, slow_double: Server) -> None:

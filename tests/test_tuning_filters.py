@@ -161,9 +161,21 @@ def test_the_trials_benchmark_is_the_search_workload_at_fixed_lengths():
         "max_concurrency": 150,
         "random_input_len": 100,
         "random_output_len": 50,
+        "lengths": None,
         "slo_ttft_ms": None,
         "slo_tpot_ms": None,
     }
+
+
+def test_a_jobs_shape_is_the_trials_benchmark():
+    """autotune_workload.lengths (python -m sglang_fleet.job shape): the trials run the job's
+    lengths, and the plans read their means."""
+    workload = {"lengths": "100:20, 300:60", "concurrency": 8, "num_prompts": None}
+    smoke = autotune_filters()["sglang_autotune_smoke_workload"](workload)
+    assert smoke["lengths"] == "100:20,300:60"
+    assert (smoke["random_input_len"], smoke["random_output_len"]) == (200, 40)
+    with pytest.raises(AnsibleFilterError, match="autotune_workload.lengths: pair 2"):
+        autotune_filters()["sglang_autotune_smoke_workload"]({**workload, "lengths": "1:1,x"})
 
 
 def test_the_trial_result_for_autotune_record():

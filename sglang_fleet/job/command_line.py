@@ -4,6 +4,7 @@
         [--concurrency N] [--max-tokens N] [--temperature T] [--sampling JSON]
         [--api-key-file FILE] [--metrics-port PORT] [--name NAME]
     python -m sglang_fleet.job status OUT [--json]
+    python -m sglang_fleet.job shape OUT|INPUT [--sample N] [--max-tokens N] [--json]
 
 `run` resumes by default: a second run with the same input and output sends only the rows the
 ledger does not hold. The API key comes from --api-key-file (`-` for standard input), the
@@ -25,9 +26,11 @@ from typing import Any
 
 from sglang_fleet import server_secrets
 from sglang_fleet.bench.smoke_client.http_client import HttpClient, api_key_problem, shown_url
+from sglang_fleet.bench.smoke_client.workload import MAX_LENGTH_PAIRS, format_lengths
 from sglang_fleet.job import ledger as ledger_mod
 from sglang_fleet.job import progress as progress_mod
 from sglang_fleet.job import rows
+from sglang_fleet.job import shape as shape_mod
 from sglang_fleet.job.ledger import Ledger, LedgerError
 from sglang_fleet.job.runner import Runner, Settings
 from sglang_fleet.job.servers import Pool, Server
@@ -117,6 +120,22 @@ def parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     run.add_argument("--metrics-address", default="127.0.0.1")
     run.add_argument("--json", action="store_true", help="print the final status as JSON")
+    shape = verbs.add_parser(
+        "shape", help="the job's lengths, sampled, for smoke_gate_workload.lengths and autotune",
+        allow_abbrev=False,
+    )  # fmt: skip
+    shape.add_argument(
+        "source", help="the job's output (its ledger: measured) or its input (estimated)"
+    )
+    shape.add_argument(
+        "--sample", type=_number(Range(1, MAX_LENGTH_PAIRS, integer=True), "--sample"),
+        default=shape_mod.DEFAULT_SAMPLE,
+    )  # fmt: skip
+    shape.add_argument(
+        "--max-tokens", type=_number(Range(1, 1 << 21, integer=True), "--max-tokens"),
+        default=2048, help="an input's output tokens per call (its estimate)",
+    )  # fmt: skip
+    shape.add_argument("--json", action="store_true", help="the shape with where it came from")
     status = verbs.add_parser("status", help="where a job stands (its ledger and status file)")
     status.add_argument("output")
     status.add_argument("--json", action="store_true")
@@ -353,10 +372,40 @@ def _alive(pid: Any) -> bool:
     return True
 
 
+def shape(ns: argparse.Namespace) -> int:
+    """The job's shape: measured from its ledger when `source` is an output whose rows ran,
+    else estimated from its input (the one the ledger names, or `source` itself as an input;
+    sglang_fleet/job/shape.py)."""
+    pairs = shape_mod.measured(ns.source)
+    source = "measured: the servers' usage counts in the job's ledger"
+    if not pairs:
+        identity = ledger_mod.read_identity(ns.source)
+        path = str(identity.get("input_path")) if identity else ns.source
+        try:
+            index = rows.scan(path)
+        except (rows.InputError, OSError) as exc:
+            raise UsageError(str(exc)) from None
+        pairs = shape_mod.estimated(index, int(ns.max_tokens))
+        source = (
+            f"estimated from the input {path}: {shape_mod.CHARS_PER_TOKEN} characters a token, "
+            f"{ns.max_tokens} output tokens a call"
+        )
+    if not pairs:
+        raise UsageError(f"{ns.source}: no call of the job to take a shape from")
+    picked = shape_mod.sample(pairs, int(ns.sample))
+    lengths = format_lengths(picked)
+    if ns.json:
+        print(json.dumps({**shape_mod.describe(picked, source), "lengths": lengths}, indent=1))
+    else:
+        print(lengths)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    verbs = {"run": run, "status": status, "shape": shape}
     try:
-        return run(args) if args.verb == "run" else status(args)
+        return verbs[args.verb](args)
     except UsageError as exc:
         print(f"python -m sglang_fleet.job {args.verb}: {exc}", file=sys.stderr)
         return USAGE

@@ -508,3 +508,36 @@ def _count(value: Any) -> bool:
 
 def _tokens(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 31
+
+
+def read_usage(output: str) -> list[tuple[int, int]] | None:
+    """Every call's (prompt, completion) tokens the ledger keeps, read without its lock (only
+    whole lines); None without a ledger."""
+    path = file_paths(output)["ledger"]
+    pairs: list[tuple[int, int]] = []
+    seen: set[str] = set()
+    try:
+        with open(path, "rb") as handle:
+            while raw := handle.readline(MAX_LEDGER_LINE + 1):
+                record = _record(raw) if raw.endswith(b"\n") else None
+                if record is None:
+                    break
+                if "key" in record and record["key"] not in seen:
+                    seen.add(record["key"])
+                    pairs += [(p, c) for p, c in record.get("usage") or ()]
+    except OSError:
+        return None
+    return pairs
+
+
+def read_identity(output: str) -> dict[str, Any] | None:
+    """The job's identity (its input's path, size and sha256, its settings) from the ledger's
+    first line; None without a ledger or one that does not start with it."""
+    try:
+        with open(file_paths(output)["ledger"], "rb") as handle:
+            raw = handle.readline(MAX_LEDGER_LINE + 1)
+    except OSError:
+        return None
+    record = _record(raw) if raw.endswith(b"\n") else None
+    identity = record.get("identity") if record and record.get("schema") == SCHEMA else None
+    return identity if isinstance(identity, dict) else None

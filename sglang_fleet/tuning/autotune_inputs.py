@@ -11,6 +11,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from sglang_fleet.bench.smoke_client.workload import format_lengths, parse_lengths
 from sglang_fleet.capacity import kv_cache
 from sglang_fleet.capacity.noop_flags import NOOP_FLAGS
 from sglang_fleet.module_utils import typed_number
@@ -33,7 +34,7 @@ PER_RANK_CHUNK = "chunked_prefill_size_per_rank"
 LOSSLESS_KV_DTYPES = ("auto", "bf16", "bfloat16", "fp16", "float16")
 DEFAULT_TOLERANCE = 0.05
 MAX_CANDIDATES = 1024
-WORKLOAD_KEYS = ("input_len", "output_len", "concurrency", "num_prompts")
+WORKLOAD_KEYS = ("input_len", "output_len", "concurrency", "num_prompts", "lengths")
 # Bounds that keep every figure of a plan finite: no request is longer than 16 Mi tokens and no
 # job has more prompts or concurrency than that.
 MAX_WORKLOAD_VALUE = 1 << 24
@@ -136,10 +137,14 @@ def validate_space(space: Any, allowed_dtypes: Iterable[str] | None = None) -> d
     return typed
 
 
-def validate_workload(workload: Any) -> dict[str, int]:
+def validate_workload(workload: Any) -> dict[str, Any]:
+    """The search's workload typed: fixed lengths (input_len, output_len), or a job's shape
+    (lengths: `I:O,...` from `python -m sglang_fleet.job shape`), whose means stand for the
+    lengths the planner reads where they are not given."""
     if not isinstance(workload, Mapping):
         raise AutotuneInputError(
             "autotune_workload must be a mapping {input_len, output_len, concurrency, num_prompts}"
+            " or {lengths, concurrency, num_prompts}"
         )
     unknown = sorted(str(key) for key in workload if key not in WORKLOAD_KEYS)
     if unknown:
@@ -147,8 +152,20 @@ def validate_workload(workload: Any) -> dict[str, int]:
             f"autotune_workload: unknown key(s) {', '.join(unknown)}; "
             f"allowed: {', '.join(WORKLOAD_KEYS)}"
         )
-    out = {}
+    out: dict[str, Any] = {}
+    shape = workload.get("lengths")
+    if shape is not None:
+        try:
+            pairs = parse_lengths(str(shape))
+        except ValueError as exc:
+            raise AutotuneInputError(f"autotune_workload.lengths: {exc}") from None
+        out["lengths"] = format_lengths(pairs)
+        for which, name in enumerate(("input_len", "output_len")):
+            mean = round(sum(pair[which] for pair in pairs) / len(pairs))
+            out[name] = mean if workload.get(name) is None else None
     for name in ("input_len", "output_len", "concurrency"):
+        if out.get(name) is not None:
+            continue
         if workload.get(name) is None:
             raise AutotuneInputError(f"autotune_workload.{name} is required")
         out[name] = _bounded_int(workload[name], f"autotune_workload.{name}")
