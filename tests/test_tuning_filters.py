@@ -174,7 +174,7 @@ def test_a_jobs_shape_is_the_trials_benchmark():
     smoke = autotune_filters()["sglang_autotune_smoke_workload"](workload)
     assert smoke["lengths"] == "100:20,300:60"
     assert (smoke["random_input_len"], smoke["random_output_len"]) == (200, 40)
-    with pytest.raises(AnsibleFilterError, match="autotune_workload.lengths: pair 2"):
+    with pytest.raises(AnsibleFilterError, match=r"autotune_workload\.lengths: pair 2"):
         autotune_filters()["sglang_autotune_smoke_workload"]({**workload, "lengths": "1:1,x"})
 
 
