@@ -11,7 +11,7 @@ from typing import Any
 
 from hypothesis import given
 from hypothesis import strategies as st
-from sglang_fleet.module_utils import model_stage_args
+from sglang_fleet.module_utils import model_stage_args, typed_number
 from sglang_fleet.module_utils.typed_number import finite_or_none
 from test_gate import smoke_result
 from test_plan import KIMI_CONFIG, KIMI_HOST, KIMI_LOG, KIMI_WEIGHTS
@@ -157,3 +157,24 @@ def test_a_hostile_figure_never_passes_a_limit_it_cannot_read(name: str, value: 
 def test_a_diagnosis_takes_any_figure(name: str, value: Any) -> None:
     verdict = diagnose(smoke_result(**{name: value}))
     assert isinstance(verdict["verdict"], str)
+
+
+@given(
+    st.one_of(
+        st.integers(),
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.text(max_size=200),
+        st.booleans(),
+        st.none(),
+        st.lists(st.integers(), max_size=2),
+        st.integers(min_value=-(10**600), max_value=10**600),
+    )
+)
+def test_any_value_is_a_number_in_range_or_a_number_error(value: Any) -> None:
+    """module_utils/typed_number.py itself: a number in range or NumberError, nothing else."""
+    try:
+        got = typed_number.read(value, "x", typed_number.Range(1, 4096, integer=True))
+    except typed_number.NumberError as exc:
+        assert exc.what == "x"
+        return
+    assert isinstance(got, int) and 1 <= got <= 4096

@@ -6,8 +6,6 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 from sglang_fleet.module_utils.typed_number import (
     MAX_INT,
     NumberError,
@@ -91,23 +89,3 @@ def test_a_recorded_figure_is_finite_or_none() -> None:
     for broken in (None, True, "x", math.nan, math.inf, 10**400, "1e999", [1], "9" * 5000):
         assert finite_or_none(broken) is None, broken
     assert finite_or_none(-1, Range(0)) is None
-
-
-@given(
-    st.one_of(
-        st.integers(),
-        st.floats(allow_nan=True, allow_infinity=True),
-        st.text(max_size=200),
-        st.booleans(),
-        st.none(),
-        st.lists(st.integers(), max_size=2),
-        st.integers(min_value=-(10**600), max_value=10**600),
-    )
-)
-def test_any_value_is_a_number_in_range_or_a_number_error(value) -> None:
-    try:
-        got = read(value, "x", COUNT)
-    except NumberError as exc:
-        assert exc.what == "x"
-        return
-    assert isinstance(got, int) and 1 <= got <= 4096
