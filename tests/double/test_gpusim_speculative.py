@@ -465,6 +465,19 @@ def test_speculation_changes_speed_not_text(servers: Any) -> None:
     assert answers["spec"]["text"] == answers["plain"]["text"]
     assert answers["spec"]["output_ids"] == answers["plain"]["output_ids"]
     assert answers["spec"]["meta_info"]["completion_tokens"] == 30
+    # Streamed, the speculative server's tokens come 3 per verify step (the last step, 2): every
+    # chunk ends on a step (a slow reader may see several steps in one chunk).
+    request = urllib.request.Request(
+        servers["spec"].url + "/generate",
+        data=json.dumps({**body, "stream": True}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=60) as response:
+        events = [e for e in response.read().decode().split("\n\n") if e]
+    chunks = [json.loads(e.removeprefix("data: ")) for e in events if e != "data: [DONE]"]
+    assert chunks[-1]["text"] == answers["plain"]["text"]
+    lengths = [len(c["output_ids"]) for c in chunks]
+    assert set(lengths) <= {1, *range(4, 29, 3), 30} and lengths[-1] == 30
 
 
 def test_spec_metrics_are_published_like_sglangs(servers: Any) -> None:
