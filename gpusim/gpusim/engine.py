@@ -13,6 +13,9 @@ Model (see README "Throughput model"):
   plus any HiCache host pool: a hit skips prefill work, it never adds decode slots.
 - version_slowdown (hardware.yaml `sglang_version_slowdown`, the installed SGLang's factor)
   multiplies both the decode step and the per-token prefill time: a version that regresses.
+- Speculative decoding (gpusim/speculative.py SpecDecode): a decode step is a verify of
+  batch x draft tokens rows plus the draft's forwards, and gives each request accept_length
+  tokens on average; the decode line carries SGLang's `accept len` and `accept rate`.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from dataclasses import dataclass, field
 
 from gpusim.logs import METRICS_REPORTER
 from gpusim.memory import MemoryPlan, prefill_oom_message
+from gpusim.speculative import SpecDecode
 from gpusim.state import Timing
 
 logger = METRICS_REPORTER  # SGLang logs batch lines from its metrics reporter
@@ -50,6 +54,9 @@ class Request:
     aborted: bool = False
     error: str | None = None
     progress: asyncio.Event = field(default_factory=asyncio.Event)
+    # Speculative decoding: accepted tokens owed but not yet whole (a fractional accept
+    # length is paid out as whole tokens, on average exactly the accept length).
+    spec_credit: float = 0.0
 
     @property
     def footprint(self) -> int:
@@ -75,6 +82,18 @@ class Stats:
     peak_running: int = 0
     peak_queue: int = 0
     peak_token_usage: float = 0.0
+
+
+@dataclass
+class SpecStats:
+    """What SGLang's metrics reporter publishes for speculation at each decode log interval
+    (`report_decode_stats`): the interval's mean accept length and rate, and the active
+    steps/draft tokens. All 0 until the first decode line, as on the real server."""
+
+    accept_length: float = 0.0
+    accept_rate: float = 0.0
+    num_steps: int = 0
+    num_draft_tokens: int = 0
 
 
 class PrefixCache:
@@ -128,8 +147,14 @@ class Scheduler:
         log_prefix: str | None = None,
         step_factor: float = 1.0,
         version_slowdown: float = 1.0,
+        spec: SpecDecode | None = None,
     ) -> None:
         self.plan = plan
+        self.spec = spec
+        self.spec_stats = SpecStats()
+        # Per decode-log interval, as metrics_reporter.py: accepted tokens and request-steps.
+        self._spec_accept_tokens = 0
+        self._spec_forward_ct = 0
         # An attention-DP rank's lines carry its own prefix (" DP1 TP2"); None: the default.
         self._log_extra = {} if log_prefix is None else {"extra": {"prefix": log_prefix}}
         self.step_factor = step_factor
@@ -184,17 +209,20 @@ class Scheduler:
 
     # -- simulated durations -----------------------------------------------------------------
     def decode_step_seconds(self, batch: int) -> float:
-        """One decode step of `batch` running requests."""
-        return (
-            self.timing.decode_step_s
-            * self.step_factor
-            * self.version_slowdown
-            * (1 + self.timing.batch_slowdown * (batch - 1))
-        )
+        """One decode step of `batch` running requests (with speculation: one draft-and-verify
+        step, SpecDecode.step_factor)."""
+        slowdown = self.timing.batch_slowdown
+        if self.spec is not None:
+            factor = self.spec.step_factor(batch, slowdown)
+        else:
+            factor = 1 + slowdown * (batch - 1)
+        return self.timing.decode_step_s * self.step_factor * self.version_slowdown * factor
 
     def prefill_seconds(self, new_tokens: int) -> float:
-        """One prefill batch of `new_tokens` uncached prompt tokens."""
-        return self.timing.prefill_token_s * self.version_slowdown * new_tokens
+        """One prefill batch of `new_tokens` uncached prompt tokens (a draft model prefills
+        them too: its extend costs its share of a target forward)."""
+        draft = self.spec.draft_cost if self.spec is not None else 0.0
+        return self.timing.prefill_token_s * self.version_slowdown * new_tokens * (1 + draft)
 
     @property
     def token_usage(self) -> float:
@@ -283,17 +311,33 @@ class Scheduler:
         batch = len(self.running)
         await self._sleep(self.decode_step_seconds(batch))
         now = time.perf_counter()
+        produced = 0
         for req in self.running:
-            self._emit(req, now)
-        self._tokens_since_log += batch
+            produced += self._emit(req, now, self._accepted(req))
+        self._tokens_since_log += produced
+        if self.spec is not None:
+            self._spec_accept_tokens += produced
+            self._spec_forward_ct += batch
         self.forward_ct_decode += 1
         if self.forward_ct_decode % self.decode_log_interval == 0:
             self._log_decode()
         self._reap()
 
-    def _emit(self, req: Request, now: float) -> None:
-        req.generated += 1
-        self.stats.generation_tokens_total += 1
+    def _accepted(self, req: Request) -> int:
+        """Tokens this decode step gives the request: 1, or with speculation the accept
+        length paid out in whole tokens (at least the bonus token)."""
+        if self.spec is None:
+            return 1
+        req.spec_credit += self.spec.accept_length
+        tokens = max(1, int(req.spec_credit))
+        req.spec_credit -= tokens
+        return tokens
+
+    def _emit(self, req: Request, now: float, count: int = 1) -> int:
+        """Give the request up to `count` tokens (never past max_new_tokens); how many."""
+        count = max(0, min(count, req.max_new_tokens - req.generated))
+        req.generated += count
+        self.stats.generation_tokens_total += count
         self.last_progress = now
         if req.first_token_at is None:
             req.first_token_at = now
@@ -302,6 +346,7 @@ class Scheduler:
             req.finished = True
             req.finished_at = now
         req.progress.set()
+        return count
 
     def _reap(self) -> None:
         done = [r for r in self.running if r.finished]
@@ -349,11 +394,28 @@ class Scheduler:
         cuda_graph = len(self.running) <= self.plan.decode_graph_max_bs
         logger.info(
             f"Decode batch, #running-req: {len(self.running)}, #token: {self.reserved}, "
-            f"token usage: {self.token_usage:.2f}, cuda graph: {cuda_graph}, "
+            f"token usage: {self.token_usage:.2f}, {self._spec_log_part()}"
+            f"cuda graph: {cuda_graph}, "
             f"gen throughput (token/s): {self.stats.gen_throughput:.2f}, "
             f"#queue-req: {len(self.waiting)}",
             **self._log_extra,
         )
+
+    def _spec_log_part(self) -> str:
+        """`report_decode_stats`' speculative part: the interval's mean accept length
+        (accepted tokens per request-step, the bonus token included) and rate (accepted drafts
+        over drafts proposed, draft tokens - 1 per request-step); the counters then restart.
+        Empty without speculation."""
+        if self.spec is None:
+            return ""
+        forwards = self._spec_forward_ct
+        length = self._spec_accept_tokens / forwards if forwards else 0.0
+        drafts = forwards * (self.spec.num_draft_tokens - 1)
+        correct = self._spec_accept_tokens - forwards  # one token per step is not a draft's
+        rate = correct / drafts if drafts > 0 else 0.0
+        self._spec_accept_tokens = self._spec_forward_ct = 0
+        self.spec_stats = SpecStats(length, rate, self.spec.num_steps, self.spec.num_draft_tokens)
+        return f"accept len: {length:.2f}, accept rate: {rate:.2f}, "
 
 
 class AttentionDPSchedulers:
@@ -446,6 +508,11 @@ class AttentionDPSchedulers:
     @property
     def sim_time(self) -> float:
         return max(rank.sim_time for rank in self.ranks)
+
+    @property
+    def spec_stats(self) -> SpecStats:
+        """Rank 0's published speculation figures (each rank reports its own in SGLang)."""
+        return self.ranks[0].spec_stats
 
     @property
     def stats(self) -> Stats:

@@ -451,13 +451,15 @@ async def server_info(request: web.Request) -> web.Response:
         "token_capacity_swa": None,
         "graph": {
             "prefill": round(plan.graph_mib["prefill"] / 1024, 3),
-            "decode": round(plan.graph_mib["decode"] / 1024, 3),
+            "decode": 0.0,
             "target_verify": 0.0,
             "draft_prefill": 0.0,
             "draft_decode": 0.0,
             "draft_extend": 0.0,
         },
     }
+    # With speculation the target's decode graph is its verify graph (cuda_graph_setup.py).
+    memory_usage["graph"][plan.decode_graph_phase] = round(plan.graph_mib["decode"] / 1024, 3)
     internal = {
         "memory_usage": memory_usage,
         "world_size": state.server_args.get("tp_size", 1) * state.server_args.get("pp_size", 1),

@@ -26,6 +26,8 @@ HTTP_SERVER = logging.getLogger("sglang.srt.entrypoints.http_server")  # fired u
 TOKENIZER_MANAGER = logging.getLogger("sglang.srt.managers.tokenizer_manager")  # SIGTERM, drain
 UVICORN_ERROR = logging.getLogger("uvicorn.error")  # "error while attempting to bind"
 COMMON_UTILS = logging.getLogger("sglang.srt.utils.common")  # dummy health server (node >= 1)
+# Flag resolution (launcher, before server_args=): the reset to 48 and the other warnings.
+SPECULATIVE_HOOK = logging.getLogger("sglang.srt.arg_groups.speculative_hook")
 # Scheduler processes (one per TP rank): their lines carry the rank prefix (" TP0").
 BOOTSTRAP = logging.getLogger("sglang.srt.distributed.bootstrap")  # Init parallel begin/ends
 MODEL_RUNNER = logging.getLogger("sglang.srt.model_executor.model_runner")  # Load weight

@@ -14,8 +14,12 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from gpusim.model import ModelShape
+
+if TYPE_CHECKING:
+    from gpusim.speculative import DraftPlacement
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -125,6 +129,19 @@ class MemoryPlan:
     host_pool_bytes_per_rank: int = 0
     warnings: list[str] = field(default_factory=list)
     hicache_failure: StartupFailure | None = None
+    # Speculative decoding (gpusim/speculative.py DraftPlacement): the draft's weights and its
+    # KV pool per rank, the bytes per token the target's budget priced for the draft, and what
+    # the draft pool takes beyond that price out of the memory outside the static pool.
+    draft_weight_gib: float = 0.0
+    draft_kv_gib: float = 0.0
+    draft_cell_size: float = 0.0
+    draft_budget_cell_size: float = 0.0
+    draft_kv_overrun_mib: float = 0.0
+    # The largest decode batch with a captured CUDA graph: the configured max bs, within the
+    # request slots (SGLang captures no batch larger than its req_to_token pool).
+    captured_decode_bs: int = 0
+    # The target's decode graph phase: "target_verify" with speculation (cuda_graph_setup.py).
+    decode_graph_phase: str = "decode"
 
     @property
     def graph_total_mib(self) -> float:
@@ -135,7 +152,7 @@ class MemoryPlan:
         """What one rank holds on its GPU once serving (what nvidia-smi shows)."""
         return round(
             CUDA_CONTEXT_MIB
-            + (self.weight_gib + self.kv_gib) * 1024
+            + (self.weight_gib + self.draft_weight_gib + self.kv_gib + self.draft_kv_gib) * 1024
             + self.graph_total_mib
             + self.runtime_mib
         )
@@ -356,6 +373,18 @@ def check_balance(free_mib_per_rank: list[int], least: int) -> None:
             )
 
 
+def draft_budget_bytes(
+    cell: float, model: ModelShape, args: MemoryArgs, draft: DraftPlacement | None
+) -> int:
+    """`DefaultPoolConfigurator` (EAGLE/EAGLE3/STANDALONE): the target's bytes per token grow
+    by int(cell x draft KV layers / this stage's layers), the draft priced at the target's
+    per-layer size whatever its own attention is. 0 without a draft (NGRAM included)."""
+    if draft is None or draft.draft_budget_layers <= 0:
+        return 0
+    layers = stage_layers(model.num_layers, args.pp_size)
+    return int(cell * draft.draft_budget_layers / layers)
+
+
 def plan_memory(
     model: ModelShape,
     args: MemoryArgs,
@@ -364,20 +393,29 @@ def plan_memory(
     host_ram_bytes: float,
     *,
     group_min_free_mib: int | None = None,
+    draft: DraftPlacement | None = None,
 ) -> MemoryPlan:
     """Run start-up's memory decisions; raise StartupFailure where SGLang would fail.
 
     free_mib_per_rank are this node's ranks; group_min_free_mib is the least over every node
     of a multi-node group (SGLang reduces it over all ranks, so all nodes size alike).
+    draft: speculative decoding's share (gpusim/speculative.py), None without it.
     """
     check_args(args)
     chunk, decode_bs = resolve_defaults(args, model, gpu_total_mib)
+    if draft is not None and draft.max_running_requests is not None:
+        # speculative_hook.py runs after memory_hook.py: the reset to 48 changes neither the
+        # default fraction nor the configured decode graph size, only the request slots.
+        args.max_running_requests = draft.max_running_requests
     mfs = args.mem_fraction_static
     assert mfs is not None
     least = min([*free_mib_per_rank, *([] if group_min_free_mib is None else [group_min_free_mib])])
     check_balance(free_mib_per_rank, least)
     pre_gib = (least - CUDA_CONTEXT_MIB) / 1024
-    weight_gib = weight_gib_per_rank(model, args)
+    target_weight_gib = weight_gib_per_rank(model, args)
+    draft_weight_gib = draft.draft_weight_bytes_per_rank / GIB if draft is not None else 0.0
+    # The draft loads right after the target, before the KV budget is profiled.
+    weight_gib = target_weight_gib + draft_weight_gib
     if weight_gib > pre_gib:
         raise StartupFailure(
             "torch.OutOfMemoryError",
@@ -399,7 +437,8 @@ def plan_memory(
             "kv_cache",
         )
     cell = cell_size_bytes(model, args.tp_size, args.kv_cache_dtype, args.pp_size)
-    tokens = int(rest_gib * GIB // cell)
+    budget_cell = cell + draft_budget_bytes(cell, model, args, draft)
+    tokens = int(rest_gib * GIB // budget_cell)
     if args.max_total_tokens is not None:
         tokens = min(tokens, args.max_total_tokens)
     page = args.page_size or 1
@@ -411,29 +450,45 @@ def plan_memory(
             f"Current value: mem_fraction_static={mfs}",
             "kv_cache",
         )
-    graph = graph_memory_mib(model, chunk, decode_bs, args.disable_cuda_graph, args.attn_dp_size)
+    max_running = max_running_requests(tokens, model.context_len, args)
+    # SGLang captures decode graphs only up to its request slots (get_batch_sizes_to_capture
+    # clamps to req_to_token_pool.size). The double applies that where speculation's reset to
+    # 48 put the slots under the graph size chosen before it; elsewhere it keeps charging the
+    # configured size (README, "Speculative decoding").
+    captured_bs = min(decode_bs, max_running) if draft is not None else decode_bs
+    graph = graph_memory_mib(model, chunk, captured_bs, args.disable_cuda_graph, args.attn_dp_size)
     runtime = RUNTIME_BASE_MIB + args.tp_size * args.pp_size / 8 * RUNTIME_PER_8_RANKS_MIB
     headroom = pre_gib * 1024 * (1 - mfs)
-    spare = headroom - sum(graph.values()) - runtime
+    draft_cell = draft.draft_cell_size if draft is not None else 0.0
+    # What the draft pool holds beyond the bytes the budget priced for it (negative: less).
+    overrun_mib = tokens * (draft_cell - (budget_cell - cell)) / MIB
+    spare = headroom - sum(graph.values()) - runtime - overrun_mib
     plan = MemoryPlan(
         gpu_total_mib=gpu_total_mib,
         mem_fraction_static=mfs,
         chunked_prefill_size=chunk,
         decode_graph_max_bs=decode_bs,
         pre_gib=pre_gib,
-        weight_gib=weight_gib,
+        weight_gib=target_weight_gib,
         post_gib=post_gib,
         rest_gib=rest_gib,
         multimodal_reserve_gib=mm_reserve_gib,
         cell_size=cell,
         max_total_num_tokens=tokens,
-        max_running_requests=max_running_requests(tokens, model.context_len, args),
+        max_running_requests=max_running,
         context_len=model.context_len,
         kv_gib=tokens * cell / GIB,
         graph_mib=graph,
         runtime_mib=runtime,
         headroom_mib=headroom,
         max_prefill_activation_tokens=max(0, int(spare / ACTIVATION_MIB_PER_TOKEN)),
+        draft_weight_gib=draft_weight_gib,
+        draft_kv_gib=tokens * draft_cell / GIB,
+        draft_cell_size=draft_cell,
+        draft_budget_cell_size=budget_cell - cell,
+        draft_kv_overrun_mib=overrun_mib if draft is not None else 0.0,
+        captured_decode_bs=captured_bs,
+        decode_graph_phase="target_verify" if draft is not None else "decode",
     )
     if args.enable_hierarchical_cache:
         # The host pool is sized after the device pool and graphs exist: fail at that point.
@@ -497,7 +552,7 @@ def _oom_message(short_gib: float, total_mib: int, free_gib: float) -> str:
 
 def capture_oom(plan: MemoryPlan) -> StartupFailure | None:
     """CUDA-graph capture fails when the headroom cannot even hold graphs + runtime buffers."""
-    need = plan.graph_total_mib + plan.runtime_mib
+    need = plan.graph_total_mib + plan.runtime_mib + plan.draft_kv_overrun_mib
     if need <= plan.headroom_mib:
         return None
     return StartupFailure(
@@ -506,6 +561,22 @@ def capture_oom(plan: MemoryPlan) -> StartupFailure | None:
             (need - plan.headroom_mib) / 1024, plan.gpu_total_mib, plan.headroom_mib / 1024
         ),
         "graph_capture",
+    )
+
+
+def draft_kv_oom(plan: MemoryPlan) -> StartupFailure | None:
+    """The draft pool, allocated after the target's, needs more than its price and more than
+    the memory outside the static pool holds."""
+    if plan.draft_kv_overrun_mib <= plan.headroom_mib:
+        return None
+    return StartupFailure(
+        "torch.OutOfMemoryError",
+        _oom_message(
+            (plan.draft_kv_overrun_mib - plan.headroom_mib) / 1024,
+            plan.gpu_total_mib,
+            plan.headroom_mib / 1024,
+        ),
+        "draft_kv",
     )
 
 

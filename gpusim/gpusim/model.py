@@ -17,6 +17,7 @@ MLA_ARCHITECTURES = frozenset(
         "DeepseekV2ForCausalLM",
         "DeepseekV3ForCausalLM",
         "DeepseekV32ForCausalLM",
+        "Eagle3DeepseekV2ForCausalLM",  # MLA EAGLE-3 drafts (kimi-k2.5-eagle3-mla)
         "KimiK25ForConditionalGeneration",
         "KimiVLForConditionalGeneration",
     }
@@ -64,6 +65,8 @@ class ModelShape:
     # Bytes of the attention projections and the input embedding that plain TP splits over
     # tp and attention DP splits over attn_tp = tp / attn_dp (README, "Attention DP").
     attn_split_bytes: int = 0
+    # `num_nextn_predict_layers` (MTP heads a DeepSeek-style checkpoint carries; 0 or None: none).
+    nextn_layers: int | None = None
 
     @property
     def is_mla(self) -> bool:
@@ -141,6 +144,9 @@ def load_model(model_path: str, context_length: int | None = None) -> ModelShape
         vit_layers=vit_layers,
         vit_hidden_size=vit_hidden,
         attn_split_bytes=split,
+        nextn_layers=int(cfg["num_nextn_predict_layers"])
+        if cfg.get("num_nextn_predict_layers") is not None
+        else None,
     )
 
 

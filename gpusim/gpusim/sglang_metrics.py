@@ -5,8 +5,9 @@ Names, types, label keys and label values are the real server's (scraped from SG
 CPU, tests/fixtures/real-sglang-0.5.23-cpu/metrics.txt; tests/double/test_contract_real.py holds
 the double to it). Values come from the double's scheduler and memory plan where it has them
 (KV slots, memory, startup phases, realtime token counts, HTTP traffic); features the double does
-not simulate (speculative decoding, SWA/mamba pools, disaggregation queues, routing keys, DP
-attention) are served at 0, which is what the real server reports when they are off.
+not simulate (SWA/mamba pools, disaggregation queues, routing keys, DP attention) are served at
+0, which is what the real server reports when they are off. Speculative decoding's gauges carry
+the scheduler's last published figures (engine.SpecStats; 0 without speculation).
 gpusim/README.md lists what stays different and why.
 """
 
@@ -61,12 +62,8 @@ ZERO_GAUGES = {
     "sglang:mamba_available_tokens": "Number of free state slots in the mamba SSM pool.",
     "sglang:mamba_evictable_tokens": "Number of evictable state slots in the mamba SSM pool.",
     "sglang:mamba_used_tokens": "Number of actively used state slots in the mamba SSM pool.",
-    "sglang:spec_accept_length": "Mean acceptance length of speculative decoding.",
-    "sglang:spec_accept_rate": "Speculative acceptance rate.",
     "sglang:spec_cap_length": "Mean DSpark confidence-scheduled verify window per verify step.",
     "sglang:spec_block_accept_length": "Mean uncapped full-block accept length per verify step.",
-    "sglang:spec_num_steps": "Currently active speculative_num_steps.",
-    "sglang:spec_num_draft_tokens": "Currently active speculative_num_draft_tokens.",
     "sglang:num_prefill_bootstrap_queue_reqs": "Requests in the prefill bootstrap queue.",
     "sglang:num_prefill_inflight_queue_reqs": "Requests in the prefill inflight queue.",
     "sglang:num_decode_prealloc_queue_reqs": "Requests in the decode prealloc queue.",
@@ -81,6 +78,26 @@ ZERO_GAUGES = {
     "sglang:fwd_occupancy": "Forward pass GPU occupancy percentage.",
     "sglang:new_token_ratio": "The new token ratio.",
     "sglang:num_unique_running_routing_keys": "Number of unique routing keys in running batch.",
+}
+# Speculative decoding's gauges (0.5.23 `srt/observability/metrics_collector.py`: Gauge, the
+# scheduler's labels, multiprocess_mode "mostrecent"), set from engine.SpecStats: what the
+# metrics reporter published at its last decode log interval (all 0 without speculation and
+# before the first decode line). Help texts are the wheel's.
+SPEC_GAUGES = {
+    "sglang:spec_accept_length": (
+        "Mean acceptance length of speculative decoding (accepted drafts + bonus token per "
+        "forward).",
+        "accept_length",
+    ),
+    "sglang:spec_accept_rate": (
+        "Speculative acceptance rate (`accepted drafts / proposed drafts` in batch).",
+        "accept_rate",
+    ),
+    "sglang:spec_num_steps": ("Currently active speculative_num_steps.", "num_steps"),
+    "sglang:spec_num_draft_tokens": (
+        "Currently active speculative_num_draft_tokens (decouples from steps under topk>1).",
+        "num_draft_tokens",
+    ),
 }
 TPOT_BUCKETS = (0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.025, 0.03, 0.035, 0.04, 0.06)
 TPOT_BUCKETS += (0.08, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0)
@@ -112,6 +129,7 @@ class SchedulerExtras:
             return Counter(name, doc, [*labels, *extra], registry=r)
 
         self.zero = {name: gauge(name, doc) for name, doc in ZERO_GAUGES.items()}
+        self.spec = {name: gauge(name, doc) for name, (doc, _) in SPEC_GAUGES.items()}
         self.retracted = gauge(
             "sglang:num_retracted_reqs", "The number of retracted requests.", "pid"
         )
@@ -230,7 +248,7 @@ class SchedulerExtras:
     def _create_series(self) -> None:
         """Every labelled series the real server shows from its first scrape."""
         s = self.sched
-        for metric in self.zero.values():
+        for metric in (*self.zero.values(), *self.spec.values()):
             metric.labels(**s).set(0)
         pid = str(os.getpid())
         self.retracted.labels(**s, pid=pid).set(0)
@@ -265,10 +283,15 @@ class SchedulerExtras:
         s, t = self.sched, scheduler.timing
         self.weight_gb.labels(**s).set(round(plan.weight_gib, 3))
         self.kv_gb.labels(**s).set(round(plan.kv_gib, 3))
+        # With speculation the target's decode graph is its verify graph ("target_verify").
+        by_phase = {
+            "prefill": plan.graph_mib.get("prefill", 0.0),
+            plan.decode_graph_phase: plan.graph_mib.get("decode", 0.0),
+        }
         for phase in GRAPH_PHASES:
-            mib = plan.graph_mib.get(phase, 0.0)
+            mib = by_phase.get(phase, 0.0)
             self.graph_gb.labels(**s, phase=phase).set(round(mib / 1024, 3))
-            capture = t.graph_capture_s if phase == "decode" and mib else 0.0
+            capture = t.graph_capture_s if phase == plan.decode_graph_phase and mib else 0.0
             self.startup_graph.labels(**self._tok_only(), phase=phase).set(capture)
         self.page_size.labels(**s).set(page_size)
         self.num_pages.labels(**s).set(plan.max_total_num_tokens // max(1, page_size))
@@ -294,6 +317,8 @@ class SchedulerExtras:
 
     def refresh(self, scheduler: Scheduler) -> None:
         s, stats = self.sched, scheduler.stats
+        for name, (_, attribute) in SPEC_GAUGES.items():
+            self.spec[name].labels(**s).set(getattr(scheduler.spec_stats, attribute))
         used = scheduler.reserved
         self.kv_used.labels(**s).set(used)
         self.kv_available.labels(**s).set(max(0, scheduler.max_total - used))

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from gpusim import distributed, flags, logs, state
+from gpusim import distributed, flags, logs, speculative, state
 from gpusim.distributed import GroupConfig, Leader, Member
 from gpusim.engine import AttentionDPSchedulers, Request, Scheduler
 from gpusim.http_api import Metrics, ServerState, build_app
@@ -41,12 +41,14 @@ from gpusim.memory import (
     StartupFailure,
     capture_oom,
     check_args,
+    draft_kv_oom,
     plan_memory,
     prefill_graph_buckets,
     weight_gib_per_rank,
 )
 from gpusim.model import ModelDirError, ModelShape, load_model
 from gpusim.rank import spawn as spawn_rank
+from gpusim.speculative import SpecDecode, Speculation
 from gpusim.tokenizer import WordTokenizer
 from gpusim.version import installed_sglang_version
 
@@ -130,6 +132,9 @@ class Launcher:
         )
         self.leader: Leader | None = None
         self.member: Member | None = None
+        # Speculative decoding (gpusim/speculative.py): the resolved flag set, its decode model.
+        self.speculation: Speculation | None = None
+        self.spec_decode: SpecDecode | None = None
 
     # -- process tree ----------------------------------------------------------------------
     def _gpu_of(self, local_rank: int) -> int:
@@ -233,9 +238,16 @@ class Launcher:
         failure: StartupFailure | None = None
         plan: MemoryPlan | None = None
         gpu_mib = self.hardware.gpu_memory_mib
+        draft = self.speculation.placement if self.speculation is not None else None
         try:
             plan = plan_memory(
-                model, mem_args, gpu_mib, free, host_bytes, group_min_free_mib=group_min_free
+                model,
+                mem_args,
+                gpu_mib,
+                free,
+                host_bytes,
+                group_min_free_mib=group_min_free,
+                draft=draft,
             )
         except StartupFailure as exc:
             failure = exc
@@ -338,6 +350,28 @@ class Launcher:
                 f"avail mem={self._avail_gib(rank):.2f} GB, mem usage={weight_gib:.2f} GB.",
                 extra=self._rank_extra(rank),
             )
+        self._load_draft_weights()
+
+    def _load_draft_weights(self) -> None:
+        """The draft worker's own ModelRunner loads next, with the same lines (scheduler.py
+        `maybe_init_draft_worker`, before any KV pool exists)."""
+        spec = self.speculation
+        if spec is None or spec.draft is None:
+            return
+        placement = spec.placement
+        draft_gib = placement.draft_weight_bytes_per_rank / GIB
+        for rank in self.ranks:
+            logs.MODEL_RUNNER.info(
+                f"Load weight begin. avail mem={self._avail_gib(rank):.2f} GB",
+                extra=self._rank_extra(rank),
+            )
+        for rank in self.ranks:
+            self._register(rank, rank.used_mib + draft_gib * 1024)
+            logs.MODEL_RUNNER.info(
+                f"Load weight end. elapsed=0.00 s, type={_draft_class(spec)}, "
+                f"avail mem={self._avail_gib(rank):.2f} GB, mem usage={draft_gib:.2f} GB.",
+                extra=self._rank_extra(rank),
+            )
 
     def _allocate_kv(self, plan: MemoryPlan, mem_args: MemoryArgs) -> None:
         dtype = KV_DTYPE_NAMES.get(mem_args.kv_cache_dtype, "torch.bfloat16")
@@ -364,6 +398,34 @@ class Launcher:
                 f"Memory pool end. avail mem={self._avail_gib(rank):.2f} GB",
                 extra=self._rank_extra(rank),
             )
+        self._allocate_draft_kv(plan)
+
+    def _allocate_draft_kv(self, plan: MemoryPlan) -> None:
+        """The draft's pool: the target's token count, the draft's own cell (scheduler.py
+        `init_memory_pools`); what it takes beyond its price comes out of the headroom."""
+        spec = self.speculation
+        if spec is None or spec.draft is None:
+            return
+        oom = draft_kv_oom(plan)
+        if oom is not None:
+            self.scheduler_exception(oom.exc_type, oom.message, running=False)
+        dtype = KV_DTYPE_NAMES.get(spec.placement.draft_kv_dtype, "torch.bfloat16")
+        kv_gb = plan.draft_kv_gib
+        for rank in self.ranks:
+            self._register(rank, rank.used_mib + kv_gb * 1024)
+            if spec.draft.is_mla:
+                sizes = f"KV size: {kv_gb:.2f} GB"
+            else:
+                sizes = f"K size: {kv_gb / 2:.2f} GB, V size: {kv_gb / 2:.2f} GB"
+            logs.MEMORY_POOL.info(
+                f"KV Cache is allocated. dtype: {dtype}, #tokens: {plan.max_total_num_tokens}, "
+                + sizes,
+                extra=self._rank_extra(rank),
+            )
+            logs.KV_CACHE_CONFIGURATOR.info(
+                f"Memory pool end. avail mem={self._avail_gib(rank):.2f} GB",
+                extra=self._rank_extra(rank),
+            )
 
     async def _capture_graphs(self, plan: MemoryPlan) -> None:
         if getattr(self.args, "attention_backend", None) == "torch_native":
@@ -375,7 +437,16 @@ class Launcher:
         oom = capture_oom(plan)
         for phase in ("decode", "prefill"):
             mib = plan.graph_mib[phase]
-            if phase == "decode":
+            name = phase
+            if phase == "decode" and self.speculation is not None:
+                # cuda_graph_setup.py: with speculation the target's decode graph verifies
+                # num_draft_tokens tokens per request.
+                name = "verify"
+                detail = (
+                    "CUDA graph begin. backend=full, "
+                    f"num_tokens_per_req={self.speculation.num_draft_tokens}"
+                )
+            elif phase == "decode":
                 detail = "CUDA graph begin. backend=full, num_tokens_per_req=1"
             else:
                 detail = "CUDA graph begin. backend=breakable, " + (
@@ -383,7 +454,7 @@ class Launcher:
                 )
             for rank in self.ranks:
                 logs.CUDA_GRAPH_SETUP.info(
-                    f"Capture target {phase} {detail}, avail mem={self._avail_gib(rank):.2f} GB",
+                    f"Capture target {name} {detail}, avail mem={self._avail_gib(rank):.2f} GB",
                     extra=self._rank_extra(rank),
                 )
             tic = time.perf_counter()
@@ -394,7 +465,7 @@ class Launcher:
                 extra = mib + (plan.runtime_mib if phase == "decode" else 0)
                 self._register(rank, rank.used_mib + extra)
                 logs.CUDA_GRAPH_SETUP.info(
-                    f"Capture target {phase} CUDA graph end. elapsed="
+                    f"Capture target {name} CUDA graph end. elapsed="
                     f"{time.perf_counter() - tic:.2f} s, mem usage={mib / 1024:.2f} GB, "
                     f"avail mem={self._avail_gib(rank):.2f} GB.",
                     extra=self._rank_extra(rank),
@@ -490,6 +561,8 @@ class Launcher:
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, self.on_sigterm)
         loop.add_signal_handler(signal.SIGINT, self.on_sigterm)
+        if self.speculation is not None:
+            self.spec_decode = speculative.decode_model(self.speculation, self.timing, model)
         self.server = self._server_state(model)
         self.server.vocab_size = model.vocab_size
         self.server.fatal = lambda kind, message: self.scheduler_exception(kind, message, True)
@@ -524,6 +597,7 @@ class Launcher:
                 log_prefix=prefix,
                 step_factor=factor,
                 version_slowdown=self.version_slowdown,
+                spec=self.spec_decode,
             )
 
         if self.attn_dp <= 1:
@@ -660,6 +734,18 @@ class Launcher:
         return self.exit_code
 
 
+def _draft_class(spec: Speculation) -> str:
+    """The draft model's class: its architecture, or the target's own MTP head in draft mode
+    (configs/model_config.py `_config_draft_model`)."""
+    assert spec.draft is not None
+    arch = spec.draft.architecture
+    if spec.draft_path != spec.draft.path or arch not in speculative.MTP_ARCHITECTURES:
+        return arch
+    if arch in ("DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM"):
+        return "DeepseekV3ForCausalLMNextN"
+    return f"{arch}NextN"
+
+
 def _reaped(pid: int) -> bool:
     try:
         return os.waitpid(pid, os.WNOHANG)[0] != 0
@@ -728,7 +814,34 @@ def _server_args_dict(args: argparse.Namespace) -> dict[str, object]:
     return {key: value for key, value in vars(args).items() if key != "config"}
 
 
-def _prepare(args: argparse.Namespace) -> tuple[ModelShape, MemoryArgs] | int:
+def _resolve_speculation(args: argparse.Namespace) -> Speculation | int | None:
+    """SGLang resolves `--speculative-*` with the other server arguments, before it logs
+    server_args= (its warnings come first); the resolved values replace the flags' in args.
+    An int is the exit code of a failure already reported."""
+    if getattr(args, "speculative_algorithm", None) is None:
+        return None
+    try:
+        model = load_model(args.model_path, getattr(args, "context_length", None))
+    except (ModelDirError, KeyError, ValueError):
+        return None  # _prepare reports the model directory
+    try:
+        spec = speculative.resolve(args, model)
+    except StartupFailure as exc:
+        print_traceback(exc.exc_type, exc.message, "ServerArgs.__post_init__()")
+        return 1
+    except (ModelDirError, KeyError, ValueError) as exc:
+        # The draft's directory: SGLang reads its config while resolving the algorithm.
+        print_traceback("OSError", str(exc), "get_config(speculative_draft_model_path)")
+        return 1
+    assert spec is not None
+    for key, value in spec.resolved.items():
+        setattr(args, key, value)
+    return spec
+
+
+def _prepare(
+    args: argparse.Namespace, spec: Speculation | None = None
+) -> tuple[ModelShape, MemoryArgs] | int:
     """Launcher-side checks; an int is the exit code of a failure already reported."""
     hardware = state.load_hardware()
     if not hardware.driver_loaded:
@@ -745,6 +858,9 @@ def _prepare(args: argparse.Namespace) -> tuple[ModelShape, MemoryArgs] | int:
         print_traceback("OSError", str(exc), "AutoConfig.from_pretrained(model_path)")
         return 1
     mem_args = _memory_args(args)
+    if spec is not None and spec.placement.max_running_requests is not None:
+        # The reset to 48 comes after the memory defaults (plan_memory applies it there).
+        mem_args.max_running_requests = None
     try:
         check_args(mem_args)
     except StartupFailure as exc:
@@ -771,6 +887,21 @@ def _prepare(args: argparse.Namespace) -> tuple[ModelShape, MemoryArgs] | int:
     return model, mem_args
 
 
+def _resolve_and_prepare(
+    args: argparse.Namespace, launcher: Launcher
+) -> tuple[ModelShape, MemoryArgs] | int:
+    """Resolve the arguments (speculation's first, as SGLang's warnings precede server_args=),
+    log them, then the launcher-side checks; an int is the exit code of a reported failure."""
+    speculation = _resolve_speculation(args)
+    if isinstance(speculation, int):
+        return speculation
+    launcher.speculation = speculation
+    # As 0.5.23's engine.py, secrets included: a logging config keeps them out of the journal.
+    logs.ENGINE.info(f"server_args={_server_args_dict(args)}")
+    _log_version(launcher)
+    return _prepare(args, speculation)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     _entrypoint_warning()
@@ -790,10 +921,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except LoggingConfigMissing as exc:
         print_traceback("Exception", str(exc), "configure_logger(server_args)")
         return 1
-    # As 0.5.23's engine.py, secrets included: a logging config keeps them out of the journal.
-    logs.ENGINE.info(f"server_args={_server_args_dict(args)}")
-    _log_version(launcher)
-    prepared = _prepare(args)
+    prepared = _resolve_and_prepare(args, launcher)
     if isinstance(prepared, int):
         return prepared
     model, mem_args = prepared

@@ -42,6 +42,12 @@ class Timing:
     # batch takes (the MoE layers' lockstep and all-gather are not modelled; README,
     # "Attention DP"). A model, not a measurement: a real host's autotune decides.
     attn_dp_step_factor: float = 1.0
+    # Speculative decoding (README, "Speculative decoding"): the mean tokens a request gains per
+    # verify step, the bonus token included (SGLang's `accept len`, sglang:spec_accept_length),
+    # capped at what one step can accept. With the verify's cost it sets the running batch
+    # above which speculation stops paying. A model, not a measurement: 2.5 is in the range
+    # published EAGLE-3 drafts of Kimi-K2.5 report for chat at 3 steps, top-k 1.
+    spec_accept_length: float = 2.5
 
 
 SLOWDOWN_KEY = "sglang_version_slowdown"
@@ -113,6 +119,12 @@ class Hardware:
         timing = Timing(
             **{k: float(v) for k, v in timing_data.items() if k in Timing.__dataclass_fields__}
         )
+        if not math.isfinite(timing.spec_accept_length) or timing.spec_accept_length < 1.0:
+            raise HardwareFileError(
+                "timing.spec_accept_length must be a number >= 1.0 (the mean tokens a request "
+                "gains per speculative verify step, the bonus token included), got "
+                f"{timing_data.get('spec_accept_length')!r}"
+            )
         slowdown = _version_slowdown(data.get(SLOWDOWN_KEY))
         return cls(**known, timing=timing, sglang_version_slowdown=slowdown)
 
