@@ -559,6 +559,8 @@ class GpuPlanner:
             "draft": None if self.draft is None else self.draft.as_dict(),
             "max_running_requests": self.max_running_requests(),
             "reset_to_48": self.a["max_running_requests"] is None,
+            # What the pool holds without the reset: the value to set.
+            "max_concurrent_requests_without_reset": self.concurrency(tokens, reset=False),
             "kv_budget_cell_bytes": self.target_cell + self.draft_budget_cell(),
         }
         if self.draft is not None:
