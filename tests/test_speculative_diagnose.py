@@ -294,3 +294,36 @@ def test_the_smoke_clients_samples_carry_the_accept_figures():
     assert row["num_running_reqs"] == 48  # summed over the schedulers
     assert row["spec_accept_length"] == 2.75
     assert round(row["spec_accept_rate"], 3) == 0.55
+
+
+def test_the_command_line_reads_the_draft_to_size_the_levers(tmp_path: Path, capsys):
+    import json  # noqa: PLC0415
+
+    from sglang_fleet.diagnosis.diagnose import main  # noqa: PLC0415
+
+    log = tmp_path / "server.log"
+    log.write_text(
+        "[2026-12-01 09:59:00 TP0] max_total_num_tokens=400751, chunked_prefill_size=8192, "
+        "max_prefill_tokens=16384, max_running_requests=48, context_len=262144, "
+        "available_gpu_mem=11.02 GB\n"
+        + "".join(
+            f"[2026-12-01 10:00:0{i} TP0] Decode batch, #running-req: 48, #token: 190000, token "
+            "usage: 0.47, accept len: 2.50, accept rate: 0.50, cuda graph: True, gen throughput "
+            "(token/s): 900.00, #queue-req: 102\n"
+            for i in range(3)
+        )
+    )
+    code = main(
+        ["--log", str(log), "--concurrency", "150", "--json",
+         "--model-path", str(MODELS / "kimi-k2.5-int4"), "--gpu-memory-mib", "97887",
+         "--gpu-name", GPU, "--tp-size", "8", "--mem-fraction-static", "0.88",
+         "--kv-cache-dtype", "fp8_e4m3", "--avg-input-len", "2000", "--avg-output-len", "2000",
+         "--speculative-algorithm", "EAGLE3",
+         "--speculative-draft-model-path", str(MODELS / "kimi-k2.5-eagle3")]
+    )  # fmt: skip
+    assert code == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["levers"][0]["code"] == "speculative_reset_cap"
+    assert "max_running_requests: 100 (what the planner says" in result["levers"][0]["message"]
+    # At 48 running and accept length 2.5 the planner's model says it pays (x1.56).
+    assert any(n.startswith("Speculation pays at this load") for n in result["notes"])
