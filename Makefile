@@ -128,7 +128,7 @@ demo: $(BIN)/.stamp image wheelhouse
 	@scripts/demo.sh
 
 # Every benchmark in bench/ (bench/README.md); BENCHES=fleet_noop runs one.
-BENCHES ?= smoke_vs_bench_serving autotune_vs_grid fleet_noop attention_dp_job rollout_overhead planner_accuracy job_runner
+BENCHES ?= smoke_vs_bench_serving autotune_vs_grid fleet_noop attention_dp_job rollout_overhead planner_accuracy job_runner speculative
 bench: $(BIN)/.stamp image wheelhouse sglang-ref
 	@for b in $(BENCHES); do echo "==> bench/$$b.py"; $(BIN)/python bench/$$b.py; done
 	@echo "==> property tests, long profile (docs/TESTING.md)"

@@ -50,6 +50,7 @@ from sglang_fleet.module_utils.bounded_json import loads as bounded_loads
 
 from sglang_fleet.ansible_values import plain
 from sglang_fleet.capacity import calibration
+from sglang_fleet.capacity.planner_inputs import PlanInputError
 from sglang_fleet.capacity.verdict import verdict
 from sglang_fleet.rollout import preflight_inputs as preflight
 from sglang_fleet.rollout.verb_action import VerbAction
@@ -67,8 +68,10 @@ OPTIONAL = (
     "warnings_fatal",
     "proven",
     "router_keys",
+    "speculation_reset",
 )
 CALIBRATION_MODES = ("enforce", "warn", "ignore")
+SPECULATION_RESET_MODES = ("warn", "refuse")
 
 
 class Stop(Exception):
@@ -93,6 +96,13 @@ class ActionModule(VerbAction):
                 f"sglang_server_calibration_mode must be one of {', '.join(CALIBRATION_MODES)}, "
                 f"got {mode!r}"
             )
+        reset = args.get("speculation_reset") or "warn"
+        if reset not in SPECULATION_RESET_MODES:
+            raise AnsibleActionFail(
+                "sglang_server_speculation_reset must be one of "
+                f"{', '.join(SPECULATION_RESET_MODES)}, got {reset!r}"
+            )
+        args["speculation_reset"] = reset
         for name in ("plan", "warnings_fatal"):
             if not isinstance(args.get(name, False), bool):
                 raise AnsibleActionFail(
@@ -159,7 +169,11 @@ class ActionModule(VerbAction):
                 }
                 for server in servers
             ],
-            "models": sorted({server["model_path"] for server in servers}),
+            # The models, and the draft models of speculative servers (docs/SPECULATIVE.md).
+            "models": sorted(
+                {server["model_path"] for server in servers}
+                | {path for server in servers if (path := preflight.draft_path(server))}
+            ),
             # The calibration stores (unless ignored) and the last-known-good records.
             "files": (
                 [server["paths"]["calibration_file"] for server in servers]
@@ -346,12 +360,12 @@ class ActionModule(VerbAction):
         self._step(f"ports of {len(servers)} server(s): {len(problems)} held by others")
         return problems
 
-    def _plan(
-        self, server: dict[str, Any], context: dict[str, Any], check_mode: bool
-    ) -> dict[str, Any] | str | None:
-        """The server's plan; a problem's message; None where check mode cannot plan yet."""
+    def _model_description(
+        self, server: dict[str, Any], found: dict[str, Any], check_mode: bool
+    ) -> tuple[Any, Any] | str | None:
+        """(config.json text, weight bytes) of the server's model as read; a problem's
+        message; None where check mode cannot plan yet."""
         name, model = server["name"], server["model_path"]
-        found = context["found"]
         read = (found.get("models") or {}).get(model) or {}
         config, weights = read.get("config"), read.get("weight_bytes")
         if read.get("error"):
@@ -371,6 +385,21 @@ class ActionModule(VerbAction):
                 f"sglang_server_instances[{name}].model_path: {model} has neither a "
                 "model.safetensors.index.json with metadata.total_size nor *.safetensors"
             )
+        return config, weights
+
+    def _plan(
+        self, server: dict[str, Any], context: dict[str, Any], check_mode: bool
+    ) -> dict[str, Any] | str | None:
+        """The server's plan; a problem's message; None where check mode cannot plan yet."""
+        name = server["name"]
+        found = context["found"]
+        model = self._model_description(server, found, check_mode)
+        if not isinstance(model, tuple):
+            return model
+        config, weights = model
+        draft = self._draft(server, found)
+        if isinstance(draft, str):
+            return draft
         args = context["args"]
         stored = None
         if context["mode"] != "ignore":
@@ -392,7 +421,15 @@ class ActionModule(VerbAction):
                 args["host_ram_mib"],
                 args.get("workload") or {},
                 stored,
+                draft=draft,
+                speculation_reset=args["speculation_reset"],
             )
+        except PlanInputError as exc:
+            if exc.argument in (server.get("flags") or {}):
+                # A flag of the server's (a draft SGLang cannot run, say): named as the inventory
+                # names it.
+                return f"sglang_server_instances[{name}].flags.{exc.argument}: {exc.message}"
+            return f"sglang_server_instances[{name}]: cannot plan: {exc}"
         except ValueError as exc:
             return f"sglang_server_instances[{name}]: cannot plan: {exc}"
         # What the calibration of this start is keyed by (docs/CALIBRATION.md); the planner took
@@ -403,6 +440,29 @@ class ActionModule(VerbAction):
             )
         self._step(f"planned {name}: {planned.get('max_total_num_tokens')} KV tokens")
         return json.loads(json.dumps(planned))
+
+    @staticmethod
+    def _draft(server: dict[str, Any], found: dict[str, Any]) -> dict[str, Any] | str | None:
+        """The draft model's description as read ({config, weight_bytes}), None without one,
+        or why it cannot be planned: a missing draft refuses the flag set, named."""
+        path = preflight.draft_path(server)
+        if path is None:
+            return None
+        read = (found.get("models") or {}).get(path) or {}
+        where = f"sglang_server_instances[{server['name']}].flags.speculative_draft_model_path"
+        if read.get("error"):
+            return f"{where}: {path}: {read['error']}"
+        if read.get("config") is None:
+            return (
+                f"{where}: {path}/config.json does not exist: the draft model is not on this "
+                "host (SGLang would fail loading it after the old server stopped)"
+            )
+        if read.get("weight_bytes") is None:
+            return (
+                f"{where}: {path} has neither a model.safetensors.index.json with "
+                "metadata.total_size nor *.safetensors"
+            )
+        return {"config": read["config"], "weight_bytes": read["weight_bytes"]}
 
 
 def _lkg_meta(server: Mapping[str, Any]) -> str:

@@ -4,6 +4,7 @@
                                                max_trials) }}      typed, or the error to fix
     {{ autotune_workload | sglang_autotune_smoke_workload }}        smoke_gate_workload's keys
     {{ trial_result | sglang_autotune_trial_result(smoke_json) }}   RESULT.json of `record`
+    {{ space | sglang_autotune_draft_paths(base_flags) }}            draft models to read
 
 Thin wrappers over the installed sglang_fleet package (tuning/autotune_inputs.py,
 docs/AUTOTUNE.md): a bad input fails the task naming the variable and what it allows, before
@@ -88,6 +89,12 @@ def sglang_autotune_trial_result(trial: Any, smoke: Any = None) -> dict[str, Any
     }
 
 
+def sglang_autotune_draft_paths(space: Any, base_flags: Any) -> list[str]:
+    """autotune_inputs.draft_paths(): the draft models a search may start (the typed space of
+    sglang_autotune_inputs and the server's flags), read on the canary before any trial."""
+    return autotune_inputs.draft_paths(plain(space) or {}, plain(base_flags) or {})
+
+
 class FilterModule:
     """Ansible's entry point for filter plugins."""
 
@@ -96,4 +103,5 @@ class FilterModule:
             "sglang_autotune_inputs": sglang_autotune_inputs,
             "sglang_autotune_smoke_workload": sglang_autotune_smoke_workload,
             "sglang_autotune_trial_result": sglang_autotune_trial_result,
+            "sglang_autotune_draft_paths": sglang_autotune_draft_paths,
         }

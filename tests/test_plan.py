@@ -49,6 +49,7 @@ REQUIRED_KEYS = {
     "total_kv_tokens",
     "layout",
     "decode_roofline",
+    "speculative",
 }
 
 KIMI_CONFIG, KIMI_WEIGHTS = read_model_dir(KIMI_DIR)

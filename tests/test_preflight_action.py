@@ -327,6 +327,7 @@ def test_gpus_that_cannot_be_read_stop_the_check_at_once() -> None:
         ({"calibration_mode": "strict"}, "sglang_server_calibration_mode must be one of"),
         ({"plan": "yes"}, "plan must be true or false"),
         ({"python": ""}, "python required"),
+        ({"speculation_reset": "ignore"}, "sglang_server_speculation_reset must be one of"),
     ],
 )
 def test_bad_arguments_fail_before_the_host_is_read(change: dict, message: str) -> None:
@@ -344,3 +345,99 @@ def test_systemds_states_are_read_in_the_order_asked() -> None:
     ]
     with pytest.raises(ValueError, match="2 state"):
         preflight.running_units(units, "running\n\ndead\n")
+
+
+# --- speculative decoding (docs/SPECULATIVE.md) -------------------------------------------------
+DRAFT = Path(__file__).resolve().parent / "fixtures" / "models" / "kimi-k2.5-eagle3"
+DRAFT_CONFIG, DRAFT_WEIGHTS = read_model_dir(DRAFT)
+EAGLE3_FLAGS = {
+    "mem_fraction_static": 0.88,
+    "kv_cache_dtype": "fp8_e4m3",
+    "speculative_algorithm": "EAGLE3",
+    "speculative_draft_model_path": "/srv/models/kimi-eagle3",
+    "speculative_num_steps": 3,
+    "speculative_eagle_topk": 1,
+    "speculative_num_draft_tokens": 4,
+}
+
+
+def draft_files(config: dict[str, Any] = DRAFT_CONFIG) -> dict[str, str]:
+    return {
+        "/srv/models/kimi-eagle3/config.json": json.dumps(config),
+        "/srv/models/kimi-eagle3/model.safetensors.index.json": json.dumps(
+            {"metadata": {"total_size": DRAFT_WEIGHTS}}
+        ),
+    }
+
+
+def speculative_host(files: dict[str, str]) -> dict[str, Any]:
+    host = kimi_host()
+    return host | {"files": host["files"] | files}
+
+
+def test_the_draft_model_is_read_with_the_model_and_planned() -> None:
+    servers = describe(INSTANCE | {"flags": EAGLE3_FLAGS | {"max_running_requests": 100}})
+    action = FakePreflight(args(servers), speculative_host(draft_files()))
+    result = action.run_it()
+    assert not result.get("failed"), result["msg"]
+    [read] = [a for name, a in action.calls if name == "sglang_host_state"]
+    assert read["read"]["models"] == ["/srv/models/kimi", "/srv/models/kimi-eagle3"]
+    draft = result["plans"]["kimi"]["speculative"]["draft"]
+    assert (draft["architecture"], draft["budget_cell_bytes"]) == (
+        "Eagle3DeepseekV2ForCausalLM",
+        576,
+    )
+
+
+def test_a_missing_draft_model_blocks_naming_the_flag() -> None:
+    servers = describe(INSTANCE | {"flags": EAGLE3_FLAGS | {"max_running_requests": 100}})
+    result = FakePreflight(args(servers), kimi_host()).run_it()
+    assert result["failed"] is True
+    assert result["msg"] == (
+        "sglang_server_instances[kimi].flags.speculative_draft_model_path: "
+        "/srv/models/kimi-eagle3/config.json does not exist: the draft model is not on this host "
+        "(SGLang would fail loading it after the old server stopped)"
+    )
+
+
+def test_a_draft_of_another_architecture_blocks_naming_the_flag() -> None:
+    servers = describe(INSTANCE | {"flags": EAGLE3_FLAGS | {"max_running_requests": 100}})
+    host = speculative_host(draft_files(KIMI_CONFIG))  # the target itself as an EAGLE-3 draft
+    result = FakePreflight(args(servers), host).run_it()
+    assert result["failed"] is True
+    assert result["msg"].startswith(
+        "sglang_server_instances[kimi].flags.speculative_draft_model_path: "
+        "/srv/models/kimi-eagle3: EAGLE3 needs an EAGLE-3 draft"
+    ), result["msg"]
+
+
+@pytest.mark.parametrize("mode", ["warn", "refuse"])
+def test_the_48_reset_is_warned_or_refused_as_the_inventory_chooses(mode: str) -> None:
+    servers = describe(INSTANCE | {"flags": EAGLE3_FLAGS})
+    workload = WORKLOAD | {"job_concurrency": 150}
+    action = FakePreflight(
+        args(servers, speculation_reset=mode, workload=workload),
+        speculative_host(draft_files()),
+    )
+    result = action.run_it()
+    said = "WARNING speculative_max_running_requests_reset" in result["bounds"]["kimi"]
+    assert said is (mode == "warn")
+    assert bool(result.get("failed")) is (mode == "refuse")
+    if mode == "refuse":
+        assert result["msg"].startswith(
+            "sglang_server_instances[kimi]: --max-running-requests is not given: SGLang 0.5.23 "
+            "resets it to 48"
+        )
+        assert "the job's 150 concurrent requests would run 48 at a time" in result["msg"]
+
+
+def test_a_speculative_flag_sglang_would_change_is_refused_before_planning() -> None:
+    flags = EAGLE3_FLAGS | {"speculative_num_draft_tokens": 6, "max_running_requests": 100}
+    servers = describe(INSTANCE | {"flags": flags})
+    result = FakePreflight(args(servers), speculative_host(draft_files())).run_it()
+    assert result["failed"] is True
+    assert result["msg"].startswith(
+        "sglang_server_instances[kimi].flags.speculative_num_draft_tokens: 6: 6 with "
+        "speculative_eagle_topk 1 and speculative_num_steps 3: SGLang 0.5.23 replaces it"
+    ), result["msg"]
+    assert result["plans"] == {}

@@ -177,7 +177,7 @@ def attention_elem_bytes(config: dict[str, Any]) -> int:
     return 1 if method == "fp8" else 2
 
 
-def _attention_params(text: dict[str, Any], shape: ModelShape) -> tuple[int, int]:
+def attention_params(text: dict[str, Any], shape: ModelShape) -> tuple[int, int]:
     """(replicated, attn_split) parameters of one layer's attention."""
     hidden = _dim(text, "hidden_size")
     heads = _dim(text, "num_attention_heads", 1)
@@ -206,7 +206,7 @@ def weight_layout(config: dict[str, Any], shape: ModelShape, weight_bytes: int) 
     layers = shape.num_layers
     hidden = _dim(text, "hidden_size")
     vocab = _dim(text, "vocab_size")
-    replicated, split = _attention_params(text, shape)
+    replicated, split = attention_params(text, shape)
     experts = _dim(text, "n_routed_experts") or _dim(text, "num_experts")
     dense_layers = min(_dim(text, "first_k_dense_replace"), layers) if experts else layers
     moe_layers = layers - dense_layers
@@ -252,14 +252,20 @@ def extra_weight_gib(w: WeightLayout, tp_size: int, attn_dp_size: int) -> float:
 
 
 # --- decode roofline ------------------------------------------------------------------------
-def gpu_bandwidth_gbs(gpu_name: str | None) -> tuple[float | None, str | None]:
-    """(GB/s, the table key that matched) for an nvidia-smi GPU name; (None, None) if unknown."""
+def table_lookup(table: dict[str, float], gpu_name: str | None) -> tuple[float | None, str | None]:
+    """(value, the key that matched) of a table keyed by GPU model, for an nvidia-smi GPU name:
+    keys match as whole words, the longest first (so "A100" never matches "A10")."""
     if not gpu_name:
         return None, None
-    for key in sorted(GPU_BANDWIDTH_GBS, key=len, reverse=True):
+    for key in sorted(table, key=len, reverse=True):
         if re.search(rf"(?<![A-Za-z0-9]){re.escape(key)}(?![A-Za-z0-9])", gpu_name, re.I):
-            return GPU_BANDWIDTH_GBS[key], key
+            return table[key], key
     return None, None
+
+
+def gpu_bandwidth_gbs(gpu_name: str | None) -> tuple[float | None, str | None]:
+    """(GB/s, the table key that matched) for an nvidia-smi GPU name; (None, None) if unknown."""
+    return table_lookup(GPU_BANDWIDTH_GBS, gpu_name)
 
 
 def experts_touched(n_experts: int, top_k: int, tokens: int) -> float:
@@ -268,6 +274,30 @@ def experts_touched(n_experts: int, top_k: int, tokens: int) -> float:
     if n_experts <= 0 or tokens <= 0:
         return 0.0
     return n_experts * (1 - (1 - min(top_k, n_experts) / n_experts) ** tokens)
+
+
+def step_bytes(
+    w: WeightLayout,
+    layout: Layout,
+    *,
+    tokens: int,
+    requests: int,
+    context_tokens: int,
+    cell_size_bytes: int,
+) -> float:
+    """Bytes one forward step reads on one GPU: the weights of its layout except routed experts
+    none of the step's `tokens` chose (the MoE layers see the whole replica's tokens, gathered
+    over attention-DP ranks), and the KV of its attention-DP rank's share of `requests`, each
+    holding `context_tokens`. A decode step has one token per request; a speculative verify
+    step has num_draft_tokens per request and reads each request's KV once."""
+    per_replica_tokens = math.ceil(tokens / layout.dp_size)
+    full = weights_per_gpu_bytes(w, layout.tp_size, layout.attn_dp_size)
+    idle = 0.0
+    if w.n_routed_experts and w.routed_experts:
+        touched = experts_touched(w.n_routed_experts, w.experts_per_tok, per_replica_tokens)
+        idle = w.routed_experts * (1 - touched / w.n_routed_experts) / layout.tp_size
+    per_rank = math.ceil(math.ceil(requests / layout.dp_size) / layout.attn_dp_size)
+    return full - idle + per_rank * context_tokens * cell_size_bytes
 
 
 @dataclass(frozen=True)
@@ -311,15 +341,20 @@ def decode_roofline(
     """
     if batch <= 0 or bandwidth_gbs <= 0:
         return None
-    per_replica = math.ceil(batch / layout.dp_size)
-    full = weights_per_gpu_bytes(w, layout.tp_size, layout.attn_dp_size)
-    idle = 0.0
-    if w.n_routed_experts and w.routed_experts:
-        touched = experts_touched(w.n_routed_experts, w.experts_per_tok, per_replica)
-        idle = w.routed_experts * (1 - touched / w.n_routed_experts) / layout.tp_size
-    weights = full - idle
-    per_rank = math.ceil(per_replica / layout.attn_dp_size)
-    kv = per_rank * context_tokens * cell_size_bytes
+    weights = step_bytes(
+        w, layout, tokens=batch, requests=batch, context_tokens=0, cell_size_bytes=0
+    )
+    kv = (
+        step_bytes(
+            w,
+            layout,
+            tokens=batch,
+            requests=batch,
+            context_tokens=context_tokens,
+            cell_size_bytes=cell_size_bytes,
+        )
+        - weights
+    )
     step_s = (weights + kv) / (bandwidth_gbs * 1e9)
     return Roofline(
         batch=batch,

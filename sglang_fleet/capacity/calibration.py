@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from sglang_fleet import server_secrets
-from sglang_fleet.capacity import kv_cache, logged_flags
+from sglang_fleet.capacity import kv_cache, logged_flags, speculative
 from sglang_fleet.capacity.model_config import ModelShape
 from sglang_fleet.capacity.server_log import Calibration, parse_log
 from sglang_fleet.module_utils import bounded_json
@@ -1068,6 +1068,7 @@ def _flag_problems(
     recorded = key.get("flags")
     if recorded is None or not complete:
         notes.append("other flags not " + ("recorded" if recorded is None else "given"))
+        problems += _speculation_problems(recorded, flags)
         return problems
     skip = PREDICTED_FLAGS | NO_MEMORY_EFFECT_FLAGS | set(TOPOLOGY_FLAGS) | {"enable_dp_attention"}
     for name in sorted(set(recorded) | set(flags), key=str):
@@ -1095,6 +1096,25 @@ def _changes(key: Mapping[str, Any], flags: Mapping[str, Any]) -> list[str]:
         if _norm(mine) != _norm(theirs):
             changes.append(f"{name} {_say(mine)} -> {_say(theirs)}")
     return changes
+
+
+def _speculation_problems(recorded: Any, flags: Mapping[str, Any]) -> list[str]:
+    """A record is not predicted across a change of speculative decoding: the draft's weights
+    and KV change what the static pool holds (sglang_fleet.capacity.speculative). A record
+    that does not say its flags matches only a flag set without speculation."""
+    wanted = {name: flags.get(name) for name in speculative.FLAGS}
+    if isinstance(recorded, Mapping):
+        had = {name: recorded.get(name) for name in speculative.FLAGS}
+        if speculative.algorithm_of(had) is None and speculative.algorithm_of(wanted) is None:
+            return []
+        if {k: _norm(v) for k, v in had.items()} != {k: _norm(v) for k, v in wanted.items()}:
+            return ["speculative decoding differs: a calibration is not predicted across a "
+                    "draft model's memory"]  # fmt: skip
+        return []
+    if speculative.algorithm_of(wanted) is not None:
+        return ["the calibration does not record whether it ran speculative decoding: not "
+                "used to plan a flag set with a draft model"]  # fmt: skip
+    return []
 
 
 def check_record(
@@ -1302,6 +1322,7 @@ def predict(
     margin_gib: float = 5.0,
     *,
     extra_weight_gib: Callable[[int], float] | None = None,
+    draft_budget_layers: int = 0,
 ) -> Prediction:
     """Predict max_total_num_tokens and free memory after CUDA graph capture for `flags`.
 
@@ -1310,6 +1331,9 @@ def predict(
     (sglang_fleet.capacity.attention_dp); a record at another attention-DP size is its measured
     weights
     plus the difference, which comes out of the KV pool (the fraction fixes weights + KV).
+    draft_budget_layers: the draft layers speculative decoding adds to the target's bytes per
+    KV token, each of the target's per-layer size (speculative.DraftMemory.budget_layers);
+    match() let through only a record of the same speculative flags, so both sides carry it.
     """
     key, measured = record["key"], record["measured"]
     tp = int(_int(flags.get("tp_size")) or 1)
@@ -1321,8 +1345,12 @@ def predict(
     old = _resolve(key, shape, gpu_mib, tp, measured.get("chunked_prefill_size"))
     new = _resolve(flags, shape, gpu_mib, tp, None)
     pre, post = float(measured["pre_gib"]), float(measured["post_gib"])
-    cell_old = kv_cache.cell_size_bytes(shape, old.dtype, tp)
-    cell_new = kv_cache.cell_size_bytes(shape, new.dtype, tp)
+    cell_old = _with_draft(
+        kv_cache.cell_size_bytes(shape, old.dtype, tp), draft_budget_layers, shape
+    )
+    cell_new = _with_draft(
+        kv_cache.cell_size_bytes(shape, new.dtype, tp), draft_budget_layers, shape
+    )
     notes = []
     same = abs(new.fraction - old.fraction) < SAME_FRACTION
     grow = 0.0 if same else (new.fraction - old.fraction) * pre
@@ -1376,6 +1404,11 @@ def predict(
         recorded_at=record.get("recorded_at"),
         notes=notes,
     )
+
+
+def _with_draft(cell: int, draft_layers: int, shape: ModelShape) -> int:
+    """The target's bytes per KV token with 0.5.23's share for a draft of `draft_layers`."""
+    return cell + int(cell * draft_layers / shape.num_layers)
 
 
 def _req_to_token_growth(
@@ -1439,6 +1472,7 @@ def apply(
     mode: str = "enforce",
     flags_complete: bool = True,
     extra_weight_gib: Callable[[int], float] | None = None,
+    draft_budget_layers: int = 0,
 ) -> Applied:
     """Match, predict and judge: the planner's use of the host's calibration records.
 
@@ -1461,7 +1495,15 @@ def apply(
             f"{reason}. The plan falls back to estimates from the GPU size and the checkpoint.",
         )
         return Applied(None, None, reason, warnings=[warning])
-    prediction = predict(record, flags, host, shape, margin_gib, extra_weight_gib=extra_weight_gib)
+    prediction = predict(
+        record,
+        flags,
+        host,
+        shape,
+        margin_gib,
+        extra_weight_gib=extra_weight_gib,
+        draft_budget_layers=draft_budget_layers,
+    )
     applied = Applied(prediction, record, reason)
     issue = oom_issue(prediction, mode) if prediction.can_start else None
     if issue is not None:

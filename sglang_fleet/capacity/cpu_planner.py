@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sglang_fleet.capacity import kv_cache
+from sglang_fleet.capacity import kv_cache, speculative
 from sglang_fleet.capacity.gpu_planner import GpuPlanner, issue
 from sglang_fleet.capacity.model_config import ModelConfigError, model_shape
 from sglang_fleet.capacity.planner_inputs import (
@@ -44,9 +44,37 @@ class CpuPlanner(GpuPlanner):
         self.dp = self.layout.dp_size
         self.attn_dp = self.layout.attn_dp_size
         self.dtype = str(self.a["kv_cache_dtype"])
+        # On CPU only the flags and the 48 reset are planned (NGRAM runs there; a draft's
+        # host RAM is not modeled): docs/SPECULATIVE.md.
+        self.spec, self.draft = self._cpu_speculation()
         self.cal = log_calibration(self.a)
         ram = self.host.get("host_ram_gib")
         self.ram_gib = None if ram is None else float(ram)
+
+    def _cpu_speculation(self) -> tuple[speculative.Settings | None, None]:
+        try:
+            found = speculative.settings(self.a, self.shape.architecture)
+        except speculative.SpeculationError as exc:
+            raise PlanInputError(exc.message, exc.flag) from exc
+        if found is not None and found.algorithm != "NGRAM":
+            raise PlanInputError(
+                f"{found.algorithm} on the CPU engine: the planner does not model a draft "
+                "model's host RAM; NGRAM (no draft model) is planned",
+                "speculative_algorithm",
+            )
+        return found, None
+
+    def _speculative_section(self, cell: int) -> dict[str, Any]:
+        assert self.spec is not None
+        return {
+            "settings": self.spec.as_dict(),
+            "draft": None,
+            "max_running_requests": self.max_running_requests(),
+            "reset_to_48": self.a["max_running_requests"] is None,
+            "kv_budget_cell_bytes": cell,
+            "speedup": None,
+            "speedup_reason": "not modeled on the CPU engine",
+        }
 
     def _tokens(self, cell: int) -> tuple[int, int | None]:
         """(tokens planned, the cap that fits host RAM or None when RAM is unknown)."""
@@ -117,6 +145,8 @@ class CpuPlanner(GpuPlanner):
         self.check_dtype()
         self.check_context()
         concurrent = self.concurrency(tokens)
+        if self.spec is not None and self.a["max_running_requests"] is None:
+            self._reset_issue(tokens, concurrent)
         speed, speed_source = self.per_request_tok_s()
         headroom = None if self.ram_gib is None else self.ram_gib - needed
         return {
@@ -127,6 +157,12 @@ class CpuPlanner(GpuPlanner):
             # Host RAM left once the server is up (GPU plans: outside the static pool).
             "headroom_gib": None if headroom is None else round(headroom, 2),
             "hicache_host_gib_total": 0.0,
+            "speculative": None
+            if self.spec is None
+            else {
+                "settings": self.spec.as_dict(),
+                "max_running_requests": self.max_running_requests(),
+            },
             "warnings": self.warnings,
             "errors": self.errors,
             "details": {

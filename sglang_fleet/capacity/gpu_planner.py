@@ -25,9 +25,12 @@ throughput checks are the same on both devices.
 
 from __future__ import annotations
 
+import dataclasses
+import statistics
 from typing import Any
 
 from sglang_fleet.capacity import attention_dp, calibration, kv_cache, logged_flags
+from sglang_fleet.capacity import speculative as spec
 from sglang_fleet.capacity.model_config import ModelConfigError, model_shape
 from sglang_fleet.capacity.noop_flags import noop_flag_issues
 from sglang_fleet.capacity.planner_inputs import (
@@ -43,6 +46,7 @@ from sglang_fleet.capacity.server_log import Calibration
 # Decode speed of one request when neither the caller nor a calibration log says: the
 # Kimi job's server decoded ~600 tok/s over ~50 running requests. A guess for other models.
 DEFAULT_PER_REQUEST_TOK_S = 12.0
+_FULL_BANDWIDTH = "full bandwidth (the roofline)"
 
 
 def issue(code: str, message: str) -> dict[str, str]:
@@ -78,6 +82,11 @@ class GpuPlanner:
         self.weights = attention_dp.weight_layout(config, self.shape, self.weight_bytes)
         self.extra_weight_gib = attention_dp.extra_weight_gib(self.weights, self.tp, self.attn_dp)
         self.dtype = str(self.a["kv_cache_dtype"])
+        self.config = config
+        self.target_cell = kv_cache.cell_size_bytes(
+            self.shape, self.dtype, self.layout.attn_tp_size
+        )
+        self.spec, self.draft = self._speculation(config)
         self.gpu_mib = float(self.host["gpu_memory_mib"])
         self.cal = log_calibration(self.a)
         if self.cal is not None and (skipped := self.cal.long_lines_note()):
@@ -137,6 +146,7 @@ class GpuPlanner:
             "context_length",
             "page_size",
             "cuda_graph_max_bs_decode",
+            *spec.FLAGS,
         ):
             if self.a[key] is not None:
                 flags[key] = self.a[key]
@@ -221,6 +231,7 @@ class GpuPlanner:
                 mode=str(self.a["calibration_mode"]),
                 flags_complete=self.a["server_flags"] is not None,
                 extra_weight_gib=lambda n: attention_dp.extra_weight_gib(self.weights, self.tp, n),
+                draft_budget_layers=self.draft.budget_layers if self.draft else 0,
             )
         except calibration.CalibrationError as exc:
             raise PlanInputError(str(exc)) from exc
@@ -233,7 +244,62 @@ class GpuPlanner:
             return self.prediction.pre_gib, self.prediction.post_gib
         pre = kv_cache.estimate_pre_gib(self.gpu_mib)
         post = kv_cache.estimate_post_gib(pre, self.weight_bytes, self.tp)
-        return pre, post - self.extra_weight_gib
+        # The draft's weights are loaded before SGLang measures what is left for KV.
+        draft = self.draft.weights_per_gpu_bytes / kv_cache.GIB if self.draft else 0.0
+        return pre, post - self.extra_weight_gib - draft
+
+    # --- speculative decoding (sglang_fleet.capacity.speculative) -----------------------
+    def _speculation(
+        self, config: dict[str, Any]
+    ) -> tuple[spec.Settings | None, spec.DraftMemory | None]:
+        """The speculative settings SGLang resolves and the draft's memory; bad flags and a
+        draft SGLang cannot run with this target are PlanInputErrors naming the flag."""
+        try:
+            found = spec.settings(self.a, self.shape.architecture)
+        except spec.SpeculationError as exc:
+            raise PlanInputError(exc.message, exc.flag) from exc
+        if found is None or found.algorithm == "NGRAM":
+            return found, None
+        draft = None
+        if found.draft_path is not None:
+            draft_config = self.a["speculative_draft_config"]
+            draft_bytes = self.a["speculative_draft_weight_bytes"]
+            if draft_config is None or draft_bytes is None:
+                raise PlanInputError(
+                    "the draft model's config.json and checkpoint size are needed to plan its "
+                    "memory (the planner reads them from this directory)",
+                    "speculative_draft_model_path",
+                )
+            problems = spec.draft_problems(found.algorithm, config, draft_config)
+            if problems:
+                raise PlanInputError(
+                    f"{found.draft_path}: " + "; ".join(problems), "speculative_draft_model_path"
+                )
+            draft = (draft_config, draft_bytes)
+        try:
+            memory = spec.draft_memory(
+                found,
+                self.shape,
+                self.target_cell,
+                config,
+                draft,
+                kv_cache_dtype=self.dtype,
+                attn_tp_size=self.layout.attn_tp_size,
+            )
+        except ModelConfigError as exc:
+            raise PlanInputError(str(exc), "speculative_draft_model_path") from exc
+        return found, memory
+
+    def draft_budget_cell(self) -> int:
+        """Bytes per token 0.5.23 adds to the target's KV budget for the draft's pool."""
+        return self.draft.budget_cell_bytes if self.draft else 0
+
+    def max_running_requests(self) -> int | None:
+        """--max-running-requests as SGLang resolves it: 48 when speculation resets it."""
+        given = self.a["max_running_requests"]
+        if given is None and self.spec is not None:
+            return spec.RESET_MAX_RUNNING_REQUESTS
+        return given
 
     # --- KV budget -------------------------------------------------------------------
     def kv_tokens(self, cell: int) -> tuple[float, int]:
@@ -403,12 +469,13 @@ class GpuPlanner:
             return speed, "calibration log"
         return DEFAULT_PER_REQUEST_TOK_S, "default guess"
 
-    def concurrency(self, tokens: int) -> int:
-        """Concurrent decodes of the whole server; `tokens` is one rank's pool."""
+    def concurrency(self, tokens: int, *, reset: bool = True) -> int:
+        """Concurrent decodes of the whole server; `tokens` is one rank's pool. reset=False:
+        as if speculation's 48 reset did not apply (what the operator should set instead)."""
         tokens_per_request = self.a["avg_input_len"] + self.a["avg_output_len"]
         fit = tokens // tokens_per_request
         context = self.a["context_length"] or self.shape.context_length
-        asked = self.a["max_running_requests"]
+        asked = self.max_running_requests() if reset else self.a["max_running_requests"]
         # SGLang divides --max-running-requests over the attention-DP ranks.
         cap = (
             max(1, asked // self.attn_dp)
@@ -480,9 +547,170 @@ class GpuPlanner:
         chunk = self.a["chunked_prefill_size"] or self.defaults.chunked_prefill_size
         return chunk // self.attn_dp if chunk > 0 else chunk
 
+    # --- speculative decoding: the 48 reset, the draft's memory, the speed-up ------------
+    def speculation(self, tokens: int, concurrent: int, speed: float) -> dict[str, Any] | None:
+        """The plan's speculative section (None without speculation); adds its warnings."""
+        if self.spec is None:
+            return None
+        if self.a["max_running_requests"] is None:
+            self._reset_issue(tokens, concurrent)
+        out: dict[str, Any] = {
+            "settings": self.spec.as_dict(),
+            "draft": None if self.draft is None else self.draft.as_dict(),
+            "max_running_requests": self.max_running_requests(),
+            "reset_to_48": self.a["max_running_requests"] is None,
+            # What the pool holds without the reset: the value to set.
+            "max_concurrent_requests_without_reset": self.concurrency(tokens, reset=False),
+            "kv_budget_cell_bytes": self.target_cell + self.draft_budget_cell(),
+        }
+        if self.draft is not None:
+            beyond = self.draft.beyond_budget_bytes(tokens) / kv_cache.GIB
+            out["draft_kv_gib"] = round(self.draft.cell_bytes * tokens / kv_cache.GIB, 3)
+            out["draft_kv_beyond_budget_gib"] = round(beyond, 3)
+            if beyond > 0:
+                self.warnings.append(
+                    issue(
+                        "speculative_draft_kv_beyond_budget",
+                        f"The draft's own KV pool ({self.draft.cell_bytes} B/token: "
+                        f"{self.draft.layers} {self.draft.attention} layer(s)) is larger than the "
+                        "share SGLang 0.5.23 budgets for it in the target's pool "
+                        f"({self.draft.budget_cell_bytes} B/token: the target's per-layer size x "
+                        f"{self.draft.budget_layers}): {beyond:.2f} GiB per GPU comes out of the "
+                        "memory outside the static pool, where CUDA graphs and prefill run.",
+                    )
+                )
+        out |= self.speedup_section(concurrent, speed)
+        return out
+
+    def _reset_issue(self, tokens: int, concurrent: int) -> None:
+        fits = self.concurrency(tokens, reset=False)
+        job = self.a["job_concurrency"]
+        per_rank = (
+            f" ({spec.RESET_MAX_RUNNING_REQUESTS // self.attn_dp} per attention-DP rank)"
+            if self.attn_dp > 1
+            else ""
+        )
+        capped = (
+            f"the job's {job} concurrent requests would run {concurrent} at a time and the rest "
+            "wait in the queue"
+            if job and job > concurrent
+            else f"any load above {concurrent} concurrent requests waits in the queue"
+        )
+        message = (
+            "--max-running-requests is not given: SGLang 0.5.23 resets it to "
+            f"{spec.RESET_MAX_RUNNING_REQUESTS} for speculative decoding ('Max running requests "
+            "is reset to 48 for speculative decoding'), so this server runs at most "
+            f"{concurrent} requests at once{per_rank}: {capped}. Set --max-running-requests "
+            f"{fits} (max_running_requests: {fits}), the plan's max concurrent requests "
+            "without the reset."
+        )
+        mode = self.a["speculation_reset"]
+        (self.errors if mode == "refuse" else self.warnings).append(issue(spec.RESET_CODE, message))
+
+    def accept_length(self) -> tuple[float | None, str]:
+        if self.a["speculative_accept_length"] is not None:
+            return float(self.a["speculative_accept_length"]), "argument"
+        if self.cal is not None and (found := self.cal.accept_length()) is not None:
+            return found, "calibration log (accept len)"
+        return None, ""
+
+    def step_costs(self) -> tuple[spec.StepCosts | None, str]:
+        """The speed-up model's inputs, or why they are missing."""
+        bandwidth, bw_source = self.bandwidth()
+        if bandwidth is None:
+            return None, bw_source
+        if self.a["gpu_bf16_tflops"]:
+            tflops, key = float(self.a["gpu_bf16_tflops"]), "gpu_bf16_tflops"
+        else:
+            tflops, key = spec.gpu_bf16_tflops(self.host.get("gpu_name"))
+        if tflops is None:
+            return None, (
+                f"peak BF16 TFLOPS of GPU {self.host.get('gpu_name')!r} unknown: set "
+                "gpu_bf16_tflops (--gpu-bf16-tflops)"
+            )
+        context = self.a["avg_input_len"] + self.a["avg_output_len"] // 2
+        draft = self.draft
+        costs = spec.StepCosts(
+            weights=self.weights,
+            layout=self.layout,
+            cell_bytes=self.target_cell,
+            context_tokens=context,
+            bandwidth_gbs=bandwidth,
+            tflops=tflops,
+            flops_per_token=spec.flops_per_token(self.config, self.shape, self.layout, context),
+            draft_weights_per_gpu_bytes=draft.weights_per_gpu_bytes if draft else 0.0,
+            draft_cell_bytes=draft.cell_bytes if draft else 0,
+            # A draft's weights are mostly bf16: 2 FLOPs per parameter, 2 bytes each.
+            draft_flops_per_token=draft.weights_per_gpu_bytes if draft else 0.0,
+            efficiency=1.0,
+        )
+        return costs, f"{bw_source}; {tflops:g} TFLOPS BF16 ({key})"
+
+    def _measured_efficiency(self, costs: spec.StepCosts) -> tuple[float, str]:
+        """The memory efficiency a calibration log's plain Decode batch lines show, else 1."""
+        cal = self.cal
+        if cal is None or cal.accept_length() is not None:
+            return 1.0, _FULL_BANDWIDTH
+        running = [s.num_running_reqs for s in cal.decode_samples if s.num_running_reqs > 0]
+        speed = cal.per_request_tok_s()
+        if not running or not speed:
+            return 1.0, _FULL_BANDWIDTH
+        batch = statistics.median(running)
+        found = spec.efficiency_from(costs, batch, speed)
+        if found is None:
+            return 1.0, _FULL_BANDWIDTH
+        return found, (
+            f"{found:.2f} of the bandwidth, as the calibration log's decode measured "
+            f"({speed:.1f} tok/s per request at {batch:g} running)"
+        )
+
+    def speedup_section(self, concurrent: int, speed: float) -> dict[str, Any]:
+        accept, accept_source = self.accept_length()
+        if accept is None:
+            return {
+                "speedup": None,
+                "speedup_reason": "no accept length: give speculative_accept_length "
+                "(--speculative-accept-length), or a calibration log whose Decode batch lines "
+                "carry accept len",
+            }
+        costs, source = self.step_costs()
+        if costs is None:
+            return {"speedup": None, "speedup_reason": source, "accept_length": accept}
+        efficiency, basis = self._measured_efficiency(costs)
+        costs = dataclasses.replace(costs, efficiency=efficiency)
+        job = self.a["job_concurrency"]
+        found = spec.curve(costs, self.spec, accept, [concurrent, job or 0])
+        at_planned = spec.speedup(costs, self.spec, accept, max(concurrent, 1))
+        out = {
+            "accept_length": accept,
+            "accept_length_source": accept_source,
+            "model": f"memory at {basis}; {source}",
+            "speedup": found,
+            "speedup_at_planned_concurrency": round(at_planned, 3),
+            "planned_output_tok_s_without": round(concurrent * speed, 1),
+            "planned_output_tok_s_with": round(concurrent * speed * at_planned, 1),
+        }
+        if job:
+            out["speedup_at_job_concurrency"] = round(
+                spec.speedup(costs, self.spec, accept, job), 3
+            )
+        return out
+
+    def bandwidth(self) -> tuple[float | None, str]:
+        given = self.a["gpu_memory_bandwidth_gbs"]
+        if given:
+            return float(given), "gpu_memory_bandwidth_gbs"
+        found, key = attention_dp.gpu_bandwidth_gbs(self.host.get("gpu_name"))
+        if found is None:
+            return None, (
+                f"memory bandwidth of GPU {self.host.get('gpu_name')!r} unknown: "
+                "set gpu_memory_bandwidth_gbs (--gpu-memory-bandwidth-gbs)"
+            )
+        return found, f"{found:g} GB/s (table: {key})"
+
     def run(self) -> dict[str, Any]:
-        cell = kv_cache.cell_size_bytes(self.shape, self.dtype, self.layout.attn_tp_size)
-        rest, tokens = self.kv_tokens(cell)
+        cell = self.target_cell
+        rest, tokens = self.kv_tokens(cell + self.draft_budget_cell())
         self.check_gpus()
         self.check_oom_risk()
         hicache_total = self.check_hicache(rest)
@@ -490,9 +718,16 @@ class GpuPlanner:
         self.check_context()
         self.warnings += noop_flag_issues(self.a["server_flags"], self.a["sglang_version"])
         concurrent = self.concurrency(tokens)
-        speed, speed_source = self.per_request_tok_s()
+        plain_speed, speed_source = self.per_request_tok_s()
+        speculation = self.speculation(tokens, concurrent, plain_speed)
+        # With speculation a request decodes `speedup` times as fast at this concurrency.
+        gain = (speculation or {}).get("speedup_at_planned_concurrency") or 1.0
+        speed = plain_speed * gain
         free_after_graph = self.free_after_graph()
         row = self.layout_row(tokens, concurrent, speed, rest)
+        headroom = kv_cache.headroom_gib(self.pre, self.fraction)
+        if self.draft is not None:
+            headroom -= self.draft.beyond_budget_bytes(tokens) / kv_cache.GIB
         return {
             "cell_size_bytes": cell,
             # One attention-DP rank's pool (what SGLang logs as max_total_num_tokens).
@@ -503,8 +738,9 @@ class GpuPlanner:
             "decode_roofline": self.roofline(concurrent, cell),
             "max_concurrent_requests": concurrent,
             "kv_bound_output_tok_s": round(concurrent * speed, 1),
-            "headroom_gib": round(kv_cache.headroom_gib(self.pre, self.fraction), 2),
+            "headroom_gib": round(headroom, 2),
             "hicache_host_gib_total": round(hicache_total, 2),
+            "speculative": speculation,
             "warnings": self.warnings,
             "errors": self.errors,
             "details": {
@@ -529,8 +765,9 @@ class GpuPlanner:
                 if self.prediction is None
                 else round(self.prediction.margin_gib, 2),
                 "tokens_per_request": self.a["avg_input_len"] + self.a["avg_output_len"],
-                "per_request_tok_s": round(speed, 2),
+                "per_request_tok_s": round(plain_speed, 2),
                 "per_request_tok_s_source": speed_source,
+                "speculative_speedup": None if speculation is None else gain,
                 "dp_size": self.dp,
                 "attn_dp_size": self.attn_dp,
             },

@@ -25,7 +25,7 @@ import sys
 from typing import Any
 
 from sglang_fleet import input_files
-from sglang_fleet.capacity import calibration, kv_cache, layout_table, logged_flags
+from sglang_fleet.capacity import calibration, kv_cache, layout_table, logged_flags, speculative
 from sglang_fleet.capacity.cpu_planner import CpuPlanner
 from sglang_fleet.capacity.gpu_planner import GpuPlanner
 from sglang_fleet.capacity.model_config import ModelConfigError, read_model_dir
@@ -33,6 +33,7 @@ from sglang_fleet.capacity.planner_inputs import (
     ARG_DEFAULTS,
     DEVICES,
     HOST_KEYS,
+    SPECULATION_RESET_MODES,
     PlanInputError,
     shown,
 )
@@ -139,8 +140,67 @@ def add_plan_arguments(parser: argparse.ArgumentParser, *, model_required: bool)
         f"one of {', '.join(logged_flags.STATABLE)}); the flags above describe the plan",
     )
     parser.add_argument("--calibration-mode", choices=calibration.MODES, default=None)
+    add_speculative_arguments(parser)
     parser.add_argument("--sglang-version", default=None)
     parser.add_argument("--min-free-after-graph-gib", type=_real, default=None)
+
+
+def add_speculative_arguments(parser: argparse.ArgumentParser) -> None:
+    """SGLang's --speculative-* flags the planner reads, and the speed-up model's inputs
+    (docs/SPECULATIVE.md)."""
+    parser.add_argument(
+        "--speculative-algorithm",
+        default=None,
+        help="EAGLE, EAGLE3, NEXTN, STANDALONE or NGRAM, as SGLang takes it",
+    )
+    parser.add_argument(
+        "--speculative-draft-model-path",
+        metavar="DIR",
+        default=None,
+        help="the draft model's directory (config.json and its safetensors index are read)",
+    )
+    for name in ("num-steps", "eagle-topk", "num-draft-tokens", "ngram-max-bfs-breadth"):
+        parser.add_argument(f"--speculative-{name}", type=_integer, default=None)
+    parser.add_argument(
+        "--speculative-accept-length",
+        type=_real,
+        default=None,
+        help="accepted tokens per verify (SGLang's accept len); default: the calibration log's",
+    )
+    parser.add_argument(
+        "--job-concurrency",
+        type=_integer,
+        default=None,
+        help="concurrent requests the job sends (what speculation's 48 reset caps)",
+    )
+    parser.add_argument(
+        "--speculation-reset",
+        choices=SPECULATION_RESET_MODES,
+        default=None,
+        help="speculation without --max-running-requests: warn (default) or refuse",
+    )
+    parser.add_argument(
+        "--gpu-bf16-tflops",
+        type=_real,
+        default=None,
+        help="peak dense BF16 TFLOPS per GPU for the speed-up model (default: a table)",
+    )
+
+
+def read_draft(args: dict[str, Any]) -> dict[str, Any]:
+    """args with the draft's config.json and checkpoint bytes read from
+    speculative_draft_model_path (what the pre-flight reads on the host)."""
+    path = args.get("speculative_draft_model_path")
+    if not path or speculative.algorithm_of(args) in (None, "NGRAM"):
+        return args
+    try:
+        config, weight_bytes = read_model_dir(path)
+    except ModelConfigError as exc:
+        raise PlanInputError(str(exc), "speculative_draft_model_path") from exc
+    return args | {
+        "speculative_draft_config": config,
+        "speculative_draft_weight_bytes": weight_bytes,
+    }
 
 
 def _logged_flag_words(words: list[str]) -> dict[str, str]:
@@ -225,9 +285,50 @@ def _summary(result: dict[str, Any]) -> str:
         )
     if result.get("recommended_layout"):
         lines.append(f"recommended: {result['recommended_layout']['reason']}")
+    if result.get("speculative"):
+        lines += speculative_lines(result["speculative"])
     lines += [f"ERROR {e['code']}: {e['message']}" for e in result["errors"]]
     lines += [f"WARNING {w['code']}: {w['message']}" for w in result["warnings"]]
     return "\n".join(lines)
+
+
+def speculative_lines(section: dict[str, Any]) -> list[str]:
+    """The plan's speculative section in words (the summary, the pre-flight's bounds line)."""
+    found = section["settings"]
+    lines = [
+        f"speculative {found['algorithm']}: {found['num_steps']} steps, top-k "
+        f"{found['eagle_topk']}, {found['num_draft_tokens']} draft tokens ({found['source']}); "
+        f"max_running_requests {section['max_running_requests']}"
+        + (" (SGLang's reset: not given)" if section["reset_to_48"] else "")
+    ]
+    draft = section.get("draft")
+    if draft:
+        lines.append(
+            f"draft {draft['architecture']} ({draft['attention']}, {draft['layers']} layer(s)): "
+            f"{draft['weights_per_gpu_gib']} GiB weights/GPU, KV budget +"
+            f"{draft['budget_cell_bytes']} B/token (its own pool {draft['cell_bytes']} B/token, "
+            f"{section.get('draft_kv_gib')} GiB), KV budget {section['kv_budget_cell_bytes']} "
+            "B/token in all"
+        )
+    gain = section.get("speedup")
+    if not gain:
+        lines.append(f"speed-up: {section.get('speedup_reason')}")
+        return lines
+    where = "; ".join(f"{a}-{b}" for a, b in gain["pays_at_batches"]) or "none"
+    lines.append(
+        f"speed-up at accept length {section['accept_length']} "
+        f"({section['accept_length_source']}): x{section['speedup_at_planned_concurrency']} at "
+        f"the planned concurrency ({section['planned_output_tok_s_without']} -> "
+        f"{section['planned_output_tok_s_with']} tok/s KV-bound)"
+        + (
+            f", x{section['speedup_at_job_concurrency']} at the job's"
+            if "speedup_at_job_concurrency" in section
+            else ""
+        )
+        + f"; pays at running batches {where} (of 1-{gain['scanned_to_batch']})"
+        + f"; model: {section['model']}"
+    )
+    return lines
 
 
 def _roofline_line(roof: dict[str, Any]) -> str:
@@ -263,7 +364,7 @@ def _plan_from_namespace(ns: argparse.Namespace) -> dict[str, Any]:
     except ModelConfigError as exc:
         raise PlanInputError(str(exc), "model_path") from exc
     args, host = split_namespace(ns)
-    return plan(config, weight_bytes, args, host)
+    return plan(config, weight_bytes, read_draft(args), host)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,8 +34,20 @@ PLANNER_FLAGS = (
     "page_size",
     "device",
     "max_total_tokens",
+    # Speculative decoding (sglang_fleet.capacity.speculative, docs/SPECULATIVE.md): the draft's
+    # config.json and checkpoint size come with the plan (speculative_draft_config and
+    # speculative_draft_weight_bytes), read from speculative_draft_model_path by the caller.
+    "speculative_algorithm",
+    "speculative_draft_model_path",
+    "speculative_num_steps",
+    "speculative_eagle_topk",
+    "speculative_num_draft_tokens",
+    "speculative_ngram_max_bfs_breadth",
 )
 DEVICES = ("cuda", "cpu")
+# What a flag set that turns speculation on without --max-running-requests gets (SGLang resets
+# it to 48): a warning, or an error that blocks the rollout (sglang_server_speculation_reset).
+SPECULATION_RESET_MODES = ("warn", "refuse")
 
 # Free GPU memory that must remain after CUDA graph capture for a large prefill to run:
 # its activations (a few GiB for an 8k-token chunk of a 7k-hidden MoE) plus allocator
@@ -86,6 +98,24 @@ ARG_DEFAULTS: dict[str, Any] = {
     "gpu_memory_bandwidth_gbs": None,
     # False: leave out the table of every attention-DP size (the table's own plans).
     "plan_layouts": True,
+    "speculative_algorithm": None,
+    "speculative_draft_model_path": None,
+    "speculative_num_steps": None,
+    "speculative_eagle_topk": None,
+    "speculative_num_draft_tokens": None,
+    "speculative_ngram_max_bfs_breadth": None,
+    # The draft model: its config.json (a mapping) and its checkpoint's bytes (the index's
+    # metadata.total_size), read from speculative_draft_model_path by whoever plans.
+    "speculative_draft_config": None,
+    "speculative_draft_weight_bytes": None,
+    # Accepted tokens per verify (SGLang's accept len, sglang:spec_accept_length); None: the
+    # calibration log's Decode batch lines, else no speed-up is planned.
+    "speculative_accept_length": None,
+    "speculation_reset": "warn",
+    # The job's concurrent requests (what the 48 reset caps), when known.
+    "job_concurrency": None,
+    # Peak dense BF16 TFLOPS per GPU for the speed-up model; None: speculative.GPU_BF16_TFLOPS.
+    "gpu_bf16_tflops": None,
 }
 HOST_KEYS = ("gpu_memory_mib", "host_ram_gib", "gpu_count", "gpu_name")
 
@@ -127,6 +157,12 @@ _INT_RANGES: dict[str, Range] = {
     "gpu_count": Range(0, _MAX_COUNT, integer=True),  # 0: a host without GPUs, a plan error
     "cuda_graph_max_bs_decode": Range(1, _MAX_COUNT, integer=True),
     "max_total_tokens": Range(1, _MAX_COUNT, integer=True),
+    "speculative_num_steps": Range(1, _MAX_PARALLEL, integer=True),
+    "speculative_eagle_topk": Range(1, _MAX_PARALLEL, integer=True),
+    "speculative_num_draft_tokens": Range(1, _MAX_PARALLEL, integer=True),
+    "speculative_ngram_max_bfs_breadth": Range(1, _MAX_PARALLEL, integer=True),
+    "speculative_draft_weight_bytes": Range(1, 2**62, integer=True),
+    "job_concurrency": Range(1, _MAX_COUNT, integer=True),
 }
 _FLOAT_RANGES: dict[str, Range] = {
     "mem_fraction_static": Range(0.0, 1.0, low_open=True, high_open=True),
@@ -138,6 +174,9 @@ _FLOAT_RANGES: dict[str, Range] = {
     "gpu_memory_mib": Range(kv_cache.CUDA_CONTEXT_GIB * 1024, _MAX_AMOUNT, low_open=True),
     "host_ram_gib": Range(0.0, _MAX_AMOUNT),
     "gpu_memory_bandwidth_gbs": Range(0.0, _MAX_AMOUNT, low_open=True),
+    # An accept length counts the verify's own token: at least 1.
+    "speculative_accept_length": Range(1.0, float(_MAX_PARALLEL)),
+    "gpu_bf16_tflops": Range(0.0, _MAX_AMOUNT, low_open=True),
 }
 _TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
 _FALSE_WORDS = frozenset({"0", "false", "no", "off", ""})
@@ -171,9 +210,10 @@ def _as_text(key: str, value: Any) -> str:
 def _as_structure(key: str, value: Any) -> Any:
     """calibration: a record, a list or the store (as data or JSON text; calibration.py reads
     it); server_flags: the whole flag mapping."""
-    allowed = (dict,) if key == "server_flags" else (dict, list, str)
+    mapping = key in ("server_flags", "speculative_draft_config")
+    allowed = (dict,) if mapping else (dict, list, str)
     if not isinstance(value, allowed):
-        kinds = "a mapping" if key == "server_flags" else "a record, a list of records or JSON text"
+        kinds = "a mapping" if mapping else "a record, a list of records or JSON text"
         raise PlanInputError(f"must be {kinds}, got {shown(value)}", key)
     return value
 
@@ -200,11 +240,17 @@ def _as_logged_flags(value: Any) -> dict[str, Any]:
     return typed
 
 
+_CHOICES = {
+    "calibration_mode": calibration.MODES,
+    "device": DEVICES,
+    "speculation_reset": SPECULATION_RESET_MODES,
+}
+
+
 def _as_choice(key: str, value: Any) -> str:
-    if value not in calibration.MODES:
-        raise PlanInputError(
-            f"must be one of {', '.join(calibration.MODES)}, got {shown(value)}", key
-        )
+    allowed = _CHOICES[key]
+    if value not in allowed:
+        raise PlanInputError(f"must be one of {', '.join(allowed)}, got {shown(value)}", key)
     return str(value)
 
 
@@ -213,18 +259,12 @@ def _typed(values: dict[str, Any]) -> dict[str, Any]:
     for key, value in values.items():
         if value is None:
             continue
-        if key in ("calibration", "server_flags"):
+        if key in ("calibration", "server_flags", "speculative_draft_config"):
             out[key] = _as_structure(key, value)
         elif key == "calibration_log_flags":
             out[key] = _as_logged_flags(value)
-        elif key == "calibration_mode":
+        elif key in _CHOICES:
             out[key] = _as_choice(key, value)
-        elif key == "device":
-            if value not in DEVICES:
-                raise PlanInputError(
-                    f"must be one of {', '.join(DEVICES)}, got {shown(value)}", key
-                )
-            out[key] = str(value)
         elif key in _INT_RANGES:
             out[key] = _as_number(key, value, _INT_RANGES[key])
         elif key in _FLOAT_RANGES:

@@ -16,6 +16,7 @@ Line formats are SGLang 0.5.23's (older forms where they differ are accepted too
               (the KV pool is sized after graph capture: see `post_capture_kv_sizing`)
     [... TP0] Decode batch, #running-req: N, #token: N, token usage: 0.xx, cuda graph: True,
               gen throughput (token/s): X, #queue-req: N
+              (speculative decoding: "accept len: 2.50, accept rate: 0.50, " before "cuda graph")
 
 (`model_executor/model_runner.py`, `mem_cache/memory_pool.py`, `mem_cache/kv_cache_configurator.py`,
 `model_executor/model_runner_components/cuda_graph_setup.py`, `managers/scheduler.py`,
@@ -81,6 +82,9 @@ _DECODE = re.compile(
     rf"{_NUM}, "
 )
 _DECODE_SPEED = re.compile(rf"gen throughput \(token/s\): {_NUM}, #queue-req: (\d+)")
+# With speculative decoding SGLang 0.5.23 writes, between the counts and the speed
+# (scheduler_components/metrics_reporter.py): "accept len: 2.50, accept rate: 0.50, ".
+_DECODE_ACCEPT = re.compile(rf"accept len: {_NUM}, accept rate: {_NUM}, ")
 # server_args=ServerArgs(a=1, ...) up to 0.5.19; server_args={'a': 1, ...} from 0.5.20.
 _ARG_NUM = r"['\"]?{name}['\"]?\s*[=:]\s*(-?\d+(?:\.\d+)?)"
 _ARG_STR = r"['\"]?{name}['\"]?\s*[=:]\s*['\"]([^'\"]*)['\"]"
@@ -96,6 +100,9 @@ class DecodeSample:
     token_usage: float
     gen_throughput: float
     num_queue_reqs: int
+    # Speculative decoding's accepted tokens per verify and accepted share of the drafts.
+    accept_length: float | None = None
+    accept_rate: float | None = None
 
 
 @dataclass
@@ -173,6 +180,11 @@ class Calibration:
             if s.num_running_reqs > 0 and s.gen_throughput > 0
         ]
         return statistics.median(speeds) if speeds else None
+
+    def accept_length(self) -> float | None:
+        """Median accept len of the speculative Decode batch lines; None without any."""
+        found = [s.accept_length for s in self.decode_samples if s.accept_length is not None]
+        return statistics.median(found) if found else None
 
 
 def _split(line: str) -> tuple[str, str]:
@@ -388,13 +400,17 @@ def _scheduler_line(cal: Calibration, msg: str) -> bool:
     return True
 
 
-def _decode_batch(msg: str) -> tuple[re.Match[str], re.Match[str]] | None:
-    """The two parts of a Decode batch line (counts, then speed), as _head_then finds them."""
+def _decode_batch(
+    msg: str,
+) -> tuple[re.Match[str], re.Match[str], re.Match[str] | None] | None:
+    """The parts of a Decode batch line (counts, then speed, and speculation's accept figures
+    between them when present), as _head_then finds them."""
     for part in msg.split("\n"):
         counts = _DECODE.search(part)
         speed = _DECODE_SPEED.search(part, counts.end()) if counts else None
         if counts and speed:
-            return counts, speed
+            accept = _DECODE_ACCEPT.search(part, counts.end(), speed.start())
+            return counts, speed, accept
     return None
 
 
@@ -407,7 +423,7 @@ def parse_decode_line(line: str) -> DecodeSample | None:
     found = _decode_batch(msg)
     if found is None:
         return None
-    counts, speed = found
+    counts, speed, accept = found
     try:
         return DecodeSample(
             rank=rank,
@@ -416,6 +432,8 @@ def parse_decode_line(line: str) -> DecodeSample | None:
             token_usage=_gib(counts[3]),
             gen_throughput=_gib(speed[1]),
             num_queue_reqs=_count(speed[2]),
+            accept_length=_gib(accept[1]) if accept else None,
+            accept_rate=_gib(accept[2]) if accept else None,
         )
     except typed_number.NumberError:
         return None

@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from sglang_fleet.capacity.planner import speculative_lines
+
 # The planner's error when a calibration of this host predicts too little free memory after CUDA
 # graph capture: the one refusal that sglang_server_calibration_mode: warn overrules.
 CALIBRATED_REFUSAL_CODE = "oom_risk_mem_fraction"
@@ -50,6 +52,8 @@ def bounds_message(name: str, plan: Mapping[str, Any], workload: Mapping[str, An
             "Calibrations set aside (no plan uses them; the next healthy start moves them to a"
             f" side file beside the store): {'; '.join(set_aside)}."
         )
+    if plan.get("speculative") and plan["speculative"].get("settings"):
+        words += [f"{line}." for line in speculative_lines(plan["speculative"])]
     words += [f"WARNING {w['code']}: {w['message']}" for w in plan["warnings"]]
     return " ".join(words)
 

@@ -32,10 +32,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from sglang_fleet import input_files
-from sglang_fleet.capacity import attention_dp, kv_cache, logged_flags
+from sglang_fleet.capacity import attention_dp, kv_cache, logged_flags, speculative
 from sglang_fleet.capacity.model_config import ModelConfigError, model_shape, read_model_dir
 from sglang_fleet.capacity.noop_flags import noop_flag_issues
-from sglang_fleet.capacity.planner import add_plan_arguments, plan, split_namespace
+from sglang_fleet.capacity.planner import add_plan_arguments, plan, read_draft, split_namespace
 from sglang_fleet.capacity.planner_inputs import PLANNER_FLAGS, PlanInputError
 from sglang_fleet.capacity.server_log import Calibration, parse_decode_lines, parse_log
 from sglang_fleet.diagnosis import live_metrics
@@ -68,6 +68,10 @@ class Sample:
     queue: int
     token_usage: float
     gen_throughput: float
+    # Speculative decoding: accepted tokens per verify and accepted share of the drafts
+    # (sglang:spec_accept_length / spec_accept_rate, or the Decode batch line's accept len).
+    accept_length: float | None = None
+    accept_rate: float | None = None
 
 
 def samples_from_metrics(server_metrics: dict[str, Any] | None) -> list[Sample]:
@@ -79,6 +83,8 @@ def samples_from_metrics(server_metrics: dict[str, Any] | None) -> list[Sample]:
             queue=int(_figure(r, "num_queue_reqs")),
             token_usage=_figure(r, "token_usage"),
             gen_throughput=_figure(r, "gen_throughput"),
+            accept_length=_figure(r, "spec_accept_length") or None,
+            accept_rate=_figure(r, "spec_accept_rate") or None,
         )
         for r in rows or []
         if isinstance(r, dict)
@@ -97,7 +103,14 @@ def samples_from_log(text: str) -> tuple[list[Sample], int]:
     parsed = parse_decode_lines(text.splitlines())
     dp_ranks = {s.rank.split()[0] for s in parsed if s.rank.startswith("DP")}
     samples = [
-        Sample(s.num_running_reqs, s.num_queue_reqs, s.token_usage, s.gen_throughput)
+        Sample(
+            s.num_running_reqs,
+            s.num_queue_reqs,
+            s.token_usage,
+            s.gen_throughput,
+            s.accept_length,
+            s.accept_rate,
+        )
         for s in parsed
     ]
     return samples, max(1, len(dp_ranks))
@@ -164,6 +177,11 @@ def _evidence(
             "mean_gen_throughput": round(statistics.fmean(s.gen_throughput for s in busy), 1),
             "peak_demand": max(s.running + s.queue for s in busy),
         }
+    accepted = [s for s in busy if s.accept_length]
+    if accepted:
+        ev["spec_accept_length"] = round(statistics.median(s.accept_length for s in accepted), 3)
+        rates = [s.accept_rate for s in accepted if s.accept_rate is not None]
+        ev["spec_accept_rate"] = round(statistics.median(rates), 3) if rates else None
     fitting = _requests_fitting(smoke, ev["max_total_num_tokens"])
     if fitting is not None:
         ev["requests_fitting_kv"] = fitting
@@ -350,12 +368,50 @@ def _attn_dp_lever(
     )
 
 
+def _at_safe_fraction(
+    ctx: dict[str, Any] | None, current: dict[str, Any] | None
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None, dict[str, str] | None]:
+    """(context, plan, lever) to size the other levers with. A current fraction that its own
+    calibration refuses (less free after CUDA graph capture than the margin) plans no lever:
+    every flag set at that fraction has the same error. So the levers are planned at the
+    highest safe fraction, and the first lever says to go there."""
+    refused = next(
+        (e for e in (current or {}).get("errors") or [] if e["code"] == "oom_risk_mem_fraction"),
+        None,
+    )
+    if ctx is None or current is None or refused is None:
+        return ctx, current, None
+    d = current["details"]
+    now, safe = (
+        d["mem_fraction_static"],
+        kv_cache.floor_to(d["max_safe_mem_fraction_static"], FRACTION_STEP),
+    )
+    lowered = _plan_with(ctx, mem_fraction_static=round(safe, 3)) if safe < now else None
+    if lowered is None or lowered["errors"]:
+        return ctx, current, None
+    at_safe = dict(ctx) | {"args": dict(ctx.get("args") or {}) | {"mem_fraction_static": safe}}
+    lever = _lever(
+        "mem_fraction_static_above_limit",
+        f"Lower --mem-fraction-static from {now} to {safe:.3f}, the highest safe fraction: "
+        f"{now} leaves a predicted {d['free_after_graph_gib']} GiB free after CUDA graph "
+        f"capture, under the {d['free_after_graph_margin_gib']} GiB margin (expect CUDA out of "
+        f"memory in a large prefill). At {safe:.3f} the planner expects max_total_num_tokens "
+        f"{lowered['max_total_num_tokens']} (now {current['max_total_num_tokens']}), about "
+        f"{lowered['max_concurrent_requests']} concurrent requests. The other levers are "
+        f"planned at {safe:.3f}.",
+    )
+    return at_safe, lowered, lever
+
+
 def _kv_levers(ctx: dict[str, Any] | None, ev: dict[str, Any]) -> list[dict[str, str]]:
     current = _plan_with(ctx) if ctx else None
+    ctx, current, lowered = _at_safe_fraction(ctx, current)
     fp8 = _fp8_lever(ctx, current, ev)
     attn_dp = _attn_dp_lever(ctx, current)
     # With fp8 KV already on, attention DP is the largest lever left for an MLA model.
     first = [fp8, attn_dp] if fp8 is not None else [attn_dp]
+    if lowered is not None:  # first of all: the fraction it runs at is not safe
+        return [lever for lever in [lowered, *first, _gpu_lever(ctx)] if lever is not None]
     levers = [*first, _fraction_lever(ctx, current), _gpu_lever(ctx)]
     return [lever for lever in levers if lever is not None]
 
@@ -455,6 +511,10 @@ def diagnose(
     verdict = _classify(ev)
     notes = [HICACHE_NOTE] if verdict == "kv_cache_bound" else []
     levers = _levers(verdict, ev, ctx)
+    running = _running_speculation(smoke, cal)
+    first, last, spec_notes = _speculation_findings(ev, running, ctx)
+    levers = first + levers + last
+    notes += spec_notes
     if cal is not None:
         notes += _noop_notes(cal.server_args, None)
         notes += [skipped] if (skipped := cal.long_lines_note()) else []
@@ -462,6 +522,131 @@ def diagnose(
             levers = _cap_lever(cal.server_args, ev) + levers
     notes += _dropped_note(dropped)
     return {"verdict": verdict, "evidence": ev, "levers": levers, "notes": notes}
+
+
+# --- speculative decoding (docs/SPECULATIVE.md) ----------------------------------------------
+def _running_speculation(smoke: dict[str, Any], cal: Calibration | None) -> dict[str, Any]:
+    """The running server's speculative flags and the max_running_requests it resolved: from
+    /server_info (a live sample's `server_info`), else from the log (its server_args and its
+    scheduler line)."""
+    info = smoke.get("server_info") if isinstance(smoke.get("server_info"), dict) else {}
+    stated = cal.server_args if cal is not None else {}
+    found: dict[str, Any] = {}
+    for name in speculative.FLAGS:
+        value = info.get(name, stated.get(name))
+        if value is not None:
+            found[name] = value
+    resolved = info.get("max_running_requests")
+    if resolved is None and cal is not None:
+        resolved = cal.max_running_requests
+    found["resolved_max_running_requests"] = resolved
+    return found
+
+
+def _at_reset_cap(ev: dict[str, Any], running: dict[str, Any]) -> bool:
+    """Speculation on, running requests at SGLang's reset cap of 48, and a queue behind them."""
+    on = speculative.algorithm_of(running) is not None or ev.get("spec_accept_length")
+    cap = running.get("resolved_max_running_requests")
+    if cap is None:  # no flags at hand: a plateau at exactly 48 says it
+        cap = ev.get("peak_running_reqs")
+    return bool(
+        on
+        and cap == speculative.RESET_MAX_RUNNING_REQUESTS
+        and ev.get("busy_samples")
+        and ev["median_running_reqs"] >= speculative.RESET_MAX_RUNNING_REQUESTS - 1
+        and ev["queued_share"] >= QUEUED_SHARE
+    )
+
+
+def _reset_value(ev: dict[str, Any], plan_now: dict[str, Any] | None) -> str:
+    section = (plan_now or {}).get("speculative") or {}
+    fits = section.get("max_concurrent_requests_without_reset")
+    if fits:
+        return f"{fits} (what the planner says the KV pool holds)"
+    pool, fits = ev.get("max_total_num_tokens"), ev.get("requests_fitting_kv")
+    running, usage = ev.get("median_running_reqs"), ev.get("median_token_usage")
+    if pool and running and usage:  # the KV tokens each running request holds, as measured
+        per_request = round(usage * pool / running)
+        fits = int(pool // per_request) if per_request >= 1 else fits
+    if fits:
+        return f"{fits} (what the KV pool holds at the requests' measured size)"
+    return "the concurrency the job sends, as far as the KV pool holds it"
+
+
+def _speculation_findings(
+    ev: dict[str, Any], running: dict[str, Any], ctx: dict[str, Any] | None
+) -> tuple[list[dict[str, str]], list[dict[str, str]], list[str]]:
+    """(levers before the verdict's, levers after them, notes) about speculative decoding."""
+    accept = ev.get("spec_accept_length")
+    if speculative.algorithm_of(running) is None and not accept:
+        return [], [], []
+    plan_now = _plan_with(ctx) if ctx else None
+    first: list[dict[str, str]] = []
+    if _at_reset_cap(ev, running):
+        first.append(
+            _lever(
+                "speculative_reset_cap",
+                f"Running requests sit at {speculative.RESET_MAX_RUNNING_REQUESTS} with "
+                f"{ev['median_queue_reqs']:g} queued: SGLang 0.5.23 resets "
+                "--max-running-requests to 48 for speculative decoding when it is not given. "
+                f"Set it (max_running_requests: {_reset_value(ev, plan_now)}).",
+            )
+        )
+    notes: list[str] = []
+    if accept:
+        rate = ev.get("spec_accept_rate")
+        notes.append(
+            f"Speculative decoding: accept length {accept:g}"
+            + (f", accept rate {rate:g}" if rate is not None else "")
+            + f" over the window ({ev['source']})."
+        )
+    last = _speculation_pays(ev, accept, ctx, plan_now, notes)
+    return first, last, notes
+
+
+def _speculation_pays(
+    ev: dict[str, Any],
+    accept: float | None,
+    ctx: dict[str, Any] | None,
+    plan_now: dict[str, Any] | None,
+    notes: list[str],
+) -> list[dict[str, str]]:
+    """Whether speculation costs throughput at the batch the window ran (the planner's
+    speed-up model at the measured accept length), as a lever when it costs."""
+    if not accept or not ev.get("busy_samples"):
+        return []
+    batch = max(1, round(ev["median_running_reqs"]))
+    judged = (
+        _plan_with(ctx, speculative_accept_length=accept, job_concurrency=batch)
+        if ctx and plan_now is not None
+        else None
+    )
+    section = (judged or {}).get("speculative") or {}
+    gain = section.get("speedup_at_job_concurrency")
+    if gain is None:
+        notes.append(
+            "Whether it pays at this load is not judged: the planner needs the model and the "
+            "draft (--model-path, --speculative-draft-model-path, --gpu-memory-mib) and the "
+            f"GPU's figures ({section.get('speedup_reason') or 'no plan'})."
+        )
+        return []
+    ranges = "; ".join(f"{a}-{b}" for a, b in section["speedup"]["pays_at_batches"]) or "none"
+    if gain >= 1:
+        notes.append(
+            f"Speculation pays at this load: the planner expects x{gain:g} output at {batch} "
+            f"running requests (it pays at running batches {ranges})."
+        )
+        return []
+    return [
+        _lever(
+            "speculation_costs",
+            f"Speculative decoding costs throughput at this load: at {batch} running requests "
+            f"and accept length {accept:g} the planner expects x{gain:g} of plain decoding's "
+            f"output (it pays at running batches {ranges}; {section['model']}). Turn it off "
+            "(remove speculative_algorithm) for this job, or keep the running batch where it "
+            "pays.",
+        )
+    ]
 
 
 def _cap_lever(stated: dict[str, Any], ev: dict[str, Any]) -> list[dict[str, str]]:
@@ -542,6 +727,9 @@ def _with_log_calibration(
         for key in ("tp_size", "dp_size", "attn_dp_size", "mem_fraction_static", "kv_cache_dtype"):
             if run.flags.get(key) is not None:
                 args.setdefault(key, run.flags[key])
+        logged = {k: cal.server_args[k] for k in speculative.FLAGS if cal.server_args.get(k)}
+        for key, value in _plannable(logged, args).items():
+            args.setdefault(key, value)
         if cal.has_memory:
             args.setdefault("calibration_log", log_text)
     return dict(ctx) | {"args": args}
@@ -619,13 +807,23 @@ def _live_context(
     if not plan_context and not server_args:
         return None
     ctx = dict(plan_context or {})
-    args = dict(ctx.get("args") or {}) | server_args
+    args = dict(ctx.get("args") or {}) | _plannable(server_args, ctx.get("args") or {})
     per_request = observed.get("kv_tokens_per_running_req")
     if per_request and "avg_input_len" not in args and "avg_output_len" not in args:
         args |= {"avg_input_len": per_request, "avg_output_len": 0}
     if observed.get("per_request_tok_s") and "per_request_tok_s" not in args:
         args["per_request_tok_s"] = observed["per_request_tok_s"]
     return ctx | {"args": args}
+
+
+def _plannable(flags: dict[str, Any], args: dict[str, Any]) -> dict[str, Any]:
+    """The running server's flags the levers' plans can take: its speculative flags only with
+    the draft's config.json at hand (--speculative-draft-model-path), without which the planner
+    cannot place the draft; then the levers are planned without it."""
+    needs_draft = speculative.algorithm_of(flags) not in (None, "NGRAM")
+    if needs_draft and args.get("speculative_draft_config") is None:
+        return {k: v for k, v in flags.items() if k not in speculative.FLAGS}
+    return flags
 
 
 def _rate(delta: float | None, window: float | None) -> float | None:
@@ -724,6 +922,7 @@ def diagnose_live(
     as_run = {
         "server_metrics": metrics | {"max_total_num_tokens": max_tokens},
         "output_throughput": gen_tok_s,
+        "server_info": info,
     }
     result = diagnose(as_run, log_text, None, ctx)
     ev = result["evidence"]
@@ -800,6 +999,7 @@ def _plan_context(ns: argparse.Namespace) -> dict[str, Any] | None:
         return None
     config, weight_bytes = read_model_dir(ns.model_path)
     args, host = split_namespace(ns)
+    args = read_draft(args)
     if "gpu_memory_mib" not in host:
         raise PlanInputError("--model-path needs --gpu-memory-mib to size the levers")
     return {"model_config": config, "weight_bytes": weight_bytes, "args": args, "host": host}

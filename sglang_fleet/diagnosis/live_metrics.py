@@ -58,6 +58,11 @@ M_QUEUE = "sglang:num_queue_reqs"
 M_TOKEN_USAGE = "sglang:token_usage"
 M_GEN_THROUGHPUT = "sglang:gen_throughput"
 M_MAX_TOTAL_TOKENS = "sglang:max_total_num_tokens"
+# Speculative decoding (0.5.23 observability/metrics_collector.py): accepted tokens per verify
+# (drafts accepted + the bonus token) and the accepted share of the drafts, over the last
+# decode log interval; 0 without speculation.
+M_SPEC_ACCEPT_LENGTH = "sglang:spec_accept_length"
+M_SPEC_ACCEPT_RATE = "sglang:spec_accept_rate"
 # Counters of the tokenizer process, one series per label set (is_streaming): summed. SGLang
 # adds a request's tokens when it finishes, so over a window shorter than a request they lag.
 M_GEN_TOKENS = "sglang:generation_tokens_total"
@@ -78,6 +83,8 @@ _REALTIME_MODES = {
 # are per replica, and the fullest replica is the one that bounds.
 _SUMMED_OVER_GROUPS = (M_RUNNING, M_QUEUE, M_GEN_THROUGHPUT)
 _MAX_OVER_GROUPS = (M_TOKEN_USAGE, M_MAX_TOTAL_TOKENS)
+# Speculation's figures: the groups' mean (each reports its own batches).
+_MEAN_OVER_GROUPS = (M_SPEC_ACCEPT_LENGTH, M_SPEC_ACCEPT_RATE)
 _COUNTERS = (M_GEN_TOKENS, M_PROMPT_TOKENS, M_RETRACTED)
 
 # /server_info fields the diagnosis uses. A whitelist: /server_info carries every server
@@ -102,6 +109,10 @@ SERVER_INFO_FIELDS = (
     "page_size",
     "cuda_graph_max_bs_decode",
     "speculative_algorithm",
+    "speculative_num_steps",
+    "speculative_eagle_topk",
+    "speculative_num_draft_tokens",
+    "speculative_draft_model_path",
     "disable_radix_cache",
 )
 _MEMORY_USAGE_FIELDS = ("weight", "kvcache", "token_capacity")
@@ -143,7 +154,9 @@ def aggregate(series: list[tuple[str, dict[str, str], float]]) -> dict[str, floa
             continue
         if name == M_REALTIME and labels.get("mode") in _REALTIME_MODES:
             name = f"{M_REALTIME}:{labels['mode']}"  # noqa: PLW2901 (one series per mode)
-        elif name not in _SUMMED_OVER_GROUPS + _MAX_OVER_GROUPS or labels.get("priority", ""):
+        elif name not in _SUMMED_OVER_GROUPS + _MAX_OVER_GROUPS + _MEAN_OVER_GROUPS or labels.get(
+            "priority", ""
+        ):
             continue
         group = groups.setdefault(labels.get("dp_rank", ""), {})
         group[name] = max(group.get(name, value), value)
@@ -158,6 +171,9 @@ def aggregate(series: list[tuple[str, dict[str, str], float]]) -> dict[str, floa
     for name in _MAX_OVER_GROUPS:
         if per_group(name):
             values[name] = max(per_group(name))
+    for name in _MEAN_OVER_GROUPS:
+        if per_group(name):
+            values[name] = sum(per_group(name)) / len(per_group(name))
     for mode, key in _REALTIME_MODES.items():
         if per_group(f"{M_REALTIME}:{mode}"):
             values[key] = values.get(key, 0.0) + sum(per_group(f"{M_REALTIME}:{mode}"))
@@ -267,13 +283,18 @@ def pick_server_info(info: Any) -> dict[str, Any]:
 
 
 def _sample_row(t: float, values: dict[str, float]) -> dict[str, float]:
-    return {
+    row = {
         "t": round(t, 3),
         "num_running_reqs": values.get(M_RUNNING, 0.0),
         "num_queue_reqs": values.get(M_QUEUE, 0.0),
         "token_usage": values.get(M_TOKEN_USAGE, 0.0),
         "gen_throughput": values.get(M_GEN_THROUGHPUT, 0.0),
     }
+    # Only a speculating server's readings carry these (0 means none measured yet).
+    if values.get(M_SPEC_ACCEPT_LENGTH):
+        row["spec_accept_length"] = round(values[M_SPEC_ACCEPT_LENGTH], 3)
+        row["spec_accept_rate"] = round(values.get(M_SPEC_ACCEPT_RATE, 0.0), 3)
+    return row
 
 
 def _whole(value: float | None) -> float | int | None:

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sglang_fleet.ansible_values import plain, plain_mapping
+from sglang_fleet.capacity import speculative
 from sglang_fleet.capacity.model_config import weight_bytes_from_index
 from sglang_fleet.capacity.planner import plan
 from sglang_fleet.servers.describe import server_gpus
@@ -103,6 +104,27 @@ def calibration_args(calibration: Any, server: Mapping[str, Any]) -> dict[str, A
     return args
 
 
+def draft_path(server: Mapping[str, Any]) -> str | None:
+    """The draft model's directory a speculative server loads (None without one, and for
+    NGRAM, which has no draft model)."""
+    flags = server.get("flags") or {}
+    path = flags.get("speculative_draft_model_path")
+    if not path or speculative.algorithm_of(flags) in (None, "NGRAM"):
+        return None
+    return str(path)
+
+
+def _draft_args(draft: Any) -> dict[str, Any]:
+    """The planner's draft arguments from the draft's description as read on the host."""
+    if not draft:
+        return {}
+    given = plain_mapping(draft, "draft")
+    return {
+        "speculative_draft_config": plain_mapping(given.get("config"), "draft config.json"),
+        "speculative_draft_weight_bytes": weight_bytes(given.get("weight_bytes")),
+    }
+
+
 def server_plan(  # noqa: PLR0917 (the filter passes them by position)
     server: Any,
     model_config: Any,
@@ -111,14 +133,20 @@ def server_plan(  # noqa: PLR0917 (the filter passes them by position)
     host_ram_mib: Any,
     workload: Any = None,
     calibration: Any = None,
+    *,
+    draft: Any = None,
+    speculation_reset: str = "warn",
 ) -> dict[str, Any]:
     """The plan of one described server on its GPUs (min memory.total, name) and the host's
     RAM, with the host's calibration records when `calibration` is given; a CPU server's on
-    the host's RAM alone (docs/CPU-SERVERS.md). Bad input raises ValueError (PlanInputError
-    and ModelConfigError are ValueErrors) naming what was wrong."""
+    the host's RAM alone (docs/CPU-SERVERS.md). draft: a speculative server's draft model as
+    read ({config, weight_bytes}); speculation_reset: what the 48 reset is (warn, refuse).
+    Bad input raises ValueError (PlanInputError and ModelConfigError are ValueErrors) naming
+    what was wrong."""
     server = plain_mapping(server, "server")
     config = plain_mapping(model_config, "model_config")
-    work = plain_mapping(workload or {}, "workload")
+    work = plain_mapping(workload or {}, "workload") | _draft_args(draft)
+    work["speculation_reset"] = speculation_reset
     if server.get("device") == "cpu":
         args = {**server.get("plan_args", {}), **work}
         return plan(

@@ -25,6 +25,12 @@ Rules (SGLang checks some of them only after loading weights, or per rank, or no
   max_total_tokens (a positive integer): on CPU SGLang sizes the KV pool from the host's free
   RAM, so without a cap one server takes most of the host. Servers on one host share no CPU of
   their `cpus`.
+- Speculative decoding (docs/SPECULATIVE.md; sglang_fleet.capacity.speculative has the rules, read
+  from SGLang 0.5.23's speculative_hook.py): a known algorithm the planner models; steps,
+  top-k and draft tokens set together, draft tokens that SGLang neither replaces (top-k 1:
+  steps + 1) nor fails on (top-k > 1: at most topk + (steps - 1) x topk^2 + 1); STANDALONE and
+  NGRAM without attention DP; EAGLE3 and STANDALONE with a draft path. The draft's directory
+  and architecture are checked when the model is read (the pre-flight's plan).
 - A server behind a router (its `router` field, docs/ROUTER.md) runs with enable_metrics: the
   drain before its restart reads its /metrics; and it listens where the router reaches it: a
   server on loopback only cannot be a worker of a router that reaches it by another address.
@@ -36,6 +42,7 @@ import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
+from sglang_fleet.capacity import speculative
 from sglang_fleet.module_utils import typed_number
 from sglang_fleet.servers.describe import SERVERS_VAR
 
@@ -244,6 +251,23 @@ def _check_mem_fraction(server: Mapping[str, Any]) -> list[Problem]:
     ]
 
 
+def _check_speculative(server: Mapping[str, Any]) -> list[Problem]:
+    """What SGLang 0.5.23 refuses, fails on or silently changes in the --speculative-* flags;
+    the target is not read yet, so an EAGLE start without a draft path is left to the plan."""
+    flags = server.get("flags") or {}
+    try:
+        speculative.settings(flags, None)
+    except speculative.SpeculationError as exc:
+        return [
+            _problem(
+                "speculative_flags",
+                _flag_var(server, exc.flag),
+                f"{flags.get(exc.flag)!r}{_where_set(server, exc.flag)}: {exc.message}",
+            )
+        ]
+    return []
+
+
 def _check_port(server: Mapping[str, Any]) -> list[Problem]:
     port = _int_value(server.get("port"))
     low, high = PORT_RANGE
@@ -307,6 +331,7 @@ def server_errors(server: dict, host: dict) -> list[dict]:
     problems += _check_mem_fraction(server)
     problems += _check_radix(server)
     problems += _check_router(server)
+    problems += _check_speculative(server)
     cpu = server.get("device") == "cpu"
     if cpu:
         problems += _check_cpu_tokens(server)

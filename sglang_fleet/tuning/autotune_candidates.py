@@ -9,19 +9,31 @@ import itertools
 from collections.abc import Mapping
 from typing import Any
 
-from sglang_fleet.capacity import attention_dp
-from sglang_fleet.tuning.autotune_inputs import PER_RANK_CHUNK, SPACE_FLAGS, as_float
+from sglang_fleet.capacity import attention_dp, speculative
+from sglang_fleet.tuning.autotune_inputs import (
+    PER_RANK_CHUNK,
+    SPACE_FLAGS,
+    SPECULATIVE,
+    as_float,
+    speculative_flags,
+)
 
 # SGLang multiplies schedule_conservativeness by this under attention DP (parallel_hook).
 ATTN_DP_CONSERVATIVENESS = 0.3
 
 
-def grid(base: Mapping[str, Any], space: Mapping[str, list]) -> list[dict[str, Any]]:
-    """Every combination of the space's lists as a pending candidate over the base flags."""
+def grid(
+    base: Mapping[str, Any], space: Mapping[str, list], concurrency: int | None = None
+) -> list[dict[str, Any]]:
+    """Every combination of the space's lists as a pending candidate over the base flags.
+    concurrency: the job's (autotune_workload), what a speculative candidate without
+    max_running_requests gets instead of SGLang's reset to 48."""
     names = [n for n in SPACE_FLAGS if n in space]
     candidates = []
     for index, values in enumerate(itertools.product(*(space[n] for n in names))):
-        tuned = _as_sglang_flags(base, dict(zip(names, values, strict=True)))
+        point = dict(zip(names, values, strict=True))
+        item = point.get(SPECULATIVE)
+        tuned = _as_sglang_flags(base, point, concurrency)
         candidates.append(
             {
                 "id": f"c{index:03d}",
@@ -30,6 +42,8 @@ def grid(base: Mapping[str, Any], space: Mapping[str, list]) -> list[dict[str, A
                 "status": "pending",
                 "prune": None,
                 "predicted": None,
+                # The accept length the operator expects, until a trial measures one.
+                "accept_length": (item or {}).get("accept_length"),
             }
         )
     return candidates
@@ -48,11 +62,39 @@ def attn_dp_of(flags: Mapping[str, Any]) -> int:
         return int(flags.get("attn_dp_size") or 1)  # the planner names the problem
 
 
-def _as_sglang_flags(base: Mapping[str, Any], point: dict[str, Any]) -> dict[str, Any]:
+def _speculative_overlay(
+    base: Mapping[str, Any],
+    point: Mapping[str, Any],
+    item: Mapping[str, Any] | None,
+    concurrency: int | None,
+) -> dict[str, Any]:
+    """The flags a speculative setting lays over the server's: null removes every
+    --speculative-* flag the server has (the same flags without speculation); a setting replaces
+    them (the draft path the server's own unless it names one), and without
+    max_running_requests anywhere it sets the job's concurrency: SGLang 0.5.23 would reset it to
+    48, and the trial would measure that cap instead of speculation."""
+    off = {name: None for name in speculative.FLAGS if base.get(name) is not None}
+    if item is None:
+        return off
+    flags = off | speculative_flags(item)
+    if "speculative_draft_model_path" not in flags or flags["speculative_draft_model_path"] is None:
+        flags.pop("speculative_draft_model_path", None)
+    given = base.get("max_running_requests") is not None or "max_running_requests" in point
+    if not given and concurrency:
+        flags["max_running_requests"] = concurrency
+    return flags
+
+
+def _as_sglang_flags(
+    base: Mapping[str, Any], point: dict[str, Any], concurrency: int | None = None
+) -> dict[str, Any]:
     """A grid point as the flags a trial overlays on the server's (real SGLang flags only):
-    a per-rank chunk becomes chunked_prefill_size x attn_dp_size, and a candidate attention-DP
-    size replaces the deprecated spelling of the server's flags."""
+    a per-rank chunk becomes chunked_prefill_size x attn_dp_size, a candidate attention-DP
+    size replaces the deprecated spelling of the server's flags, and a speculative setting
+    becomes the --speculative-* flags (null: none)."""
     tuned = dict(point)
+    if SPECULATIVE in tuned:
+        tuned |= _speculative_overlay(base, point, tuned.pop(SPECULATIVE), concurrency)
     if "attn_dp_size" in tuned and str(base.get("enable_dp_attention")).lower() == "true":
         tuned |= {"enable_dp_attention": False, "dp_size": 1}
     per_rank = tuned.pop(PER_RANK_CHUNK, None)
@@ -82,8 +124,8 @@ def sglang_adjustments(flags: Mapping[str, Any], layout: Mapping[str, Any]) -> d
 
 
 def _differs(current: Any, value: Any) -> bool:
-    if current is None:
-        return True
+    if current is None or value is None:  # a flag added, or removed (null)
+        return current is not value
     return str(current) != str(value) and as_float(current) != as_float(value)
 
 

@@ -7,12 +7,13 @@ a host, so the playbook checks the inputs before it touches one.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from sglang_fleet.bench.smoke_client.workload import format_lengths, parse_lengths
-from sglang_fleet.capacity import kv_cache
+from sglang_fleet.capacity import kv_cache, speculative
 from sglang_fleet.capacity.noop_flags import NOOP_FLAGS
 from sglang_fleet.module_utils import typed_number
 from sglang_fleet.module_utils.typed_number import Range, shown
@@ -28,8 +29,24 @@ SPACE_FLAGS = (
     # The prefill chunk one attention-DP rank runs: the candidate's chunked_prefill_size is
     # this x attn_dp_size, because SGLang divides the flag by the attention-DP size.
     "chunked_prefill_size_per_rank",
+    # Speculative decoding (docs/SPECULATIVE.md): a list of settings, null for none; each one
+    # a candidate beside the same flags without speculation.
+    "speculative",
 )
 PER_RANK_CHUNK = "chunked_prefill_size_per_rank"
+SPECULATIVE = "speculative"
+# An autotune_space.speculative item's keys: SGLang's --speculative-<key> flags, and the
+# accept length the operator expects before a trial measures one.
+SPECULATIVE_KEYS = (
+    "algorithm",
+    "draft_model_path",
+    "num_steps",
+    "eagle_topk",
+    "num_draft_tokens",
+    "ngram_max_bfs_breadth",
+    "accept_length",
+)
+_OFF = ("", "none", "off")
 # KV dtypes that store as many bits as the model: no quality trade-off to opt into.
 LOSSLESS_KV_DTYPES = ("auto", "bf16", "bfloat16", "fp16", "float16")
 DEFAULT_TOLERANCE = 0.05
@@ -87,10 +104,72 @@ def _kv_dtype(value: Any, where: str, allowed: list[str]) -> str:
     return text
 
 
+def speculative_flags(item: Mapping[str, Any] | None) -> dict[str, Any]:
+    """An autotune_space.speculative item as SGLang's flags (the accept length is no flag)."""
+    return {
+        f"speculative_{key}": value
+        for key, value in (item or {}).items()
+        if key != "accept_length" and value is not None
+    }
+
+
+def _speculative_item(value: Any, where: str) -> dict[str, Any] | None:
+    """One speculative setting typed, checked by SGLang 0.5.23's rules (the draft path may come
+    from the server's flags, so it is not required here); None: no speculation."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in _OFF):
+        return None
+    if not isinstance(value, Mapping):
+        raise AutotuneInputError(
+            f"{where}: {shown(value)} is neither null (no speculation) nor a mapping with keys "
+            f"among {', '.join(SPECULATIVE_KEYS)}"
+        )
+    unknown = sorted(str(key) for key in value if key not in SPECULATIVE_KEYS)
+    if unknown:
+        raise AutotuneInputError(
+            f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(SPECULATIVE_KEYS)}"
+        )
+    if not value.get("algorithm"):
+        raise AutotuneInputError(f"{where}.algorithm is required (EAGLE, EAGLE3, NEXTN, ...)")
+    item = {key: value[key] for key in SPECULATIVE_KEYS if value.get(key) is not None}
+    try:
+        speculative.settings(speculative_flags(item), None)
+    except speculative.SpeculationError as exc:
+        key = exc.flag.removeprefix("speculative_")
+        raise AutotuneInputError(f"{where}.{key}: {exc.message}") from None
+    item["algorithm"] = speculative.algorithm_of(speculative_flags(item))
+    for key in ("num_steps", "eagle_topk", "num_draft_tokens", "ngram_max_bfs_breadth"):
+        if key in item:
+            item[key] = _positive_int(item[key], f"{where}.{key}")
+    if "accept_length" in item:
+        item["accept_length"] = _number(item["accept_length"], f"{where}.accept_length", Range(1))
+    if "draft_model_path" in item and not isinstance(item["draft_model_path"], str):
+        raise AutotuneInputError(f"{where}.draft_model_path must be a directory's path")
+    return item
+
+
+def draft_paths(space: Mapping[str, Any], base_flags: Mapping[str, Any]) -> list[str]:
+    """The draft models a search may start (read on the canary before any trial): each
+    speculative item's, or the server's own, where the algorithm has one (NGRAM has none)."""
+    paths = set()
+    for item in space.get(SPECULATIVE) or []:
+        flags = dict(base_flags) | speculative_flags(item)
+        path = flags.get("speculative_draft_model_path")
+        if item is not None and path and item["algorithm"] != "NGRAM":
+            paths.add(str(path))
+    own = base_flags.get("speculative_draft_model_path")
+    if own and speculative.algorithm_of(base_flags) not in (None, "NGRAM"):
+        paths.add(str(own))
+    return sorted(paths)
+
+
 def _space_values(name: str, values: Any, allowed_dtypes: list[str]) -> list[Any]:
     where = f"autotune_space.{name}"
     if not isinstance(values, list) or not values:
         raise AutotuneInputError(f"{where} must be a non-empty list")
+    if name == SPECULATIVE:
+        items = [_speculative_item(v, f"{where}[{i}]") for i, v in enumerate(values)]
+        unique = {json.dumps(item, sort_keys=True): item for item in items}
+        return list(unique.values())
     if name == "mem_fraction_static":
         out: list[Any] = [_fraction(v, where) for v in values]
     elif name == "kv_cache_dtype":

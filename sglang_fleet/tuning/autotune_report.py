@@ -41,6 +41,8 @@ def profile_yaml(state: Mapping[str, Any], profile_name: str | None = None) -> s
 
 
 def _yaml_scalar(value: Any) -> str:
+    if value is None:  # a flag the winner removes (no speculation over a server that has it)
+        return "null"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int | float):

@@ -24,6 +24,7 @@ from sglang_fleet.tuning.autotune_inputs import (
     AutotuneInputError,
     as_float,
     check_context,
+    draft_paths,
     validate_inputs,
 )
 from sglang_fleet.tuning.candidate_planning import replan
@@ -72,7 +73,9 @@ def new_state(
     margin_gib: float = MIN_FREE_AFTER_GRAPH_GIB,
 ) -> dict[str, Any]:
     """A fresh search. context: {model_config, weight_bytes, host {gpu_memory_mib,
-    host_ram_gib, gpu_count, gpu_name}, sglang_version, calibration (the host's store)}."""
+    host_ram_gib, gpu_count, gpu_name}, sglang_version, calibration (the host's store), drafts
+    (the draft models the space may start, as the canary's read gave them: {path: {config,
+    weight_bytes, error}}, autotune_inputs.draft_paths)}."""
     typed = validate_inputs(
         space=space,
         workload=workload,
@@ -106,11 +109,12 @@ def new_state(
             "weight_bytes": int(context["weight_bytes"]),
             "host": dict(context["host"]),
             "sglang_version": context.get("sglang_version"),
+            "drafts": _drafts(context.get("drafts"), draft_paths(typed["space"], base_flags)),
         },
         "calibrations": store.records,
         # Entries of the host's store no plan may use: named here, never planned with.
         "calibrations_set_aside": [entry.describe() for entry in store.set_aside],
-        "candidates": grid(base_flags, typed_space),
+        "candidates": grid(base_flags, typed_space, typed["workload"]["concurrency"]),
         "trials": [],
         "speed_model": None,
         "in_flight": None,
@@ -120,6 +124,31 @@ def new_state(
     state["spec_digest"] = spec_digest(state)
     replan(state)
     return state
+
+
+def _drafts(read: Any, wanted: list[str]) -> dict[str, Any]:
+    """The draft models of the search, each {config (parsed), weight_bytes}; one the canary does
+    not have refuses the search before any trial, naming it."""
+    read = read if isinstance(read, Mapping) else {}
+    drafts = {}
+    for path in wanted:
+        found = read.get(path) if isinstance(read.get(path), Mapping) else {}
+        where = f"autotune_space.speculative: the draft model {path}"
+        if found.get("error") or found.get("config") is None:
+            why = found.get("error") or "config.json does not exist"
+            raise AutotuneInputError(f"{where} cannot be read on the canary: {why}")
+        config = found["config"]
+        try:
+            config = (
+                bounded_json.loads(config, "config.json") if isinstance(config, str) else config
+            )
+        except ValueError as exc:
+            raise AutotuneInputError(f"{where}: config.json is not JSON ({exc})") from None
+        weights = as_float(found.get("weight_bytes"), Range(1))
+        if not isinstance(config, Mapping) or weights is None:
+            raise AutotuneInputError(f"{where}: no config.json object or no checkpoint size")
+        drafts[path] = {"config": dict(config), "weight_bytes": int(weights)}
+    return drafts
 
 
 def _no_constant(name: str) -> Any:

@@ -6,10 +6,11 @@ cannot start, risks running out of memory or cannot hold one request of the work
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping
 from typing import Any
 
-from sglang_fleet.capacity import calibration
+from sglang_fleet.capacity import calibration, speculative
 from sglang_fleet.capacity.planner import plan
 from sglang_fleet.capacity.planner_inputs import PLANNER_FLAGS, PlanInputError
 from sglang_fleet.tuning.autotune_candidates import candidate_flags, sglang_adjustments
@@ -21,9 +22,48 @@ _PLANNER_FLAGS = (*PLANNER_FLAGS, "cuda_graph_max_bs_decode")
 _CANNOT_START = ("not_enough_memory", "not_enough_gpus", "hicache_host_ram")
 
 
-def _plan_flags(state: Mapping[str, Any], flags: Mapping[str, Any]) -> dict[str, Any]:
+def measured_accept_length(state: Mapping[str, Any], flags: Mapping[str, Any]) -> float | None:
+    """The accept length trials of this algorithm and draft measured (their median)."""
+    key = (speculative.algorithm_of(flags), flags.get("speculative_draft_model_path"))
+    found = [
+        trial["spec_accept_length"]
+        for trial in state["trials"]
+        if trial.get("spec_accept_length")
+        and _speculation_key(dict(state["base_flags"]) | dict(trial.get("tuned") or {})) == key
+    ]
+    return statistics.median(found) if found else None
+
+
+def _speculation_key(flags: Mapping[str, Any]) -> tuple[str | None, Any]:
+    return speculative.algorithm_of(flags), flags.get("speculative_draft_model_path")
+
+
+def _speculative_args(
+    state: Mapping[str, Any], flags: Mapping[str, Any], expected: float | None
+) -> dict[str, Any]:
+    """The planner's speculative inputs for a flag set: the draft read on the canary, the job's
+    concurrency, and the accept length trials measured (else the operator's expectation)."""
+    if speculative.algorithm_of(flags) is None:
+        return {}
+    args: dict[str, Any] = {"job_concurrency": state["workload"]["concurrency"]}
+    draft = (state["context"].get("drafts") or {}).get(flags.get("speculative_draft_model_path"))
+    if draft:
+        args |= {
+            "speculative_draft_config": draft["config"],
+            "speculative_draft_weight_bytes": draft["weight_bytes"],
+        }
+    accept = measured_accept_length(state, flags) or expected
+    if accept:
+        args["speculative_accept_length"] = accept
+    return args
+
+
+def _plan_flags(
+    state: Mapping[str, Any], flags: Mapping[str, Any], accept_length: float | None = None
+) -> dict[str, Any]:
     ctx, work = state["context"], state["workload"]
     args = {k: flags[k] for k in _PLANNER_FLAGS if flags.get(k) is not None}
+    args |= _speculative_args(state, flags, accept_length)
     args |= {
         "avg_input_len": work["input_len"],
         "avg_output_len": work["output_len"],
@@ -97,13 +137,28 @@ def _oom_floor(state: Mapping[str, Any]) -> tuple[float, int] | None:
     return worst
 
 
+def _speedup(result: Mapping[str, Any], running: int) -> tuple[bool, float | None]:
+    """(speculates, the planner's speed-up at the running batch, None when not known)."""
+    section = result.get("speculative")
+    if not section:
+        return False, None
+    points = {p["batch"]: p["speedup"] for p in (section.get("speedup") or {}).get("points", [])}
+    return True, points.get(running)
+
+
 def _predicted(
     state: Mapping[str, Any], result: Mapping[str, Any], flags: Mapping[str, Any]
 ) -> dict[str, Any]:
     work = state["workload"]
     concurrency = min(result["max_concurrent_requests"], work["concurrency"])
     details = result["details"]
+    speculates, gain = _speedup(result, concurrency)
     return {
+        "speculative": speculates,
+        # x output over the same flags without speculation at this running batch; None while
+        # no accept length is known (the search then tries it rather than stop early).
+        "speedup": gain,
+        "speedup_unknown": speculates and gain is None,
         "max_total_num_tokens": result["max_total_num_tokens"],
         "concurrency": concurrency,
         "waves": math.ceil(work["num_prompts"] / max(concurrency, 1)),
@@ -119,7 +174,7 @@ def _predicted(
 def _plan_candidate(state: dict[str, Any], candidate: dict[str, Any]) -> None:
     flags = candidate_flags(state, candidate)
     try:
-        result = _plan_flags(state, flags)
+        result = _plan_flags(state, flags, candidate.get("accept_length"))
     except PlanInputError as exc:
         candidate.update(status="pruned", prune={"code": "invalid", "reason": str(exc)})
         return

@@ -1,7 +1,8 @@
 """The autotune speed model: a job of N requests at concurrency B runs in ceil(N / B) waves
 and takes duration = A * waves + K seconds; A and K are fitted to the trials measured so far
 (A from the planner's per-request speed before any), and give every candidate's predicted
-output tok/s.
+output tok/s; a speculative candidate's is that times the planner's speed-up at its running
+batch (docs/SPECULATIVE.md).
 """
 
 from __future__ import annotations
@@ -9,13 +10,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from sglang_fleet.capacity import speculative
+
 
 def _measured(state: Mapping[str, Any]) -> list[tuple[int, float]]:
-    """(waves, job seconds) of the trials that completed the whole job."""
+    """(waves, job seconds) of the trials that completed the whole job without speculation
+    (a speculative trial's steps run at another speed: the planner's speed-up scales it)."""
     work = state["workload"]
     tokens = work["num_prompts"] * work["output_len"]
     points = []
     for trial in state["trials"]:
+        flags = dict(state["base_flags"]) | dict(trial.get("tuned") or {})
+        if speculative.algorithm_of(flags) is not None:
+            continue
         tok_s = trial.get("output_throughput")
         whole = trial.get("completed") == work["num_prompts"] and not trial.get("failed")
         if whole and tok_s and trial.get("waves") and trial["outcome"] != "failed":
@@ -60,7 +67,8 @@ def refit(state: dict[str, Any]) -> None:
     for candidate in state["candidates"]:
         predicted = candidate["predicted"]
         if predicted:
-            predicted["output_tok_s"] = round(predict_tok_s(model, work, predicted["waves"]), 1)
+            plain = predict_tok_s(model, work, predicted["waves"])
+            predicted["output_tok_s"] = round(plain * (predicted.get("speedup") or 1.0), 1)
 
 
 def predict_tok_s(model: Mapping[str, Any], workload: Mapping[str, int], waves: int) -> float:

@@ -49,6 +49,10 @@ def _stop_reason(state: Mapping[str, Any]) -> str | None:
     best = best_trial(state)
     if best is None:
         return None
+    if any(c["predicted"].get("speedup_unknown") for c in todo):
+        # Speculation's gain is not known until a trial measures its accept length: no
+        # prediction can say it is not worth trying.
+        return None
     top = todo[0]["predicted"]["output_tok_s"]
     bar = top * (1 - state["tolerance"])
     if best["output_throughput"] >= bar:

@@ -5,10 +5,11 @@ calibration its start produced, and every untried candidate planned again.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping
 from typing import Any
 
-from sglang_fleet.capacity import calibration
+from sglang_fleet.capacity import calibration, speculative
 from sglang_fleet.module_utils.typed_number import Range, finite_or_none
 from sglang_fleet.tuning.autotune_inputs import AutotuneInputError
 from sglang_fleet.tuning.candidate_planning import replan
@@ -75,6 +76,7 @@ def record_trial(
         "predicted": predicted or None,
         "waves": _waves(state, result, predicted),
         **_smoke_figures(smoke),
+        "spec_accept_length": _accept_length(smoke),
     }
     state["trials"].append(row)
     _mark_candidate(state, trial["candidate"], row["outcome"])
@@ -106,6 +108,19 @@ def _smoke_figures(smoke: Mapping[str, Any] | None) -> dict[str, Any]:
     return {name: None if name in bad else smoke.get(name) for name in _FIGURES}
 
 
+def _accept_length(smoke: Mapping[str, Any] | None) -> float | None:
+    """The median accept length the benchmark's /metrics samples read (sglang:spec_accept_length,
+    docs/SPECULATIVE.md); None for a server that does not speculate."""
+    samples = ((smoke or {}).get("server_metrics") or {}).get("samples") or []
+    found = [
+        value
+        for row in samples
+        if isinstance(row, Mapping)
+        and (value := finite_or_none(row.get("spec_accept_length"), Range(1))) is not None
+    ]
+    return round(statistics.median(found), 3) if found else None
+
+
 def _waves(state: Mapping[str, Any], result: Mapping[str, Any], predicted: Mapping) -> int | None:
     """The waves the job ran in: from the server's own token budget when the start reported
     it (the baseline has no prediction), else the prediction's."""
@@ -116,6 +131,8 @@ def _waves(state: Mapping[str, Any], result: Mapping[str, Any], predicted: Mappi
         fit = int(tokens) // (work["input_len"] + work["output_len"])
         flags = state["in_flight"]["flags"]
         cap = flags.get("max_running_requests")
+        if cap is None and speculative.reset_applies(flags):
+            cap = speculative.RESET_MAX_RUNNING_REQUESTS
         concurrency = min(fit, int(cap) if cap else fit, work["concurrency"])
         return math.ceil(work["num_prompts"] / max(concurrency, 1))
     return predicted.get("waves")

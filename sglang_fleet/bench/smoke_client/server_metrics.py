@@ -9,7 +9,7 @@ import math
 from typing import Any
 
 from sglang_fleet.bench.smoke_client.http_client import Clock, HttpClient
-from sglang_fleet.bench.smoke_client.prometheus_text import parse_prometheus
+from sglang_fleet.bench.smoke_client.prometheus_text import parse_prometheus, parse_series
 
 # /metrics names (SGLang's collector); values are summed over label sets (tp/dp ranks).
 _M_RUNNING = "sglang:num_running_reqs"
@@ -19,6 +19,10 @@ _M_GEN_THROUGHPUT = "sglang:gen_throughput"
 _M_GEN_TOKENS = "sglang:generation_tokens_total"
 _M_PROMPT_TOKENS = "sglang:prompt_tokens_total"
 _M_MAX_TOTAL_TOKENS = "sglang:max_total_num_tokens"
+# Speculative decoding's accepted tokens per verify and accepted share of the drafts (0 without).
+_M_SPEC_ACCEPT_LENGTH = "sglang:spec_accept_length"
+_M_SPEC_ACCEPT_RATE = "sglang:spec_accept_rate"
+_SPEC_GAUGES = (_M_SPEC_ACCEPT_LENGTH, _M_SPEC_ACCEPT_RATE)
 
 
 async def read_metrics(
@@ -28,7 +32,15 @@ async def read_metrics(
     status, body = await client.get("/metrics")
     if status != 200:
         return None
-    return parse_prometheus(body.decode("utf-8", "replace"), left_out)
+    text = body.decode("utf-8", "replace")
+    values = parse_prometheus(text, left_out)
+    # A gauge of a rate or a length is not summed over the schedulers that report it: their mean.
+    spec = [(n, v) for n, _, v in parse_series(text) if n in _SPEC_GAUGES]
+    for name in _SPEC_GAUGES:
+        found = [v for n, v in spec if n == name]
+        if found:
+            values[name] = sum(found) / len(found)
+    return values
 
 
 class MetricsSampler:
@@ -58,15 +70,17 @@ class MetricsSampler:
             return
         if _M_MAX_TOTAL_TOKENS in values:
             self.max_total_num_tokens = values[_M_MAX_TOTAL_TOKENS]
-        self.samples.append(
-            {
-                "t": round(self.clock() - self.t0, 3),
-                "num_running_reqs": values.get(_M_RUNNING, 0.0),
-                "num_queue_reqs": values.get(_M_QUEUE, 0.0),
-                "token_usage": values.get(_M_TOKEN_USAGE, 0.0),
-                "gen_throughput": values.get(_M_GEN_THROUGHPUT, 0.0),
-            }
-        )
+        row = {
+            "t": round(self.clock() - self.t0, 3),
+            "num_running_reqs": values.get(_M_RUNNING, 0.0),
+            "num_queue_reqs": values.get(_M_QUEUE, 0.0),
+            "token_usage": values.get(_M_TOKEN_USAGE, 0.0),
+            "gen_throughput": values.get(_M_GEN_THROUGHPUT, 0.0),
+        }
+        if values.get(_M_SPEC_ACCEPT_LENGTH):
+            row["spec_accept_length"] = values[_M_SPEC_ACCEPT_LENGTH]
+            row["spec_accept_rate"] = values.get(_M_SPEC_ACCEPT_RATE, 0.0)
+        self.samples.append(row)
 
 
 def server_summary(
