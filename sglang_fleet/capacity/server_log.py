@@ -150,6 +150,8 @@ class Calibration:
     # figures are no numbers SGLang prints (400 digits, a count past 2**40), skipped.
     long_lines: int = 0
     unreadable_lines: int = 0
+    # (kind, rank) of the lines _FIRST_PER_RANK already took.
+    ranks_seen: set[tuple[str, str]] = field(default_factory=set)
 
     def long_lines_note(self) -> str | None:
         """What the parse skipped, in words, or None when it read every line."""
@@ -269,12 +271,25 @@ def _literal_args(msg: str) -> dict[str, object]:
 MAX_QUOTED_LINE = 200
 
 
-def _memory_line(cal: Calibration, msg: str) -> bool:
+# Lines a rank writes once for the target and again for a speculative draft worker (its weights
+# load, and its own KV pool is allocated, after the target's: docs/SPECULATIVE.md): the target's,
+# the first of each rank, are the start's; the draft's would read as the target's free memory
+# before its weights and as its pool.
+_FIRST_PER_RANK = ("load_begin", "kv_alloc")
+
+
+def _memory_line(cal: Calibration, msg: str, rank: str = "") -> bool:
     """Record a start-up memory line, and the first line of its kind; False when the line
     is none of them."""
     for kind, record in _MEMORY_LINES:
+        if kind in _FIRST_PER_RANK and (kind, rank) in cal.ranks_seen:
+            if record(Calibration(), msg):  # the draft's line: known, not the start's figure
+                return True
+            continue
         if record(cal, msg):
             cal.lines.setdefault(kind, msg[:MAX_QUOTED_LINE])
+            if kind in _FIRST_PER_RANK:
+                cal.ranks_seen.add((kind, rank))
             return True
     return False
 
@@ -460,7 +475,7 @@ def parse_log(text: str) -> Calibration:
             _server_args(cal, msg)
             continue
         try:
-            if _memory_line(cal, msg) or _scheduler_line(cal, msg):
+            if _memory_line(cal, msg, rank) or _scheduler_line(cal, msg):
                 continue
         except typed_number.NumberError:
             cal.unreadable_lines += 1
