@@ -59,3 +59,25 @@ def test_double_and_planner_agree_on_the_fixtures(
     expected = planner_tokens(model_dir, tp, fraction, kv_dtype)
     assert expected > 0
     assert double_tokens(model_dir, tp, fraction, kv_dtype) == expected
+
+
+@pytest.mark.parametrize("fraction", [0.85, 0.88])
+def test_double_and_planner_agree_with_an_eagle3_draft(fraction: float) -> None:
+    """The draft's weights and its KV budget (issue 46): the double places them from the wheel's
+    own code (gpusim/gpusim/speculative.py), the planner from its own reading
+    (sglang_fleet/capacity/): the same token budget for the Kimi target and its EAGLE-3 draft."""
+    from test_gpusim_speculative import EAGLE3, kimi_eagle3_plan  # noqa: PLC0415 (its fixture)
+
+    _, double = kimi_eagle3_plan(mem_fraction_static=fraction, kv_cache_dtype="auto")
+    config, weight_bytes = read_model_dir(KIMI)
+    draft_config, draft_bytes = read_model_dir(EAGLE3)
+    args = {
+        "tp_size": 8, "mem_fraction_static": fraction, "kv_cache_dtype": "auto",
+        "speculative_algorithm": "EAGLE3", "speculative_draft_model_path": EAGLE3,
+        "speculative_draft_config": draft_config, "speculative_draft_weight_bytes": draft_bytes,
+        "speculative_num_steps": 3, "speculative_eagle_topk": 1,
+        "speculative_num_draft_tokens": 4, "max_running_requests": 100,
+    }  # fmt: skip
+    planned = fleet_plan(config, weight_bytes, args, HOST)["max_total_num_tokens"]
+    assert double.max_total_num_tokens == planned
+    assert planned < planner_tokens(KIMI, 8, fraction, "auto")  # the draft's memory counted
