@@ -111,6 +111,9 @@ def double_speculates(env: trials.Setup) -> str | None:
         "speculative_eagle_topk": 1,
         "speculative_num_draft_tokens": 4,
         "max_running_requests": 16,
+        # SGLang publishes the accept gauges with a decode log line (every 40 steps by
+        # default): the probe's one short generation needs them sooner.
+        "decode_log_interval": 4,
     }
     argv = ["--model-path", str(env.model_dir), "--port", str(port), *trials.flag_argv(flags)]
     cwd = env.workdir / "server-cwd"
