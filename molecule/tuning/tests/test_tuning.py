@@ -13,7 +13,11 @@ top to bottom and each leaves the server serving:
 6. an autotune run killed in its first trial leaves the host serving; 7. the rerun repeats
    that trial (which now runs out of memory under load, a gpusim fault: rolled back), finishes
    and restores last-known-good; 8. a rerun with autotune_apply rolls the winner out;
-9. a deploy with the winner committed to the inventory changes nothing.
+9. a deploy with the winner committed to the inventory changes nothing;
+10. speculative decoding (NGRAM) without max_running_requests is refused before anything stops
+    when sglang_server_speculation_reset says refuse, and warned in the plan by default;
+11. with max_running_requests set the double serves it, and the diagnosis of a load reads its
+    accept length from /metrics.
 
 Timings are printed (pytest -s), never asserted.
 """
@@ -384,3 +388,69 @@ def test_a_deploy_with_the_winner_committed_changes_nothing(host):
     assert run.rc == 0, run.failures
     assert run.changed_tasks(HOST) == []
     assert unit_identity(host) == before
+
+
+# --- 10.-11. speculative decoding (issue 46) ----------------------------------------------------
+# NGRAM drafts from the prompt itself: no draft model to stage on the host. SGLang 0.5.23 resets
+# max_running_requests to 48 for speculation when the flag set does not give it.
+NGRAM = {"speculative_algorithm": "NGRAM", "speculative_num_draft_tokens": 4}
+
+
+def _winner_flags() -> dict[str, Any]:
+    winner = json.loads((SEARCH / f"autotune-{state()['started_at']}.json").read_text())["winner"]
+    return NOW_FLAGS | winner["tuned"]
+
+
+def test_speculation_without_max_running_requests_is_refused_or_warned_as_the_inventory_says(
+    host,
+):
+    before = unit_identity(host)
+    # A null removes a flag from every layer (docs/INVENTORY.md): the winner's too.
+    flags = {**_winner_flags(), **NGRAM, "max_running_requests": None}
+    overrides = {"sglang_server_overrides": {"llama": {"flags": flags}}}
+    run = run_playbook(
+        "deploy.yml", extravars=overrides | {"sglang_server_speculation_reset": "refuse"}
+    )
+    assert run.rc != 0
+    message = failure_text(run)
+    assert "reset to 48 for speculative decoding" in message, message
+    assert "max_running_requests" in message
+    assert run.changed_tasks(HOST) == []
+    assert unit_identity(host) == before
+    # warn (the default): the same flag set passes the pre-flight, its plan saying why; check
+    # mode shows it and changes nothing.
+    run = run_playbook("deploy.yml", extravars=overrides, cmdline="--check")
+    assert run.rc == 0, run.failures
+    [plan] = [r["plans"]["llama"] for r in run.task_results(PREFLIGHT_TASK)][:1]
+    codes = [w["code"] for w in plan["warnings"]]
+    assert "speculative_max_running_requests_reset" in codes, codes
+    assert unit_identity(host) == before
+
+
+def test_speculation_with_max_running_requests_serves_and_is_diagnosed(host):
+    running = {**_winner_flags(), **NGRAM, "max_running_requests": 64}
+    run = run_playbook(
+        "deploy.yml", extravars={"sglang_server_overrides": {"llama": {"flags": running}}}
+    )
+    assert run.rc == 0, run.failures
+    info = server_info(host)
+    assert (info["speculative_algorithm"], info["max_running_requests"]) == ("NGRAM", 64)
+    assert generate(host, PORT, API_KEY)["meta_info"]["completion_tokens"] == 4
+    load = host.check_output(
+        f"SGLANG_API_KEY=$(cat {KEY_FILE}) nohup timeout 60 python3 "
+        f"/usr/local/lib/sglang-fleet/smoke.pyz --url http://127.0.0.1:{PORT} --duration 40 "
+        "--max-concurrency 16 --random-input-len 100 --random-output-len 200 "
+        "--warmup-requests 0 > /tmp/spec-load.log 2>&1 & echo $!"
+    )
+    try:
+        time.sleep(8)  # a few decode log intervals: the accept gauges are published with them
+        run = run_playbook("diagnose.yml")
+    finally:
+        host.run("kill %s", load.strip())
+    assert run.rc == 0, run.failures
+    [result] = [r for r in run.task_results("Diagnose llama") if "ansible_facts" in r]
+    diagnosis = result["ansible_facts"]["diagnosis_live"]
+    print(f"\nspeculating under load: {diagnosis['summary']}")
+    accept = diagnosis["evidence"].get("spec_accept_length")
+    assert accept is not None and accept >= 1, diagnosis["evidence"]
+    assert any("Speculative decoding: accept length" in n for n in diagnosis["notes"])
