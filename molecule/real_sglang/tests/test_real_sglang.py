@@ -16,6 +16,7 @@ import host_reads
 import pytest
 import testinfra.utils.ansible_runner
 from fleet_runner import REPO, run_playbook
+from job_files import JobOnHost, conversation_rows, where_each_row_ended, write_input
 
 testinfra_hosts = testinfra.utils.ansible_runner.AnsibleRunner(
     os.environ["MOLECULE_INVENTORY_FILE"]
@@ -268,6 +269,62 @@ def test_sglangs_own_benchmark_agrees_with_our_smoke_client(host):
     for key in ("completed", "total_input_tokens", "total_output_tokens"):
         assert theirs[key] == ours[key], key
     assert ours["total_output_tokens"] == PROMPTS * OUTPUT_LEN
+
+
+# A few hundred rows through the real engine, by the same runner and playbook as the fleet's
+# job (playbooks/job.yml): chat rows, which SGLang turns into prompts with the tiny Llama's chat
+# template (gpusim/tools/make_tiny_llama.py), as many in flight as the planner says the CPU
+# server holds for their lengths.
+JOB_ROWS, JOB_TOKENS = 300, 8
+
+
+def tiny_word(n: int) -> str:
+    """The tiny Llama's n-th made-up word (make_tiny_llama.word: a, b, ..., z, aa, ab, ...)."""
+    out = ""
+    while n >= 0:
+        out = chr(ord("a") + n % 26) + out
+        n = n // 26 - 1
+    return out
+
+
+WORDS = [tiny_word(n) for n in range(40, 240)]
+
+
+def test_a_job_runs_a_few_hundred_rows_through_the_real_engine(tmp_path):
+    job = JobOnHost(HOST, "real")
+    rows = conversation_rows(JOB_ROWS, WORDS, prefix="real")
+    path = write_input(tmp_path / "real.jsonl", rows)
+    run = run_playbook(
+        "job.yml",
+        extravars={
+            "sglang_job_name": "real",
+            "sglang_job_action": "start",
+            "sglang_job_input": str(path),
+            "sglang_job_max_tokens": JOB_TOKENS,
+            "sglang_job_temperature": 0,
+        },
+    )
+    assert run.rc == 0, run.failures
+    [said] = run.task_results("Say where the job sends its rows")
+    print("job:", said["msg"])
+    assert said["msg"][1].startswith(f"http://127.0.0.1:{PORT} (tiny on {HOST}): ")
+    assert "from the planner's max_concurrent_requests for the job's lengths" in said["msg"][1]
+    took = job.wait(lambda: job.status()["state"] == "finished", 600, "the job to finish")
+    ended = job.ended()
+    seen = where_each_row_ended(ended)
+    assert sorted(seen) == sorted(r["id"] for r in rows) and set(seen.values()) == {1}
+    assert ended["error"] == [] and ended["skipped"] == [], (ended["error"] + ended["skipped"])[:3]
+    for out in ended["output"]:
+        turns = out["conversations"]
+        assert out["status"] == "success" and [t["role"] for t in turns] == [
+            "system",
+            "user",
+            "assistant",
+        ]
+        assert turns[:2] == rows[int(out["id"].split("-")[1])]["conversations"][:2]
+        assert turns[2]["content"].strip(), out
+    status = job.status()
+    print(f"job: {JOB_ROWS} rows in {took:.0f} s after its start, {status['output_tok_s']} tok/s")
 
 
 def test_a_stop_lets_running_requests_finish_within_timeout_stop_sec(host):
