@@ -150,30 +150,32 @@ def rollout_events(run: PlaybookRun, host: str) -> list[dict[str, Any]]:
 
 
 @contextmanager
-def runner_kills(count: int) -> Iterator[list[dict[str, Any]]]:
-    """SIGKILLs the job's runner `count` times while the block runs (a rollout): each when the
-    job has finished at least 20 more rows since the last, and only once its unit has restarted
-    the runner after the one before. Yields the kills ({at_s, done, restarts}) as they happen."""
+def runner_kills(after_rows: list[int]) -> Iterator[list[dict[str, Any]]]:
+    """SIGKILLs the job's runner while the block runs (a rollout), once for each number of rows
+    the job must have finished since the kill before (or since the block began), each only once
+    its unit has restarted the runner after the kill before. Yields the kills ({at_s, done}) as
+    they happen."""
     kills: list[dict[str, Any]] = []
     stop = threading.Event()
+    count = len(after_rows)
 
     def done() -> int:
         rows = JOB.status()["rows"]
         return int(rows["total"]) - int(rows["left"])
 
-    def kill_twice() -> None:
+    def kill_each() -> None:
         began, mark = time.monotonic(), done()
         while len(kills) < count and not stop.wait(1.0):
             unit = JOB.unit_state()
             if unit.get("SubState") != "running" or int(unit.get("NRestarts") or 0) < len(kills):
                 continue
             now = done()
-            if now >= mark + 20:
+            if now >= mark + after_rows[len(kills)]:
                 JOB.kill()
                 kills.append({"at_s": round(time.monotonic() - began, 1), "done": now})
                 mark = now
 
-    thread = threading.Thread(target=kill_twice, daemon=True)
+    thread = threading.Thread(target=kill_each, daemon=True)
     thread.start()
     try:
         yield kills
@@ -231,15 +233,14 @@ def test_a_job_starts_on_the_gateway_through_the_router_with_its_key_as_a_creden
     unit = JOB.unit_state()
     assert unit["ActiveState"] == "active" and unit["UnitFileState"] == "enabled", unit
     gateway = on(GATEWAY)
-    show = gateway.check_output(
-        "systemctl show -p User -p ExecStart -p LoadCredential %s", JOB.unit
-    )
-    assert (
-        "User=sglang-job" in show and "LoadCredential=api-key:/etc/sglang-job/fleet.api-key" in show
-    )
+    show = gateway.check_output("systemctl show -p User -p ExecStart %s", JOB.unit)
+    unit_files = gateway.check_output("systemctl cat %s", JOB.unit)
+    assert "User=sglang-job" in show
+    # (systemd 252 shows a LoadCredential= setting as "[unprintable]": read from the files.)
+    assert "LoadCredential=api-key:/etc/sglang-job/fleet.api-key" in unit_files
     for where in (
         show,
-        gateway.check_output("systemctl cat %s", JOB.unit),
+        unit_files,
         gateway.check_output("ps -eo args"),
         JOB.journal(),
         run.text(),
@@ -279,12 +280,16 @@ def test_each_replica_listens_for_the_router_and_reports_metrics(host):
 def test_a_changed_flag_set_rolls_through_the_router_without_a_failed_request():
     before = {h: (unit_identity(on(h)), lkg(on(h))["config_hash"]) for h in REPLICAS}
     # The job started by the test before runs through this rollout; its runner is SIGKILLed
-    # twice while the rollout runs (the job's own test checks every row afterwards).
-    with traffic("changed") as client, runner_kills(2) as kills:
+    # twice while the rollout runs, 20 rows in and 80 rows later (a few seconds and about half a
+    # minute in, at one call at a time; the rollout takes a minute or more). The job's own test
+    # checks every row afterwards.
+    with traffic("changed") as client, runner_kills([20, 80]) as kills:
+        began = time.monotonic()
         run = run_playbook("deploy.yml", extravars=overrides(CHANGED))
     assert run.rc == 0, run.failures
     JOB_EVENTS["kills"] = kills
     JOB_EVENTS["after_rollout"] = JOB.status()["rows"]
+    JOB_EVENTS["rollout_s"] = round(time.monotonic() - began, 1)
     result = traffic_result(client, "changed")
     print("changed flag set:", capacity_summary(result), f"({run.task_headers} task headers)")
     # The two-host rollout's task headers, for the record (docs/TESTING.md).
@@ -364,8 +369,9 @@ def test_the_job_survives_two_kills_a_rollout_and_a_dead_replica_with_every_row_
     # Each start of the runner resumed from the ledger: the first, two after the kills, resume.
     openings = [line for line in JOB.journal().splitlines() if line.startswith("job fleet: ")]
     assert len(openings) >= 4, openings
-    record = {"kills": kills, "after_rollout": JOB_EVENTS["after_rollout"], "starts": len(openings),
-              "output": len(ended["output"]), "skipped": len(ended["skipped"])}  # fmt: skip
+    record = {"kills": kills, "after_rollout": JOB_EVENTS["after_rollout"], "openings": openings,
+              "output": len(ended["output"]), "skipped": len(ended["skipped"]),
+              "rollout_s": JOB_EVENTS["rollout_s"]}  # fmt: skip
     REPORTS.mkdir(parents=True, exist_ok=True)
     (REPORTS / "job.json").write_text(json.dumps(record, indent=1))
     print("job:", record)
