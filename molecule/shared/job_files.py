@@ -114,11 +114,14 @@ class JobOnHost:
         }
 
 
+def row_key(record: dict[str, Any]) -> str:
+    """A row's id as its output, error or skipped line carries it: a batch line's custom_id, a
+    conversation row's id, a skipped line that is not JSON by its line number."""
+    if "custom_id" in record:
+        return str(record["custom_id"])
+    return str(record.get("id", f"line:{record.get('line')}"))
+
+
 def where_each_row_ended(ended: dict[str, list[dict[str, Any]]]) -> Counter[str]:
-    """How often each row id appears across the three files (a skipped line that is not JSON
-    counts by its line number)."""
-    seen: Counter[str] = Counter()
-    for records in ended.values():
-        for record in records:
-            seen[str(record.get("id", f"line:{record.get('line')}"))] += 1
-    return seen
+    """How often each row appears across the three files."""
+    return Counter(row_key(record) for records in ended.values() for record in records)

@@ -272,10 +272,11 @@ def test_sglangs_own_benchmark_agrees_with_our_smoke_client(host):
 
 
 # A few hundred rows through the real engine, by the same runner and playbook as the fleet's
-# job (playbooks/job.yml): chat rows, which SGLang turns into prompts with the tiny Llama's chat
-# template (gpusim/tools/make_tiny_llama.py), as many in flight as the planner says the CPU
-# server holds for their lengths.
-JOB_ROWS, JOB_TOKENS = 300, 8
+# job (playbooks/job.yml), as many in flight as the planner says the CPU server holds for their
+# lengths: SpecForge chat rows, which SGLang turns into prompts with the tiny Llama's chat template
+# (gpusim/tools/make_tiny_llama.py), and OpenAI batch lines to /v1/completions (no template),
+# each asking for exactly JOB_TOKENS tokens (ignore_eos).
+JOB_CHATS, JOB_BATCH, JOB_TOKENS = 200, 100, 8
 
 
 def tiny_word(n: int) -> str:
@@ -290,10 +291,28 @@ def tiny_word(n: int) -> str:
 WORDS = [tiny_word(n) for n in range(40, 240)]
 
 
-def test_a_job_runs_a_few_hundred_rows_through_the_real_engine(tmp_path):
+def batch_lines(count: int) -> list[dict[str, Any]]:
+    return [
+        {
+            "custom_id": f"batch-{n}",
+            "method": "POST",
+            "url": "/v1/completions",
+            "body": {
+                "model": "tiny-llama",
+                "prompt": " ".join(WORDS[n : n + 12]),
+                "max_tokens": JOB_TOKENS,
+                "temperature": 0,
+                "ignore_eos": True,
+            },
+        }
+        for n in range(count)
+    ]
+
+
+def test_a_job_runs_a_few_hundred_rows_through_the_real_engine(host, tmp_path):
     job = JobOnHost(HOST, "real")
-    rows = conversation_rows(JOB_ROWS, WORDS, prefix="real")
-    path = write_input(tmp_path / "real.jsonl", rows)
+    chats, batch = conversation_rows(JOB_CHATS, WORDS, prefix="real"), batch_lines(JOB_BATCH)
+    path = write_input(tmp_path / "real.jsonl", chats + batch)
     run = run_playbook(
         "job.yml",
         extravars={
@@ -302,6 +321,7 @@ def test_a_job_runs_a_few_hundred_rows_through_the_real_engine(tmp_path):
             "sglang_job_input": str(path),
             "sglang_job_max_tokens": JOB_TOKENS,
             "sglang_job_temperature": 0,
+            "sglang_job_sampling": {"ignore_eos": True},
         },
     )
     assert run.rc == 0, run.failures
@@ -312,19 +332,23 @@ def test_a_job_runs_a_few_hundred_rows_through_the_real_engine(tmp_path):
     took = job.wait(lambda: job.status()["state"] == "finished", 600, "the job to finish")
     ended = job.ended()
     seen = where_each_row_ended(ended)
-    assert sorted(seen) == sorted(r["id"] for r in rows) and set(seen.values()) == {1}
+    assert sorted(seen) == sorted([r["id"] for r in chats] + [b["custom_id"] for b in batch])
+    assert set(seen.values()) == {1}
     assert ended["error"] == [] and ended["skipped"] == [], (ended["error"] + ended["skipped"])[:3]
+    by_id = {r["id"]: r for r in chats}
     for out in ended["output"]:
+        if "custom_id" in out:  # a batch line: the engine's whole answer, exactly JOB_TOKENS
+            assert out["error"] is None and out["response"]["status_code"] == 200, out
+            assert out["response"]["body"]["usage"]["completion_tokens"] == JOB_TOKENS, out
+            continue
         turns = out["conversations"]
-        assert out["status"] == "success" and [t["role"] for t in turns] == [
-            "system",
-            "user",
-            "assistant",
-        ]
-        assert turns[:2] == rows[int(out["id"].split("-")[1])]["conversations"][:2]
-        assert turns[2]["content"].strip(), out
+        assert out["status"] == "success", out
+        assert turns[:2] == by_id[out["id"]]["conversations"][:2]
+        assert [t["role"] for t in turns] == ["system", "user", "assistant"]
+        assert isinstance(turns[2]["content"], str)
     status = job.status()
-    print(f"job: {JOB_ROWS} rows in {took:.0f} s after its start, {status['output_tok_s']} tok/s")
+    print(f"job: {JOB_CHATS + JOB_BATCH} rows in {took:.0f} s after its start, {status}")
+    assert host.service(job.unit).is_enabled
 
 
 def test_a_stop_lets_running_requests_finish_within_timeout_stop_sec(host):
