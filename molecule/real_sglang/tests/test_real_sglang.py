@@ -186,7 +186,7 @@ def test_a_new_flag_set_rolls_out_and_calibrates_from_the_real_journal(host):
     assert unit_identity(host) != before
     status, text = request(host, "/server_info")
     assert status == 200 and json.loads(text)["max_running_requests"] == 4
-    [calibrated] = run.task_results("Keep what this start measured (calibration) - tiny")
+    [calibrated] = run.task_results("Read and record what this start measured - tiny")
     record = calibrated["record"]
     assert record is not None, calibrated
     print(f"calibration of the real start: {json.dumps(record)[:800]}")
