@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import jinja2
 import pytest
 import yaml
 from sglang_fleet.module_utils import server_configs
@@ -435,3 +436,34 @@ def test_a_server_is_planned_as_the_preflight_plans_it_for_the_jobs_lengths() ->
         servers, "gpu1", {**found, "gpus": {"error": "nvidia-smi: not found"}}, story
     )
     assert blind["planned"] is None and "nvidia-smi: not found" in blind["problem"]
+
+
+# --- the unit: what systemd restarts, read against the runner's exit statuses ------------------
+def unit_settings() -> dict[str, str]:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(ROOT / "templates"), undefined=jinja2.StrictUndefined
+    )
+    env.filters["comment"] = lambda text: f"# {text}"
+    text = env.get_template("sglang-job@.service.j2").render(
+        ansible_managed="managed",
+        **{k: v for k, v in DEFAULTS.items() if k.startswith("sglang_job_")},
+    )
+    return dict(
+        line.split("=", 1) for line in text.splitlines() if "=" in line and not line.startswith("#")
+    )
+
+
+def test_the_unit_restarts_a_killed_runner_and_leaves_each_exit_status_to_the_operator() -> None:
+    unit = unit_settings()
+    assert unit["Restart"] == "on-failure"  # a signal (SIGKILL, the OOM killer) restarts it
+    prevented = set(unit["RestartPreventExitStatus"].split())
+    success = set(unit["SuccessExitStatus"].split())
+    # Every status the runner ends with on its own is the operator's to act on, never a restart:
+    # failed (a full disk) and bad usage are failures systemd does not retry; stopped (SIGTERM,
+    # drained) is a clean end that resume starts again.
+    statuses = {str(code) for code in command_line.EXIT.values()} | {str(command_line.USAGE)}
+    assert statuses - {"0"} == prevented | success
+    assert success == {str(command_line.EXIT["stopped"])}
+    assert unit["User"] == "sglang-job" and unit["ProtectSystem"] == "strict"
+    assert unit["NoNewPrivileges"] == "yes" and unit["CapabilityBoundingSet"] == ""
+    assert "ExecStart" not in unit  # each job's drop-in gives its own
