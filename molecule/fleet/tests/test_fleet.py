@@ -224,6 +224,7 @@ def test_a_job_starts_on_the_gateway_through_the_router_with_its_key_as_a_creden
     )
     assert run.rc == 0, run.failures
     [said] = run.task_results("Say where the job sends its rows")
+    JOB_EVENTS["said"] = said["msg"]
     # Through the router, for both replicas; the planner sized both for the job's lengths.
     assert said["msg"][0] == f"job fleet asks {JOB_MODEL} through:"
     assert said["msg"][1].startswith(
@@ -371,7 +372,7 @@ def test_the_job_survives_two_kills_a_rollout_and_a_dead_replica_with_every_row_
     assert len(openings) >= 4, openings
     record = {"kills": kills, "after_rollout": JOB_EVENTS["after_rollout"], "openings": openings,
               "output": len(ended["output"]), "skipped": len(ended["skipped"]),
-              "rollout_s": JOB_EVENTS["rollout_s"]}  # fmt: skip
+              "rollout_s": JOB_EVENTS["rollout_s"], "said": JOB_EVENTS["said"]}  # fmt: skip
     REPORTS.mkdir(parents=True, exist_ok=True)
     (REPORTS / "job.json").write_text(json.dumps(record, indent=1))
     print("job:", record)
