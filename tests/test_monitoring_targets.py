@@ -120,7 +120,7 @@ def test_the_job_runner_is_scraped_on_each_job_host() -> None:
 @pytest.mark.parametrize(
     ("jobs", "words"),
     [
-        ([job_host("gpu1")], "the job runner's metrics endpoint on gpu1 listens on 127.0.0.1 only"),
+        ([job_host("gpu1")], "host gpu1: sglang_job_metrics_address is 127.0.0.1, so Prometheus"),
         ([job_host("gw"), job_host("gw")], "gw is listed twice in monitoring_job_hosts"),
         ([job_host("gw", port=70000)], "gw: sglang_job_metrics_port"),
         ("gw", "monitoring_job_hosts must be a list"),

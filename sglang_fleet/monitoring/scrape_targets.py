@@ -253,9 +253,14 @@ def job_targets(
         if job.get("metrics_port") in (0, "0"):
             continue
         listen = str(job.get("metrics_address") or "127.0.0.1")
-        address = _reach(
-            {**host, "name": name}, listen, monitoring_host, "the job runner's metrics endpoint"
-        )
+        if listen in LOOPBACK and name != monitoring_host:
+            raise MonitoringError(
+                f"host {name}: sglang_job_metrics_address is {listen}, so Prometheus on "
+                f"{monitoring_host} cannot scrape the job runner there: set it to 0.0.0.0 (or "
+                "the address the monitoring host reaches), or leave the host out of "
+                "monitoring_job_hosts"
+            )
+        address = _reach({**host, "name": name}, listen, monitoring_host, "the job runner")
         targets.append(
             {"host": name, "target": f"{address}:{_port(job.get('metrics_port'), where)}"}
         )
