@@ -8,11 +8,19 @@ file, a zipapp built on the control node from the package's sources
         dest: /usr/local/lib/sglang-fleet/live.pyz
         mode: "0755"
 
+    - name: Put the job runner on the job's host (its virtualenv holds prometheus_client)
+      sglang_host_program:
+        entry: sglang_fleet.job.command_line
+        requires: [prometheus_client]   # third-party packages the host provides
+        dest: /usr/local/lib/sglang-fleet/job.pyz
+
 The archive is built in memory, written to a private temporary folder of the control node
 and handed to ansible.builtin.copy (as ansible.builtin.template hands over what it renders),
 so check mode, `changed` and owner/group/mode behave as they do for copy: the same sources
 give the same bytes, and a host that has them is not changed. Run it with the host's python3:
-``python3 live.pyz --help``.
+``python3 live.pyz --help`` (a program with `requires`: with a python that has them). The
+result adds `size`, `requires` (the third-party packages the program imports, which the host
+must have) and `optional` (those it imports only if they are there).
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ from ansible import constants as C
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 
-from sglang_fleet.host_zipapp import ZipappError, build
+from sglang_fleet.host_zipapp import ZipappError, build, scan
 
 # What copy is given besides src and dest; anything else is refused by name.
 PASSED_TO_COPY = ("mode", "owner", "group")
@@ -34,7 +42,7 @@ PASSED_TO_COPY = ("mode", "owner", "group")
 
 class ActionModule(ActionBase):
     TRANSFERS_FILES = True
-    _VALID_ARGS = frozenset(("entry", "dest", *PASSED_TO_COPY))
+    _VALID_ARGS = frozenset(("entry", "dest", "requires", *PASSED_TO_COPY))
     _requires_connection = True
     _supports_check_mode = True
     _supports_async = False
@@ -50,8 +58,12 @@ class ActionModule(ActionBase):
             raise AnsibleActionFail(
                 f"sglang_host_program: entry {entry!r} must be a module of sglang_fleet"
             )
+        requires = args.get("requires") or []
+        if not isinstance(requires, list) or not all(isinstance(r, str) for r in requires):
+            raise AnsibleActionFail("sglang_host_program: `requires` must be a list of names")
         try:
-            data = build(entry)
+            program = scan(entry, requires)
+            data = build(entry, requires)
         except (ZipappError, ImportError, SyntaxError) as exc:
             raise AnsibleActionFail(f"sglang_host_program: {entry}: {exc}") from None
         local_tmp = tempfile.mkdtemp(dir=C.DEFAULT_LOCAL_TMP)
@@ -79,4 +91,6 @@ class ActionModule(ActionBase):
             self._remove_tmp_path(self._connection._shell.tmpdir)
         result.update(copied)
         result["size"] = len(data)
+        result["requires"] = sorted(program.required)
+        result["optional"] = sorted(program.optional)
         return result

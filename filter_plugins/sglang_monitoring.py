@@ -2,8 +2,8 @@
 
     {{ {'monitoring_rate_window': monitoring_rate_window, ...} | sglang_monitoring_settings }}
         the settings typed and checked (sglang_fleet/monitoring/settings.py): what templates print
-    {{ hosts | sglang_scrape_targets(monitoring_host, key_dir, ttft_ms, tpot_ms) }}
-        {servers, routers, nodes, slos}: no key in it, safe to template and log
+    {{ hosts | sglang_scrape_targets(monitoring_host, key_dir, ttft_ms, tpot_ms, job_hosts) }}
+        {servers, routers, nodes, slos, jobs}: no key in it, safe to template and log
     {{ hosts | sglang_monitoring_credentials(key_dir) }}
         [{path, key}]: for a task with no_log only
     {{ text | sglang_yaml_string }}
@@ -38,12 +38,18 @@ def sglang_monitoring_settings(values: dict) -> dict[str, Any]:
     return _wrap(monitoring_settings.check_settings, values)
 
 
-def sglang_scrape_targets(
-    hosts: list, monitoring_host: str, key_dir: str, ttft_ms: float, tpot_ms: float
+def sglang_scrape_targets(  # noqa: PLR0917 (Jinja passes filter arguments by position)
+    hosts: list,
+    monitoring_host: str,
+    key_dir: str,
+    ttft_ms: float,
+    tpot_ms: float,
+    job_hosts: list | None = None,
 ) -> dict[str, Any]:
     return _wrap(
-        scrape_targets.targets, hosts, str(monitoring_host), str(key_dir), ttft_ms, tpot_ms
-    )
+        scrape_targets.targets, hosts, str(monitoring_host), str(key_dir), ttft_ms, tpot_ms,
+        job_hosts or [],
+    )  # fmt: skip
 
 
 def sglang_monitoring_credentials(hosts: list, key_dir: str) -> list[dict[str, str]]:

@@ -7,8 +7,12 @@ runs a script (``python3 smoke.pyz --url ...``, the standard library's zipimport
 is found by reading the sources, not by running them (only the packages on the way are imported,
 to find their folders): the entry module, every module of ``sglang_fleet`` it imports (at any
 depth), and the ``__init__.py`` of each package on the way.
-Anything else a host program imports must be the standard library: a host has nothing else,
-and an import of anything more is refused here, on the control node, with the file that has it.
+Anything else a host program imports must be the standard library (a GPU host has nothing
+else), or a third-party package the program names as one it needs (``requires``: the job runner
+needs prometheus_client, which its role installs in a virtualenv on the job's host beside the
+archive). An import inside ``try: ... except ImportError`` is optional: the program runs without
+it (the job runner's progress bar, tqdm, only at a terminal), so it is allowed and not packed. Any
+other import is refused here, on the control node, with the file that has it.
 
 The archive is the same bytes for the same sources (fixed names order, timestamps and
 permissions), so writing it to a host changes the host only when a source changed.
@@ -21,6 +25,8 @@ folder, a link, a FIFO or a missing folder is refused, naming -o). Every refusal
 error (exit 2), never a traceback.
 
     python -m sglang_fleet.host_zipapp sglang_fleet.bench.smoke_client.command_line -o smoke.pyz
+    python -m sglang_fleet.host_zipapp sglang_fleet.job.command_line --requires prometheus_client \
+        -o job.pyz
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ import re
 import stat
 import sys
 import zipfile
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -50,11 +58,24 @@ MAX_SOURCE_BYTES = 1 << 20
 # A dotted module name (used with fullmatch): identifiers of ASCII letters, digits and _.
 _MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
 _MAX_NAME_CHARS = 200
+# What an `except` must name for an import in its `try` to count as optional.
+IMPORT_ERRORS = frozenset({"ImportError", "ModuleNotFoundError"})
 
 
 class ZipappError(ValueError):
-    """A host program that cannot be built: an import outside the standard library and
-    sglang_fleet, or a module that is not there."""
+    """A host program that cannot be built: an import outside the standard library, sglang_fleet
+    and the packages it names, or a module that is not there."""
+
+
+@dataclass
+class Program:
+    """What a host program is made of: its modules ({name: source file}), and the third-party
+    packages (top-level import names) it imports: `required` ones, which the host must have, and
+    `optional` ones, imported inside try/except ImportError."""
+
+    modules: dict[str, Path] = field(default_factory=dict)
+    required: set[str] = field(default_factory=set)
+    optional: set[str] = field(default_factory=set)
 
 
 def _find_spec(module: str) -> Any:
@@ -115,21 +136,60 @@ def _is_package_module(name: str) -> bool:
     return name == PACKAGE or name.startswith(PACKAGE + ".")
 
 
-def _imports(module: str, path: Path) -> set[str]:
-    """The absolute module names a file imports: `from a.b import c` gives a.b, and a.b.c
-    when that is a module of this package. Relative imports are refused (one rule for all)."""
-    found: set[str] = set()
-    for node in ast.walk(_parse(path)):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                raise ZipappError(f"{path}: a relative import (write `from {PACKAGE}...`)")
-            base = node.module or ""
-            found.add(base)
-            if _is_package_module(base):
-                found.update(filter(None, (_submodule(base, a.name) for a in node.names)))
-    return found
+def _catches_import_error(handler: ast.ExceptHandler) -> bool:
+    """`except ImportError` or `except (ImportError, ...)` (ModuleNotFoundError alike)."""
+    caught = handler.type
+    names = caught.elts if isinstance(caught, ast.Tuple) else [caught]
+    return any(isinstance(name, ast.Name) and name.id in IMPORT_ERRORS for name in names)
+
+
+class _ImportFinder(ast.NodeVisitor):
+    """Every import of a file, each as required or optional: optional when it sits in the body
+    of a `try` whose handlers catch ImportError (the program goes on without it)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.required: set[str] = set()
+        self.optional: set[str] = set()
+        self._guarded = 0
+
+    def _add(self, names: Iterable[str]) -> None:
+        (self.optional if self._guarded else self.required).update(names)
+
+    def visit_Try(self, node: ast.Try) -> None:
+        guarded = any(_catches_import_error(h) for h in node.handlers)
+        self._guarded += guarded
+        for statement in node.body:
+            self.visit(statement)
+        self._guarded -= guarded
+        for part in (*node.handlers, *node.orelse, *node.finalbody):
+            self.visit(part)
+
+    visit_TryStar = visit_Try
+
+    def visit_Import(self, node: ast.Import) -> None:
+        self._add(alias.name for alias in node.names)
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        if node.level:
+            raise ZipappError(f"{self.path}: a relative import (write `from {PACKAGE}...`)")
+        base = node.module or ""
+        found = {base}
+        if _is_package_module(base):
+            found.update(filter(None, (_submodule(base, a.name) for a in node.names)))
+        self._add(found)
+
+
+def _imports(path: Path) -> tuple[set[str], set[str]]:
+    """(required, optional): the absolute module names a file imports. `from a.b import c`
+    gives a.b, and a.b.c when that is a module of this package. Relative imports are refused
+    (one rule for all)."""
+    finder = _ImportFinder(path)
+    try:
+        finder.visit(_parse(path))
+    except RecursionError:
+        raise ZipappError(f"{path} nests deeper than this builder reads") from None
+    return finder.required, finder.optional - finder.required
 
 
 def _submodule(package: str, name: str) -> str | None:
@@ -151,9 +211,21 @@ def _has_main(path: Path) -> bool:
     )
 
 
-def closure(entry: str) -> dict[str, Path]:
-    """{module name: source file} of the entry module and every sglang_fleet module it
-    imports, with the packages around them; ZipappError for an import that a bare host lacks."""
+def _check_requires(requires: Iterable[str]) -> frozenset[str]:
+    names = frozenset(requires)
+    for name in sorted(names):
+        if not name.isidentifier() or name in sys.stdlib_module_names or name == PACKAGE:
+            raise ZipappError(
+                f"requires {name!r}: name the top-level import of a third-party package "
+                f"(prometheus_client), not the standard library or {PACKAGE}"
+            )
+    return names
+
+
+def scan(entry: str, requires: Iterable[str] = ()) -> Program:
+    """The entry module and every sglang_fleet module it imports, with the packages around them,
+    and the third-party packages it imports; ZipappError for an import that the host lacks
+    (neither the standard library, nor named in `requires`, nor optional)."""
     if (
         not isinstance(entry, str)
         or len(entry) > _MAX_NAME_CHARS
@@ -163,29 +235,45 @@ def closure(entry: str) -> dict[str, Path]:
         raise ZipappError(f"the entry {entry!r} is not a module of {PACKAGE}")
     if not _has_main(_source(entry)):
         raise ZipappError(f"the entry {entry} has no main() at its top level to run")
-    found: dict[str, Path] = {}
+    allowed = _check_requires(requires)
+    program = Program()
     todo = [entry]
     while todo:
         module = todo.pop()
-        if module in found:
+        if module in program.modules:
             continue
         path = _source(module)
-        found[module] = path
-        if len(found) > MAX_MODULES:
+        program.modules[module] = path
+        if len(program.modules) > MAX_MODULES:
             raise ZipappError(f"{entry} imports more than {MAX_MODULES} modules")
         parent = module.rpartition(".")[0]
         if parent:
             todo.append(parent)  # the package's __init__.py runs before the module
-        for name in _imports(module, path):
+        required, optional = _imports(path)
+        for name, needed in [*((n, True) for n in required), *((n, False) for n in optional)]:
             top = name.partition(".")[0]
             if _is_package_module(name):
                 todo.append(name)
-            elif top != "__future__" and top not in sys.stdlib_module_names:
+            elif top == "__future__" or top in sys.stdlib_module_names:
+                continue
+            elif not needed:
+                program.optional.add(top)
+            elif top in allowed:
+                program.required.add(top)
+            else:
                 raise ZipappError(
                     f"{path} imports {name}, which is neither the standard library nor "
-                    f"{PACKAGE}: a GPU host has nothing else"
+                    f"{PACKAGE}: a GPU host has nothing else (a program that needs it names it "
+                    "in requires, and its host must install it)"
                 )
-    return found
+    program.optional -= program.required
+    return program
+
+
+def closure(entry: str, requires: Iterable[str] = ()) -> dict[str, Path]:
+    """{module name: source file} of the entry module and every sglang_fleet module it
+    imports, with the packages around them; ZipappError for an import that the host lacks."""
+    return scan(entry, requires).modules
 
 
 def _archive_name(module: str, path: Path) -> str:
@@ -204,9 +292,10 @@ def _entry_main(entry: str) -> bytes:
     ).encode()
 
 
-def build(entry: str) -> bytes:
-    """The zipapp's bytes: runs ``main()`` of the entry module, which returns an exit status."""
-    found = closure(entry)
+def build(entry: str, requires: Iterable[str] = ()) -> bytes:
+    """The zipapp's bytes: runs ``main()`` of the entry module, which returns an exit status.
+    `requires`: the third-party packages (top-level import names) the host provides."""
+    found = closure(entry, requires)
     files = {_archive_name(module, path): _read_source(path) for module, path in found.items()}
     files["__main__.py"] = _entry_main(entry)
     buffer = io.BytesIO()
@@ -253,12 +342,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("entry", help="the module whose main() the zipapp runs")
     parser.add_argument("-o", "--output", required=True, help="the .pyz to write")
+    parser.add_argument(
+        "--requires", action="append", default=[], metavar="PACKAGE",
+        help="a third-party package (its top-level import name) the host provides (repeatable)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     problem = output_problem(args.output)
     if problem:
         parser.error(problem)
     try:
-        data = build(args.entry)
+        data = build(args.entry, args.requires)
     except ZipappError as exc:
         parser.error(str(exc))
     try:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import sglang_fleet
-from sglang_fleet.host_zipapp import ZipappError, build, closure, main
+from sglang_fleet.host_zipapp import ZipappError, build, closure, main, scan
 
 SMOKE = "sglang_fleet.bench.smoke_client.command_line"
 SAMPLER = "sglang_fleet.diagnosis.live_metrics"
@@ -121,3 +121,63 @@ def test_the_command_line_writes_a_runnable_archive(tmp_path: Path) -> None:
         check=False,
     )
     assert helped.returncode == 0 and helped.stdout.startswith("usage: live.pyz"), helped.stderr
+
+
+# --- programs that need a third-party package (the job runner) -----------------------------
+JOB = "sglang_fleet.job.command_line"
+
+
+def test_a_program_may_name_the_third_party_packages_its_host_provides() -> None:
+    with pytest.raises(ZipappError, match=r"progress.py imports prometheus_client.*requires"):
+        closure(JOB)
+    program = scan(JOB, ["prometheus_client"])
+    assert program.required == {"prometheus_client"}
+    # tqdm is imported inside try/except ImportError: optional, not needed, not packed.
+    assert program.optional == {"tqdm"}
+    names = zipfile.ZipFile(io.BytesIO(build(JOB, ["prometheus_client"]))).namelist()
+    assert "sglang_fleet/job/progress.py" in names
+    assert not any(n.startswith(("prometheus_client/", "tqdm/")) for n in names)
+
+
+def test_only_an_import_guarded_by_import_error_is_optional(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "guard_probe.py").write_text(
+        "try:\n    import yaml\nexcept (ValueError, ModuleNotFoundError):\n    yaml = None\n"
+        "try:\n    import jinja2\nexcept ValueError:\n    jinja2 = None\n"
+        "def main():\n    return 0\n"  # an entry runs main() (host_zipapp refuses one without)
+    )
+    monkeypatch.setattr(sglang_fleet, "__path__", [*sglang_fleet.__path__, str(tmp_path)])
+    importlib.invalidate_caches()
+    with pytest.raises(ZipappError, match=r"guard_probe.py imports jinja2"):
+        scan("sglang_fleet.guard_probe")
+    assert scan("sglang_fleet.guard_probe", ["jinja2"]).optional == {"yaml"}
+
+
+@pytest.mark.parametrize("name", ["json", "sglang_fleet", "prometheus-client", ""])
+def test_requires_names_a_third_party_import(name: str) -> None:
+    with pytest.raises(ZipappError, match="requires"):
+        scan(JOB, [name])
+
+
+def test_the_job_runner_runs_from_its_archive_with_its_package_beside_it(tmp_path: Path) -> None:
+    """As on the job's host: the archive and a python whose path has prometheus_client and
+    nothing else of this project (the role's virtualenv)."""
+    import prometheus_client  # noqa: PLC0415 (the controller's copy, put on the child's path)
+
+    site = tmp_path / "site"
+    shutil.copytree(Path(prometheus_client.__file__).parent, site / "prometheus_client")
+    archive = tmp_path / "job.pyz"
+    assert main([JOB, "--requires", "prometheus_client", "-o", str(archive)]) == 0
+    python = _host_pythons()[-1]
+    env = {"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}
+    ran = subprocess.run(
+        [python, "-S", str(archive), "status", str(tmp_path / "none.jsonl")],
+        capture_output=True, text=True, check=False, env=env,
+    )  # fmt: skip
+    assert ran.returncode == 2, ran.stderr
+    assert "no job ledger beside it" in ran.stderr
+    bare = subprocess.run(
+        [python, "-I", "-S", str(archive), "--help"], capture_output=True, text=True, check=False
+    )
+    assert bare.returncode == 1 and "prometheus_client" in bare.stderr

@@ -66,6 +66,16 @@ INVENTORY += [
 ]
 
 
+# The job runner's metrics on the gateway (roles/sglang_job's defaults).
+JOB_HOSTS = [
+    {
+        "name": "gw1",
+        "address": "gw1",
+        "job": {"metrics_address": "127.0.0.1", "metrics_port": 29100},
+    }
+]
+
+
 def role_vars(key_dir: str = "/etc/keys", **change: Any) -> dict[str, Any]:
     """The role's defaults (with `change`) as its pre-flight leaves them: the settings typed
     (_monitoring_settings, as both entry points set it) and the scrape plan."""
@@ -83,6 +93,7 @@ def role_vars(key_dir: str = "/etc/keys", **change: Any) -> dict[str, Any]:
         key_dir,
         settings["monitoring_slo_ttft_ms"],
         settings["monitoring_slo_tpot_ms"],
+        JOB_HOSTS,
     )
     return values
 
@@ -116,8 +127,8 @@ def rules_dir(tmp_path: Path) -> Path:
 def test_rules_parse(rules_dir: Path) -> None:
     result = promtool("check", "rules", "sglang-fleet-rules.yml", cwd=rules_dir)
     assert result.returncode == 0, result.stdout + result.stderr
-    # 7 inventory constants (4 SLOs, 3 routers) and 10 alerts.
-    assert "SUCCESS: 17 rules found" in result.stdout
+    # 7 inventory constants (4 SLOs, 3 routers) and 11 alerts.
+    assert "SUCCESS: 18 rules found" in result.stdout
 
 
 @needs_promtool
@@ -190,3 +201,8 @@ def test_scrape_config_passes_promtool_and_holds_no_key(tmp_path: Path) -> None:
         ["gw3:29000"],
     ]
     assert "dcgm" not in jobs
+    # The job runner on the job host: one target, no key (its metrics hold no secret).
+    assert jobs["sglang-job"] == {
+        "job_name": "sglang-job",
+        "static_configs": [{"targets": ["127.0.0.1:29100"], "labels": {"host": "gw1"}}],
+    }

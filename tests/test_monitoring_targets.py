@@ -98,6 +98,39 @@ def app(pid: int, name: str, uuid: str, used: int) -> dict:
     return {"pid": pid, "process_name": name, "gpu_uuid": uuid, "used_memory": used}
 
 
+def job_host(name: str, address: str = "127.0.0.1", port: object = 29100) -> dict:
+    return {
+        "name": name,
+        "address": f"{name}.lan",
+        "job": {"metrics_address": address, "metrics_port": port},
+    }
+
+
+def test_the_job_runner_is_scraped_on_each_job_host() -> None:
+    jobs = [job_host("gw"), job_host("gpu1", "0.0.0.0", "29200"), job_host("gpu2", port=0)]
+    plan = scrape_targets.targets([host("gpu1", SERVER)], "gw", "/k", 2000, 100, jobs)
+    # On the monitoring host itself over loopback; elsewhere at its address; port 0: no metrics.
+    assert plan["jobs"] == [
+        {"host": "gw", "target": "127.0.0.1:29100"},
+        {"host": "gpu1", "target": "gpu1.lan:29200"},
+    ]
+    assert scrape_targets.targets([host("gpu1", SERVER)], "gw", "/k", 2000, 100)["jobs"] == []
+
+
+@pytest.mark.parametrize(
+    ("jobs", "words"),
+    [
+        ([job_host("gpu1")], "host gpu1: sglang_job_metrics_address is 127.0.0.1, so Prometheus"),
+        ([job_host("gw"), job_host("gw")], "gw is listed twice in monitoring_job_hosts"),
+        ([job_host("gw", port=70000)], "gw: sglang_job_metrics_port"),
+        ("gw", "monitoring_job_hosts must be a list"),
+    ],
+)
+def test_a_job_host_prometheus_cannot_scrape_is_named(jobs: object, words: str) -> None:
+    with pytest.raises(scrape_targets.MonitoringError, match=words):
+        scrape_targets.targets([], "gw", "/k", 2000, 100, jobs)  # type: ignore[arg-type]
+
+
 def test_memory_outside_our_units_is_unowned(tmp_path: Path) -> None:
     reader = load_reader()
     proc = fake_proc(

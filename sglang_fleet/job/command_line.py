@@ -1,7 +1,7 @@
 """The job runner's command line (docs/JOB.md):
 
     python -m sglang_fleet.job run INPUT --output OUT --server URL [--server URL ...]
-        [--concurrency N] [--max-tokens N] [--temperature T] [--sampling JSON]
+        [--concurrency N [--concurrency N ...]] [--max-tokens N] [--temperature T] [--sampling JSON]
         [--api-key-file FILE] [--metrics-port PORT] [--name NAME]
     python -m sglang_fleet.job status OUT [--json]
     python -m sglang_fleet.job shape OUT|INPUT [--sample N] [--max-tokens N] [--json]
@@ -40,6 +40,7 @@ from sglang_fleet.module_utils.typed_number import Range
 
 EXIT = {"finished": 0, "failed": 1, "stopped": 3}
 USAGE = 2
+CONCURRENCY = 16
 MAX_KEY_BYTES = 4096
 # The HTTP client's own limit covers a connection's set-up and a probe; a call's limit is set
 # per call from its tokens (runner.Runner._time_limit).
@@ -79,8 +80,9 @@ def parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     run.add_argument(
         "--concurrency", type=_number(Range(1, 1 << 16, integer=True), "--concurrency"),
-        default=16, help="requests each --server holds at once (the planner's "
-        "max_concurrent_requests for the job's lengths; a router: the sum over its replicas)",
+        action="append", help="requests each --server holds at once (the planner's "
+        "max_concurrent_requests for the job's lengths; a router: the sum over its replicas): "
+        f"once for every server, or once per --server in their order (default {CONCURRENCY})",
     )  # fmt: skip
     run.add_argument("--name", help="the job's name in metrics and status (default: OUT's stem)")
     run.add_argument("--model", default="default", help="the model field of each request")
@@ -191,16 +193,29 @@ def _sampling(ns: argparse.Namespace) -> dict[str, Any]:
     return dict(sorted(extra.items()))
 
 
+def _capacities(ns: argparse.Namespace) -> list[int]:
+    """Each --server's requests at once: one --concurrency for all, or one per --server."""
+    given = [int(n) for n in ns.concurrency or [CONCURRENCY]]
+    if len(given) == 1:
+        return given * len(ns.server)
+    if len(given) != len(ns.server):
+        raise UsageError(
+            f"--concurrency given {len(given)} times for {len(ns.server)} --server: once for "
+            "every server, or once per --server in their order"
+        )
+    return given
+
+
 def _pool(ns: argparse.Namespace, key: str) -> Pool:
     servers = []
-    for url in ns.server:
+    for url, capacity in zip(ns.server, _capacities(ns), strict=True):
         try:
             client = HttpClient(
                 url, key or None, time.monotonic, CONNECT_TIMEOUT_S, user_agent="sglang-fleet-job"
             )
         except ValueError as exc:
             raise UsageError(f"--server {shown_url(url)}: {exc}") from None
-        servers.append(Server(shown_url(url), int(ns.concurrency), client))
+        servers.append(Server(shown_url(url), capacity, client))
     return Pool(servers, health_path=ns.health_path)
 
 

@@ -2,8 +2,10 @@
 
 The monitoring role hands this module one plain mapping per host: its name, the address the
 monitoring host reaches it at, its servers (``sglang_server_instances`` as written), its router
-(``sglang_router_workers`` and ``sglang_router_prometheus_host/port``) and its SLOs. Out come the
-scrape targets with the labels every alert and panel groups by (host, server, model), the files
+(``sglang_router_workers`` and ``sglang_router_prometheus_host/port``) and its SLOs; and one per
+job host (``monitoring_job_hosts``) with the job runner's metrics address and port
+(``sglang_job_metrics_address/port``, roles/sglang_job). Out come the scrape targets with the
+labels every alert and panel groups by (host, server, model), the files
 that hold the servers' keys (a separate call, for a task that logs nothing), and the SLO and
 router-size constants the alert rules compare against.
 
@@ -229,6 +231,42 @@ def router_targets(
     return targets
 
 
+def job_targets(
+    job_hosts: Sequence[Mapping[str, Any]], monitoring_host: str
+) -> list[dict[str, Any]]:
+    """One target per job host: {host, target}, the job runner's metrics port there
+    (sglang_job_metrics_port, roles/sglang_job; 0: the host's jobs serve none). A job's runner
+    serves sglang_job_* only while it runs: the target is down between jobs, which no alert
+    reads as a fault (the stall alert reads the job's own series)."""
+    if not isinstance(job_hosts, Sequence) or isinstance(job_hosts, str):
+        raise MonitoringError("monitoring_job_hosts must be a list of inventory names")
+    targets, seen = [], set()
+    for host in job_hosts:
+        if not isinstance(host, Mapping):
+            raise MonitoringError("each job host must be a mapping")
+        name = _text(host.get("name"), "a job host's name (monitoring_job_hosts)")
+        if name in seen:
+            raise MonitoringError(f"host {name} is listed twice in monitoring_job_hosts")
+        seen.add(name)
+        job = host.get("job") or {}
+        where = f"host {name}: sglang_job_metrics_port"
+        if job.get("metrics_port") in (0, "0"):
+            continue
+        listen = str(job.get("metrics_address") or "127.0.0.1")
+        if listen in LOOPBACK and name != monitoring_host:
+            raise MonitoringError(
+                f"host {name}: sglang_job_metrics_address is {listen}, so Prometheus on "
+                f"{monitoring_host} cannot scrape the job runner there: set it to 0.0.0.0 (or "
+                "the address the monitoring host reaches), or leave the host out of "
+                "monitoring_job_hosts"
+            )
+        address = _reach({**host, "name": name}, listen, monitoring_host, "the job runner")
+        targets.append(
+            {"host": name, "target": f"{address}:{_port(job.get('metrics_port'), where)}"}
+        )
+    return targets
+
+
 def slo_seconds(
     hosts: Sequence[Mapping[str, Any]], default_ttft_ms: float, default_tpot_ms: float
 ) -> list[dict[str, Any]]:
@@ -268,16 +306,19 @@ def _slo(value: Any, what: str, default: float | None = None) -> float:
         raise MonitoringError(f"{what} {exc.message} (unset: the default)") from None
 
 
-def targets(
+def targets(  # noqa: PLR0917 (the filter passes them by position)
     hosts: Sequence[Mapping[str, Any]],
     monitoring_host: str,
     key_dir: str,
     default_ttft_ms: float,
     default_tpot_ms: float,
+    job_hosts: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
-    """What the Prometheus configuration and the rules print: servers, routers, nodes, SLOs."""
+    """What the Prometheus configuration and the rules print: servers, routers, nodes, SLOs and
+    the job runners' metrics ports."""
     _check_hosts(hosts)
     return {
+        "jobs": job_targets(job_hosts, monitoring_host),
         "servers": server_targets(hosts, monitoring_host, key_dir),
         "routers": router_targets(hosts, monitoring_host),
         "nodes": [

@@ -59,6 +59,7 @@ DURATIONS: dict[str, bool] = {
     "monitoring_alert_gpu_unowned_for": False,
     "monitoring_alert_slo_for": False,
     "monitoring_alert_router_workers_for": False,
+    "monitoring_alert_job_stalled_for": True,
 }
 SYSTEMD_SPANS = ("monitoring_gpu_metrics_interval",)
 # Folders that reach a unit line or a configuration file: absolute, plain characters.

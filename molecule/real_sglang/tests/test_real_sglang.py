@@ -16,6 +16,7 @@ import host_reads
 import pytest
 import testinfra.utils.ansible_runner
 from fleet_runner import REPO, run_playbook
+from job_files import JobOnHost, conversation_rows, where_each_row_ended, write_input
 
 testinfra_hosts = testinfra.utils.ansible_runner.AnsibleRunner(
     os.environ["MOLECULE_INVENTORY_FILE"]
@@ -185,7 +186,7 @@ def test_a_new_flag_set_rolls_out_and_calibrates_from_the_real_journal(host):
     assert unit_identity(host) != before
     status, text = request(host, "/server_info")
     assert status == 200 and json.loads(text)["max_running_requests"] == 4
-    [calibrated] = run.task_results("Keep what this start measured (calibration) - tiny")
+    [calibrated] = run.task_results("Read and record what this start measured - tiny")
     record = calibrated["record"]
     assert record is not None, calibrated
     print(f"calibration of the real start: {json.dumps(record)[:800]}")
@@ -268,6 +269,86 @@ def test_sglangs_own_benchmark_agrees_with_our_smoke_client(host):
     for key in ("completed", "total_input_tokens", "total_output_tokens"):
         assert theirs[key] == ours[key], key
     assert ours["total_output_tokens"] == PROMPTS * OUTPUT_LEN
+
+
+# A few hundred rows through the real engine, by the same runner and playbook as the fleet's
+# job (playbooks/job.yml), as many in flight as the planner says the CPU server holds for their
+# lengths: SpecForge chat rows, which SGLang turns into prompts with the tiny Llama's chat template
+# (gpusim/tools/make_tiny_llama.py), and OpenAI batch lines to /v1/completions (no template),
+# each asking for exactly JOB_TOKENS tokens (ignore_eos).
+JOB_CHATS, JOB_BATCH, JOB_TOKENS = 200, 100, 8
+
+
+def tiny_word(n: int) -> str:
+    """The tiny Llama's n-th made-up word (make_tiny_llama.word: a, b, ..., z, aa, ab, ...)."""
+    out = ""
+    while n >= 0:
+        out = chr(ord("a") + n % 26) + out
+        n = n // 26 - 1
+    return out
+
+
+WORDS = [tiny_word(n) for n in range(40, 240)]
+
+
+def batch_lines(count: int) -> list[dict[str, Any]]:
+    return [
+        {
+            "custom_id": f"batch-{n}",
+            "method": "POST",
+            "url": "/v1/completions",
+            "body": {
+                "model": "tiny-llama",
+                "prompt": " ".join(WORDS[n : n + 12]),
+                "max_tokens": JOB_TOKENS,
+                "temperature": 0,
+                "ignore_eos": True,
+            },
+        }
+        for n in range(count)
+    ]
+
+
+def test_a_job_runs_a_few_hundred_rows_through_the_real_engine(host, tmp_path):
+    job = JobOnHost(HOST, "real")
+    chats, batch = conversation_rows(JOB_CHATS, WORDS, prefix="real"), batch_lines(JOB_BATCH)
+    path = write_input(tmp_path / "real.jsonl", chats + batch)
+    run = run_playbook(
+        "job.yml",
+        extravars={
+            "sglang_job_name": "real",
+            "sglang_job_action": "start",
+            "sglang_job_input": str(path),
+            "sglang_job_max_tokens": JOB_TOKENS,
+            "sglang_job_temperature": 0,
+            "sglang_job_sampling": {"ignore_eos": True},
+        },
+    )
+    assert run.rc == 0, run.failures
+    [said] = run.task_results("Say where the job sends its rows")
+    print("job:", said["msg"])
+    assert said["msg"][1].startswith(f"http://127.0.0.1:{PORT} (tiny on {HOST}): ")
+    assert "from the planner's max_concurrent_requests for the job's lengths" in said["msg"][1]
+    took = job.wait(lambda: job.status()["state"] == "finished", 600, "the job to finish")
+    ended = job.ended()
+    seen = where_each_row_ended(ended)
+    assert sorted(seen) == sorted([r["id"] for r in chats] + [b["custom_id"] for b in batch])
+    assert set(seen.values()) == {1}
+    assert ended["error"] == [] and ended["skipped"] == [], (ended["error"] + ended["skipped"])[:3]
+    by_id = {r["id"]: r for r in chats}
+    for out in ended["output"]:
+        if "custom_id" in out:  # a batch line: the engine's whole answer, exactly JOB_TOKENS
+            assert out["error"] is None and out["response"]["status_code"] == 200, out
+            assert out["response"]["body"]["usage"]["completion_tokens"] == JOB_TOKENS, out
+            continue
+        turns = out["conversations"]
+        assert out["status"] == "success", out
+        assert turns[:2] == by_id[out["id"]]["conversations"][:2]
+        assert [t["role"] for t in turns] == ["system", "user", "assistant"]
+        assert isinstance(turns[2]["content"], str)
+    status = job.status()
+    print(f"job: {JOB_CHATS + JOB_BATCH} rows in {took:.0f} s after its start, {status}")
+    assert host.service(job.unit).is_enabled
 
 
 def test_a_stop_lets_running_requests_finish_within_timeout_stop_sec(host):
