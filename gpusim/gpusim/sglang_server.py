@@ -384,21 +384,28 @@ class Launcher:
                     plan.multimodal_reserve_gib,
                     extra=self._rank_extra(rank),
                 )
-            self._register(rank, rank.used_mib + kv_gb * 1024)
-            if self.server is not None and self.server.model_info.get("is_mla"):
-                sizes = f"KV size: {kv_gb:.2f} GB"
-            else:
-                sizes = f"K size: {kv_gb / 2:.2f} GB, V size: {kv_gb / 2:.2f} GB"
-            logs.MEMORY_POOL.info(
-                f"KV Cache is allocated. dtype: {dtype}, #tokens: {plan.max_total_num_tokens}, "
-                + sizes,
-                extra=self._rank_extra(rank),
-            )
-            logs.KV_CACHE_CONFIGURATOR.info(
-                f"Memory pool end. avail mem={self._avail_gib(rank):.2f} GB",
-                extra=self._rank_extra(rank),
-            )
+            mla = bool(self.server is not None and self.server.model_info.get("is_mla"))
+            self._allocate_pool(rank, dtype, plan.max_total_num_tokens, kv_gb, mla)
         self._allocate_draft_kv(plan)
+
+    def _allocate_pool(
+        self, rank: RankProc, dtype: str, tokens: int, kv_gb: float, mla: bool
+    ) -> None:
+        """One rank's KV pool taken from its memory, with SGLang's two lines for it (the
+        target's, and a draft's after it)."""
+        self._register(rank, rank.used_mib + kv_gb * 1024)
+        if mla:
+            sizes = f"KV size: {kv_gb:.2f} GB"
+        else:
+            sizes = f"K size: {kv_gb / 2:.2f} GB, V size: {kv_gb / 2:.2f} GB"
+        logs.MEMORY_POOL.info(
+            f"KV Cache is allocated. dtype: {dtype}, #tokens: {tokens}, " + sizes,
+            extra=self._rank_extra(rank),
+        )
+        logs.KV_CACHE_CONFIGURATOR.info(
+            f"Memory pool end. avail mem={self._avail_gib(rank):.2f} GB",
+            extra=self._rank_extra(rank),
+        )
 
     def _allocate_draft_kv(self, plan: MemoryPlan) -> None:
         """The draft's pool: the target's token count, the draft's own cell (scheduler.py
@@ -412,20 +419,7 @@ class Launcher:
         dtype = KV_DTYPE_NAMES.get(spec.placement.draft_kv_dtype, "torch.bfloat16")
         kv_gb = plan.draft_kv_gib
         for rank in self.ranks:
-            self._register(rank, rank.used_mib + kv_gb * 1024)
-            if spec.draft.is_mla:
-                sizes = f"KV size: {kv_gb:.2f} GB"
-            else:
-                sizes = f"K size: {kv_gb / 2:.2f} GB, V size: {kv_gb / 2:.2f} GB"
-            logs.MEMORY_POOL.info(
-                f"KV Cache is allocated. dtype: {dtype}, #tokens: {plan.max_total_num_tokens}, "
-                + sizes,
-                extra=self._rank_extra(rank),
-            )
-            logs.KV_CACHE_CONFIGURATOR.info(
-                f"Memory pool end. avail mem={self._avail_gib(rank):.2f} GB",
-                extra=self._rank_extra(rank),
-            )
+            self._allocate_pool(rank, dtype, plan.max_total_num_tokens, kv_gb, spec.draft.is_mla)
 
     async def _capture_graphs(self, plan: MemoryPlan) -> None:
         if getattr(self.args, "attention_backend", None) == "torch_native":

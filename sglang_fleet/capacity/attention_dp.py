@@ -366,3 +366,17 @@ def decode_roofline(
         step_ms=step_s * 1000,
         tok_s=batch / step_s,
     )
+
+
+def attn_dp_of(flags: Any) -> int:
+    """The attention-DP size a flag set runs (both spellings, as SGLang resolves them); its own
+    attn_dp_size (or 1) when the layout is no layout SGLang runs: the planner names that."""
+    try:
+        return resolve_layout(
+            int(flags.get("tp_size") or 1),
+            int(flags.get("dp_size") or 1),
+            int(flags.get("attn_dp_size") or 1),
+            str(flags.get("enable_dp_attention")).lower() in ("true", "1", "yes"),
+        ).attn_dp_size
+    except (LayoutError, TypeError, ValueError):
+        return int(flags.get("attn_dp_size") or 1)

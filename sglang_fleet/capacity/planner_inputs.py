@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sglang_fleet.capacity import calibration, kv_cache, logged_flags
+from sglang_fleet.capacity import calibration, kv_cache, logged_flags, speculative
 from sglang_fleet.capacity.server_log import Calibration, parse_log
 from sglang_fleet.module_utils import typed_number
 from sglang_fleet.module_utils.typed_number import Range, shown
@@ -37,12 +37,7 @@ PLANNER_FLAGS = (
     # Speculative decoding (sglang_fleet.capacity.speculative, docs/SPECULATIVE.md): the draft's
     # config.json and checkpoint size come with the plan (speculative_draft_config and
     # speculative_draft_weight_bytes), read from speculative_draft_model_path by the caller.
-    "speculative_algorithm",
-    "speculative_draft_model_path",
-    "speculative_num_steps",
-    "speculative_eagle_topk",
-    "speculative_num_draft_tokens",
-    "speculative_ngram_max_bfs_breadth",
+    *speculative.FLAGS,
 )
 DEVICES = ("cuda", "cpu")
 # What a flag set that turns speculation on without --max-running-requests gets (SGLang resets

@@ -175,18 +175,6 @@ def _int(flags: Mapping[str, Any], name: str) -> int | None:
         ) from None
 
 
-def _attention_dp(flags: Mapping[str, Any]) -> int:
-    try:
-        return attention_dp.resolve_layout(
-            int(flags.get("tp_size") or 1),
-            int(flags.get("dp_size") or 1),
-            int(flags.get("attn_dp_size") or 1),
-            str(flags.get("enable_dp_attention")).lower() in ("true", "1", "yes"),
-        ).attn_dp_size
-    except (attention_dp.LayoutError, TypeError, ValueError):
-        return int(flags.get("attn_dp_size") or 1)
-
-
 def _eagle_counts(flags: Mapping[str, Any], target_arch: str | None, algorithm: str) -> Settings:
     steps = _int(flags, "speculative_num_steps")
     topk = _int(flags, "speculative_eagle_topk")
@@ -264,7 +252,7 @@ def settings(flags: Mapping[str, Any], target_arch: str | None = None) -> Settin
             f"{algorithm}: the planner models the memory of {', '.join(MODELED)} (and NEXTN) "
             "only; what it cannot plan it does not let through (docs/SPECULATIVE.md)",
         )
-    ranks = _attention_dp(flags)
+    ranks = attention_dp.attn_dp_of(flags)
     if algorithm in NO_ATTENTION_DP and ranks > 1:
         raise SpeculationError(
             "speculative_algorithm",

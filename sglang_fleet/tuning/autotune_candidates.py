@@ -49,19 +49,6 @@ def grid(
     return candidates
 
 
-def attn_dp_of(flags: Mapping[str, Any]) -> int:
-    """The attention-DP size a flag set runs (both spellings, as SGLang resolves them)."""
-    try:
-        return attention_dp.resolve_layout(
-            int(flags.get("tp_size") or 1),
-            int(flags.get("dp_size") or 1),
-            int(flags.get("attn_dp_size") or 1),
-            str(flags.get("enable_dp_attention")).lower() in ("true", "1", "yes"),
-        ).attn_dp_size
-    except (attention_dp.LayoutError, TypeError, ValueError):
-        return int(flags.get("attn_dp_size") or 1)  # the planner names the problem
-
-
 def _speculative_overlay(
     base: Mapping[str, Any],
     point: Mapping[str, Any],
@@ -99,7 +86,7 @@ def _as_sglang_flags(
         tuned |= {"enable_dp_attention": False, "dp_size": 1}
     per_rank = tuned.pop(PER_RANK_CHUNK, None)
     if per_rank is not None:
-        ranks = attn_dp_of(dict(base) | tuned)
+        ranks = attention_dp.attn_dp_of(dict(base) | tuned)
         tuned["chunked_prefill_size"] = per_rank * ranks if per_rank > 0 else per_rank
     return tuned
 
