@@ -49,7 +49,7 @@ from ansible.errors import AnsibleActionFail
 from sglang_fleet.module_utils.bounded_json import loads as bounded_loads
 
 from sglang_fleet.ansible_values import plain
-from sglang_fleet.capacity import calibration
+from sglang_fleet.capacity import calibration_record
 from sglang_fleet.capacity.planner_inputs import PlanInputError
 from sglang_fleet.capacity.verdict import verdict
 from sglang_fleet.rollout import preflight_inputs as preflight
@@ -435,7 +435,7 @@ class ActionModule(VerbAction):
         # What the calibration of this start is keyed by (docs/CALIBRATION.md); the planner took
         # the same text, so nothing here can be wrong that it did not name.
         with suppress(ValueError):
-            self._fingerprints[name] = calibration.model_fingerprint(
+            self._fingerprints[name] = calibration_record.model_fingerprint(
                 bounded_loads(config, "config.json"), weights
             )
         self._step(f"planned {name}: {planned.get('max_total_num_tokens')} KV tokens")

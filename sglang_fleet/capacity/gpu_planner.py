@@ -4,9 +4,9 @@ Memory model (SGLang 0.5.23, see kv_cache.py): pre = free GiB before weights loa
 free GiB after; rest = post - pre * (1 - mem_fraction_static); max_total_num_tokens =
 rest / cell_size. Without a calibration pre = GPU total - CUDA_CONTEXT_GIB and
 post = pre - weights / tp. A calibration (args `calibration`: records the deploy stored on
-the host, see sglang_fleet/capacity/calibration.py and docs/CALIBRATION.md; or `calibration_log`:
-the text of an earlier server log) that matches the flag set replaces the estimates with what
-SGLang measured; one that does not match is a `calibration_mismatch` warning.
+the host, see sglang_fleet/capacity/calibration_apply.py and docs/CALIBRATION.md; or
+`calibration_log`: the text of an earlier server log) that matches the flag set replaces the
+estimates with what SGLang measured; one that does not match is a `calibration_mismatch` warning.
 
 Out-of-memory risk of a high mem_fraction_static (the memory left outside the static pool
 must hold CUDA graphs and the activations of the largest prefill):
@@ -29,7 +29,15 @@ import dataclasses
 import statistics
 from typing import Any
 
-from sglang_fleet.capacity import attention_dp, calibration, kv_cache, logged_flags
+from sglang_fleet.capacity import (
+    attention_dp,
+    calibration,
+    calibration_apply,
+    calibration_record,
+    calibration_store,
+    kv_cache,
+    logged_flags,
+)
 from sglang_fleet.capacity import speculative as spec
 from sglang_fleet.capacity.model_config import ModelConfigError, model_shape
 from sglang_fleet.capacity.noop_flags import noop_flag_issues
@@ -158,14 +166,14 @@ class GpuPlanner:
     def _calibration_records(self) -> list[dict]:
         """Records given as data, plus one built from the calibration log (parsed once, in
         self.cal); the entries of the store no plan may use are named in
-        calibration_set_aside (calibration.read_store)."""
-        read = calibration.read_store(self.a["calibration"])
+        calibration_set_aside (calibration_store.read_store)."""
+        read = calibration_store.read_store(self.a["calibration"])
         records = read.records
         self.calibration_set_aside += [entry.describe() for entry in read.set_aside]
         if self.cal is not None:
             logged = {"logged_flags": self._logged_run_flags(self.cal)}
             try:
-                records.append(calibration.build_record(self.cal, None, logged))
+                records.append(calibration_record.build_record(self.cal, None, logged))
             except calibration.CalibrationError as exc:
                 self.warnings.append(
                     issue(
@@ -210,7 +218,7 @@ class GpuPlanner:
 
     def _apply_calibration(
         self, config: dict[str, Any], weight_bytes: int
-    ) -> calibration.Applied | None:
+    ) -> calibration_apply.Applied | None:
         records = self._calibration_records()
         if not records:
             return None
@@ -218,11 +226,11 @@ class GpuPlanner:
             "gpu_memory_mib": self.gpu_mib,
             "gpu_name": self.host.get("gpu_name"),
             "sglang_version": self.a["sglang_version"],
-            "model_fingerprint": calibration.model_fingerprint(config, weight_bytes),
+            "model_fingerprint": calibration_record.model_fingerprint(config, weight_bytes),
             "architecture": self.shape.architecture,
         }
         try:
-            applied = calibration.apply(
+            applied = calibration_apply.apply(
                 records,
                 self._calibration_flags(),
                 host,
@@ -340,7 +348,7 @@ class GpuPlanner:
 
     def check_oom_risk(self) -> None:
         if self.prediction is not None:
-            return  # calibration.apply judged the measured figure (error or warning)
+            return  # calibration_apply.apply judged the measured figure (error or warning)
         default = self.defaults.mem_fraction_static
         if self.fraction > default + 1e-9:
             self.warnings.append(

@@ -25,7 +25,13 @@ import sys
 from typing import Any
 
 from sglang_fleet import input_files
-from sglang_fleet.capacity import calibration, kv_cache, layout_table, logged_flags, speculative
+from sglang_fleet.capacity import (
+    calibration_apply,
+    kv_cache,
+    layout_table,
+    logged_flags,
+    speculative,
+)
 from sglang_fleet.capacity.cpu_planner import CpuPlanner
 from sglang_fleet.capacity.gpu_planner import GpuPlanner
 from sglang_fleet.capacity.model_config import ModelConfigError, read_model_dir
@@ -139,7 +145,7 @@ def add_plan_arguments(parser: argparse.ArgumentParser, *, model_required: bool)
         help="a flag the --calibrate-from run used that its log does not say (repeatable; "
         f"one of {', '.join(logged_flags.STATABLE)}); the flags above describe the plan",
     )
-    parser.add_argument("--calibration-mode", choices=calibration.MODES, default=None)
+    parser.add_argument("--calibration-mode", choices=calibration_apply.MODES, default=None)
     add_speculative_arguments(parser)
     parser.add_argument("--sglang-version", default=None)
     parser.add_argument("--min-free-after-graph-gib", type=_real, default=None)

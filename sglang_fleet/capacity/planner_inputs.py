@@ -11,7 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from sglang_fleet.capacity import calibration, kv_cache, logged_flags, speculative
+from sglang_fleet.capacity import (
+    calibration_apply,
+    kv_cache,
+    logged_flags,
+    speculative,
+)
 from sglang_fleet.capacity.server_log import Calibration, parse_log
 from sglang_fleet.module_utils import typed_number
 from sglang_fleet.module_utils.typed_number import Range, shown
@@ -203,8 +208,8 @@ def _as_text(key: str, value: Any) -> str:
 
 
 def _as_structure(key: str, value: Any) -> Any:
-    """calibration: a record, a list or the store (as data or JSON text; calibration.py reads
-    it); server_flags: the whole flag mapping."""
+    """calibration: a record, a list or the store (as data or JSON text; calibration_store.py
+    reads it); server_flags: the whole flag mapping."""
     mapping = key in ("server_flags", "speculative_draft_config")
     allowed = (dict,) if mapping else (dict, list, str)
     if not isinstance(value, allowed):
@@ -236,7 +241,7 @@ def _as_logged_flags(value: Any) -> dict[str, Any]:
 
 
 _CHOICES = {
-    "calibration_mode": calibration.MODES,
+    "calibration_mode": calibration_apply.MODES,
     "device": DEVICES,
     "speculation_reset": SPECULATION_RESET_MODES,
 }
