@@ -56,7 +56,7 @@ from sglang_fleet.rollout import preflight_inputs as preflight
 from sglang_fleet.rollout.verb_action import VerbAction
 from sglang_fleet.server_secrets import public_record
 from sglang_fleet.servers import host_checks
-from sglang_fleet.servers.describe import records_and_routers
+from sglang_fleet.servers.unit_files import records_and_routers
 
 REQUIRED = ("servers", "python", "launch_module", "nvidia_smi")
 OPTIONAL = (

@@ -64,7 +64,8 @@ from sglang_fleet.diagnosis.diagnose import diagnose, diagnose_live
 from sglang_fleet.rollout import preflight_inputs as preflight
 from sglang_fleet.servers import host_checks as validate
 from sglang_fleet.servers import launch_line, nodes
-from sglang_fleet.servers.describe import ServerConfigError, resolve_servers
+from sglang_fleet.servers.describe import resolve_servers
+from sglang_fleet.servers.server_values import ServerConfigError
 from sglang_fleet.tuning import autotune
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -15,14 +15,11 @@ import pytest
 from ansible.errors import AnsibleFilterError
 from conftest import load_plugin
 
-from sglang_fleet.servers.describe import (
-    ServerConfigError,
-    api_keys,
-    combine,
-    config_hash,
-    describe_servers,
-    resolve_servers,
-)
+from sglang_fleet.servers.describe import describe_servers, resolve_servers
+from sglang_fleet.servers.flag_layers import combine
+from sglang_fleet.servers.secret_files import api_keys
+from sglang_fleet.servers.server_values import ServerConfigError
+from sglang_fleet.servers.unit_files import config_hash
 
 ROOT = Path(__file__).resolve().parent.parent
 
