@@ -55,7 +55,7 @@ from sglang_fleet.capacity.model_config import read_model_dir
 from sglang_fleet.capacity.planner import plan
 from sglang_fleet.capacity.planner_inputs import PlanInputError
 from sglang_fleet.capacity.server_log import Calibration, parse_log
-from sglang_fleet.diagnosis import diagnose
+from sglang_fleet.diagnosis import run_diagnosis
 
 REPO = Path(__file__).resolve().parent.parent
 LOGS = REPO / "tests" / "fixtures" / "logs"
@@ -352,7 +352,7 @@ def kv_bound_run(model: Path, workdir: Path, cap: int) -> dict[str, Any]:
     verdict = None
     if result_path.exists():
         smoke_result = json.loads(result_path.read_text())
-        verdict = diagnose.diagnose(smoke_result, text, KV_BOUND_CLIENTS, None)
+        verdict = run_diagnosis.diagnose(smoke_result, text, KV_BOUND_CLIENTS, None)
     return {
         "max_total_tokens": cap,
         "planned_concurrent": planned["max_concurrent_requests"],

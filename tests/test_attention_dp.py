@@ -21,7 +21,7 @@ from sglang_fleet.capacity import attention_dp, calibration_record
 from sglang_fleet.capacity.model_config import model_shape, read_model_dir
 from sglang_fleet.capacity.planner import main, plan
 from sglang_fleet.capacity.planner_inputs import PlanInputError
-from sglang_fleet.diagnosis.diagnose import diagnose
+from sglang_fleet.diagnosis.run_diagnosis import diagnose
 from sglang_fleet.tuning import autotune_inputs, autotune_state
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -60,7 +60,8 @@ from sglang_fleet.capacity import calibration, calibration_record, calibration_s
 from sglang_fleet.capacity.model_config import ModelConfigError, read_model_dir
 from sglang_fleet.capacity.planner import plan
 from sglang_fleet.capacity.planner_inputs import PlanInputError
-from sglang_fleet.diagnosis.diagnose import diagnose, diagnose_live
+from sglang_fleet.diagnosis.live_diagnosis import diagnose_live
+from sglang_fleet.diagnosis.run_diagnosis import diagnose
 from sglang_fleet.rollout import preflight_inputs as preflight
 from sglang_fleet.servers import host_checks as validate
 from sglang_fleet.servers import launch_line, nodes
