@@ -68,9 +68,9 @@ class GpuPlanner:
     def __init__(
         self, config: dict[str, Any], weight_bytes: int, args: dict[str, Any], host: dict[str, Any]
     ):
-        self.a = merge_args(args)
+        self.args = merge_args(args)
         self.host = typed_host(host)
-        check_inputs(self.a)
+        check_inputs(self.args)
         try:
             self.shape = model_shape(config)
         except ModelConfigError as exc:
@@ -89,28 +89,28 @@ class GpuPlanner:
         self.attn_dp = self.layout.attn_dp_size
         self.weights = attention_dp.weight_layout(config, self.shape, self.weight_bytes)
         self.extra_weight_gib = attention_dp.extra_weight_gib(self.weights, self.tp, self.attn_dp)
-        self.dtype = str(self.a["kv_cache_dtype"])
+        self.dtype = str(self.args["kv_cache_dtype"])
         self.config = config
         self.target_cell = kv_cache.cell_size_bytes(
             self.shape, self.dtype, self.layout.attn_tp_size
         )
         self.spec, self.draft = self._speculation(config)
         self.gpu_mib = float(self.host["gpu_memory_mib"])
-        self.cal = log_calibration(self.a)
+        self.cal = log_calibration(self.args)
         if self.cal is not None and (skipped := self.cal.long_lines_note()):
             self.warnings.append(issue("calibration_log_long_lines", skipped))
         self.defaults = kv_cache.sglang_default_mem_fraction(
             self.gpu_mib,
             self.shape,
             self.tp,
-            chunked_prefill_size=self.a["chunked_prefill_size"],
-            max_running_requests=self.a["max_running_requests"],
+            chunked_prefill_size=self.args["chunked_prefill_size"],
+            max_running_requests=self.args["max_running_requests"],
             attn_dp_size=self.attn_dp,
-            cuda_graph_max_bs_decode=self.a["cuda_graph_max_bs_decode"]
+            cuda_graph_max_bs_decode=self.args["cuda_graph_max_bs_decode"]
             if self.attn_dp > 1
             else None,
         )
-        given = self.a["mem_fraction_static"]
+        given = self.args["mem_fraction_static"]
         self.fraction = float(given) if given is not None else self.defaults.mem_fraction_static
         self.calibration = self._apply_calibration(config, weight_bytes)
         self.prediction = self.calibration.prediction if self.calibration else None
@@ -118,14 +118,17 @@ class GpuPlanner:
 
     def _layout(self) -> attention_dp.Layout:
         """tp, attention DP and replicas as SGLang resolves them (both flag spellings)."""
-        a = self.a
+        args = self.args
         try:
             layout = attention_dp.resolve_layout(
-                int(a["tp_size"]), int(a["dp_size"]), a["attn_dp_size"], a["enable_dp_attention"]
+                int(args["tp_size"]),
+                int(args["dp_size"]),
+                args["attn_dp_size"],
+                args["enable_dp_attention"],
             )
         except attention_dp.LayoutError as exc:
             raise PlanInputError(str(exc), exc.argument) from exc
-        if layout.attn_dp_size > 1 and a["cuda_graph_max_bs_decode"] is None:
+        if layout.attn_dp_size > 1 and args["cuda_graph_max_bs_decode"] is None:
             self.warnings.append(
                 issue(
                     "attn_dp_graph_batch",
@@ -144,7 +147,7 @@ class GpuPlanner:
     # --- calibration -----------------------------------------------------------------
     def _calibration_flags(self) -> dict[str, Any]:
         """The flag set as SGLang will see it: the server's flags under the planner's."""
-        flags = dict(self.a["server_flags"] or {})
+        flags = dict(self.args["server_flags"] or {})
         for key in (
             "tp_size",
             "dp_size",
@@ -156,8 +159,8 @@ class GpuPlanner:
             "cuda_graph_max_bs_decode",
             *spec.FLAGS,
         ):
-            if self.a[key] is not None:
-                flags[key] = self.a[key]
+            if self.args[key] is not None:
+                flags[key] = self.args[key]
         flags.pop("enable_dp_attention", None)
         flags |= {"dp_size": self.dp, "attn_dp_size": self.attn_dp}
         flags["mem_fraction_static"] = self.fraction
@@ -167,7 +170,7 @@ class GpuPlanner:
         """Records given as data, plus one built from the calibration log (parsed once, in
         self.cal); the entries of the store no plan may use are named in
         calibration_set_aside (calibration_store.read_store)."""
-        read = calibration_store.read_store(self.a["calibration"])
+        read = calibration_store.read_store(self.args["calibration"])
         records = read.records
         self.calibration_set_aside += [entry.describe() for entry in read.set_aside]
         if self.cal is not None:
@@ -191,7 +194,7 @@ class GpuPlanner:
         planned. A flag that matters and that nothing fixes refuses the log."""
         if not cal.has_memory:
             return {}  # build_record names what is missing
-        stated = self.a["calibration_log_flags"] or {}
+        stated = self.args["calibration_log_flags"] or {}
         run = logged_flags.infer(cal, self.shape, self.weights, stated=stated)
         if run.unknown:
             names = ", ".join(run.unknown)
@@ -225,7 +228,7 @@ class GpuPlanner:
         host = {
             "gpu_memory_mib": self.gpu_mib,
             "gpu_name": self.host.get("gpu_name"),
-            "sglang_version": self.a["sglang_version"],
+            "sglang_version": self.args["sglang_version"],
             "model_fingerprint": calibration_record.model_fingerprint(config, weight_bytes),
             "architecture": self.shape.architecture,
         }
@@ -235,9 +238,9 @@ class GpuPlanner:
                 self._calibration_flags(),
                 host,
                 self.shape,
-                margin_gib=float(self.a["min_free_after_graph_gib"]),
-                mode=str(self.a["calibration_mode"]),
-                flags_complete=self.a["server_flags"] is not None,
+                margin_gib=float(self.args["min_free_after_graph_gib"]),
+                mode=str(self.args["calibration_mode"]),
+                flags_complete=self.args["server_flags"] is not None,
                 extra_weight_gib=lambda n: attention_dp.extra_weight_gib(self.weights, self.tp, n),
                 draft_budget_layers=self.draft.budget_layers if self.draft else 0,
             )
@@ -263,15 +266,15 @@ class GpuPlanner:
         """The speculative settings SGLang resolves and the draft's memory; bad flags and a
         draft SGLang cannot run with this target are PlanInputErrors naming the flag."""
         try:
-            found = spec.settings(self.a, self.shape.architecture)
+            found = spec.settings(self.args, self.shape.architecture)
         except spec.SpeculationError as exc:
             raise PlanInputError(exc.message, exc.flag) from exc
         if found is None or found.algorithm == "NGRAM":
             return found, None
         draft = None
         if found.draft_path is not None:
-            draft_config = self.a["speculative_draft_config"]
-            draft_bytes = self.a["speculative_draft_weight_bytes"]
+            draft_config = self.args["speculative_draft_config"]
+            draft_bytes = self.args["speculative_draft_weight_bytes"]
             if draft_config is None or draft_bytes is None:
                 raise PlanInputError(
                     "the draft model's config.json and checkpoint size are needed to plan its "
@@ -304,7 +307,7 @@ class GpuPlanner:
 
     def max_running_requests(self) -> int | None:
         """--max-running-requests as SGLang resolves it: 48 when speculation resets it."""
-        given = self.a["max_running_requests"]
+        given = self.args["max_running_requests"]
         if given is None and self.spec is not None:
             return spec.RESET_MAX_RUNNING_REQUESTS
         return given
@@ -317,10 +320,10 @@ class GpuPlanner:
         else:
             reserve = kv_cache.multimodal_reserve_gib(self.shape)
             rest = kv_cache.rest_gib(self.pre, self.post, self.fraction, reserve)
-            tokens = kv_cache.max_total_num_tokens(rest, cell, int(self.a["page_size"]))
-        if self.a["max_total_tokens"] is not None:
+            tokens = kv_cache.max_total_num_tokens(rest, cell, int(self.args["page_size"]))
+        if self.args["max_total_tokens"] is not None:
             # SGLang caps the pool it computed at --max-total-tokens.
-            tokens = min(tokens, int(self.a["max_total_tokens"]))
+            tokens = min(tokens, int(self.args["max_total_tokens"]))
         if rest <= 0:
             self._not_enough_memory(rest)
         return rest, tokens
@@ -366,14 +369,14 @@ class GpuPlanner:
 
     # --- HiCache, GPUs, dtype, context ----------------------------------------------
     def check_hicache(self, device_pool_gib: float) -> float:
-        a = self.a
-        if not a["enable_hierarchical_cache"]:
+        args = self.args
+        if not args["enable_hierarchical_cache"]:
             return 0.0
         host_ram = self.host.get("host_ram_gib")
         ranks = self.tp * self.dp
         per_rank = kv_cache.hicache_host_gib_per_rank(
-            a["hicache_size"] or None,
-            a["hicache_ratio"],
+            args["hicache_size"] or None,
+            args["hicache_ratio"],
             max(device_pool_gib, 0.0),
             float(host_ram or 0),
             ranks,
@@ -397,7 +400,9 @@ class GpuPlanner:
                 )
             )
         elif total + kv_cache.HICACHE_HOST_RESERVE_GIB > float(host_ram):
-            size_note = f"{a['hicache_size']} GB per rank" if a["hicache_size"] else "the pool size"
+            size_note = (
+                f"{args['hicache_size']} GB per rank" if args["hicache_size"] else "the pool size"
+            )
             self.errors.append(
                 issue(
                     "hicache_host_ram",
@@ -458,8 +463,8 @@ class GpuPlanner:
             )
 
     def check_context(self) -> None:
-        context = self.a["context_length"] or self.shape.context_length
-        per_request = self.a["avg_input_len"] + self.a["avg_output_len"]
+        context = self.args["context_length"] or self.shape.context_length
+        per_request = self.args["avg_input_len"] + self.args["avg_output_len"]
         if context and per_request > context:
             self.warnings.append(
                 issue(
@@ -471,8 +476,8 @@ class GpuPlanner:
 
     # --- throughput ------------------------------------------------------------------
     def per_request_tok_s(self) -> tuple[float, str]:
-        if self.a["per_request_tok_s"]:
-            return float(self.a["per_request_tok_s"]), "argument"
+        if self.args["per_request_tok_s"]:
+            return float(self.args["per_request_tok_s"]), "argument"
         if self.cal is not None and (speed := self.cal.per_request_tok_s()):
             return speed, "calibration log"
         return DEFAULT_PER_REQUEST_TOK_S, "default guess"
@@ -480,10 +485,10 @@ class GpuPlanner:
     def concurrency(self, tokens: int, *, reset: bool = True) -> int:
         """Concurrent decodes of the whole server; `tokens` is one rank's pool. reset=False:
         as if speculation's 48 reset did not apply (what the operator should set instead)."""
-        tokens_per_request = self.a["avg_input_len"] + self.a["avg_output_len"]
+        tokens_per_request = self.args["avg_input_len"] + self.args["avg_output_len"]
         fit = tokens // tokens_per_request
-        context = self.a["context_length"] or self.shape.context_length
-        asked = self.max_running_requests() if reset else self.a["max_running_requests"]
+        context = self.args["context_length"] or self.shape.context_length
+        asked = self.max_running_requests() if reset else self.args["max_running_requests"]
         # SGLang divides --max-running-requests over the attention-DP ranks.
         cap = (
             max(1, asked // self.attn_dp)
@@ -496,7 +501,7 @@ class GpuPlanner:
 
     def roofline(self, concurrent: int, cell: int) -> dict[str, Any]:
         """The decode roofline at the planned concurrency (docs/ATTENTION-DP.md)."""
-        given = self.a["gpu_memory_bandwidth_gbs"]
+        given = self.args["gpu_memory_bandwidth_gbs"]
         if given:
             bandwidth, source = float(given), "gpu_memory_bandwidth_gbs"
         else:
@@ -508,7 +513,7 @@ class GpuPlanner:
                 "reason": f"memory bandwidth of GPU {self.host.get('gpu_name')!r} unknown: "
                 "set gpu_memory_bandwidth_gbs (--gpu-memory-bandwidth-gbs)",
             }
-        context = self.a["avg_input_len"] + self.a["avg_output_len"] // 2
+        context = self.args["avg_input_len"] + self.args["avg_output_len"] // 2
         line = attention_dp.decode_roofline(
             self.weights,
             self.layout,
@@ -542,7 +547,7 @@ class GpuPlanner:
             "oom_margin_gib_per_rank": None
             if free is None or margin is None
             else round(free - margin, 2),
-            "cuda_graph_max_bs_decode": self.a["cuda_graph_max_bs_decode"],
+            "cuda_graph_max_bs_decode": self.args["cuda_graph_max_bs_decode"],
             "chunked_prefill_size_per_rank": self.chunk_per_rank(),
         }
 
@@ -552,7 +557,7 @@ class GpuPlanner:
 
     def chunk_per_rank(self) -> int:
         """SGLang divides chunked_prefill_size by the attention-DP size."""
-        chunk = self.a["chunked_prefill_size"] or self.defaults.chunked_prefill_size
+        chunk = self.args["chunked_prefill_size"] or self.defaults.chunked_prefill_size
         return chunk // self.attn_dp if chunk > 0 else chunk
 
     # --- speculative decoding: the 48 reset, the draft's memory, the speed-up ------------
@@ -560,13 +565,13 @@ class GpuPlanner:
         """The plan's speculative section (None without speculation); adds its warnings."""
         if self.spec is None:
             return None
-        if self.a["max_running_requests"] is None:
+        if self.args["max_running_requests"] is None:
             self._reset_issue(tokens, concurrent)
         out: dict[str, Any] = {
             "settings": self.spec.as_dict(),
             "draft": None if self.draft is None else self.draft.as_dict(),
             "max_running_requests": self.max_running_requests(),
-            "reset_to_48": self.a["max_running_requests"] is None,
+            "reset_to_48": self.args["max_running_requests"] is None,
             # What the pool holds without the reset: the value to set.
             "max_concurrent_requests_without_reset": self.concurrency(tokens, reset=False),
             "kv_budget_cell_bytes": self.target_cell + self.draft_budget_cell(),
@@ -592,7 +597,7 @@ class GpuPlanner:
 
     def _reset_issue(self, tokens: int, concurrent: int) -> None:
         fits = self.concurrency(tokens, reset=False)
-        job = self.a["job_concurrency"]
+        job = self.args["job_concurrency"]
         per_rank = (
             f" ({spec.RESET_MAX_RUNNING_REQUESTS // self.attn_dp} per attention-DP rank)"
             if self.attn_dp > 1
@@ -612,12 +617,12 @@ class GpuPlanner:
             f"{fits} (max_running_requests: {fits}), the plan's max concurrent requests "
             "without the reset."
         )
-        mode = self.a["speculation_reset"]
+        mode = self.args["speculation_reset"]
         (self.errors if mode == "refuse" else self.warnings).append(issue(spec.RESET_CODE, message))
 
     def accept_length(self) -> tuple[float | None, str]:
-        if self.a["speculative_accept_length"] is not None:
-            return float(self.a["speculative_accept_length"]), "argument"
+        if self.args["speculative_accept_length"] is not None:
+            return float(self.args["speculative_accept_length"]), "argument"
         if self.cal is not None and (found := self.cal.accept_length()) is not None:
             return found, "calibration log (accept len)"
         return None, ""
@@ -627,8 +632,8 @@ class GpuPlanner:
         bandwidth, bw_source = self.bandwidth()
         if bandwidth is None:
             return None, bw_source
-        if self.a["gpu_bf16_tflops"]:
-            tflops, key = float(self.a["gpu_bf16_tflops"]), "gpu_bf16_tflops"
+        if self.args["gpu_bf16_tflops"]:
+            tflops, key = float(self.args["gpu_bf16_tflops"]), "gpu_bf16_tflops"
         else:
             tflops, key = spec.gpu_bf16_tflops(self.host.get("gpu_name"))
         if tflops is None:
@@ -636,7 +641,7 @@ class GpuPlanner:
                 f"peak BF16 TFLOPS of GPU {self.host.get('gpu_name')!r} unknown: set "
                 "gpu_bf16_tflops (--gpu-bf16-tflops)"
             )
-        context = self.a["avg_input_len"] + self.a["avg_output_len"] // 2
+        context = self.args["avg_input_len"] + self.args["avg_output_len"] // 2
         draft = self.draft
         costs = spec.StepCosts(
             weights=self.weights,
@@ -686,7 +691,7 @@ class GpuPlanner:
             return {"speedup": None, "speedup_reason": source, "accept_length": accept}
         efficiency, basis = self._measured_efficiency(costs)
         costs = dataclasses.replace(costs, efficiency=efficiency)
-        job = self.a["job_concurrency"]
+        job = self.args["job_concurrency"]
         found = spec.curve(costs, self.spec, accept, [concurrent, job or 0])
         at_planned = spec.speedup(costs, self.spec, accept, max(concurrent, 1))
         out = {
@@ -705,7 +710,7 @@ class GpuPlanner:
         return out
 
     def bandwidth(self) -> tuple[float | None, str]:
-        given = self.a["gpu_memory_bandwidth_gbs"]
+        given = self.args["gpu_memory_bandwidth_gbs"]
         if given:
             return float(given), "gpu_memory_bandwidth_gbs"
         found, key = attention_dp.gpu_bandwidth_gbs(self.host.get("gpu_name"))
@@ -724,7 +729,7 @@ class GpuPlanner:
         hicache_total = self.check_hicache(rest)
         self.check_dtype()
         self.check_context()
-        self.warnings += noop_flag_issues(self.a["server_flags"], self.a["sglang_version"])
+        self.warnings += noop_flag_issues(self.args["server_flags"], self.args["sglang_version"])
         concurrent = self.concurrency(tokens)
         plain_speed, speed_source = self.per_request_tok_s()
         speculation = self.speculation(tokens, concurrent, plain_speed)
@@ -772,7 +777,7 @@ class GpuPlanner:
                 "free_after_graph_margin_gib": None
                 if self.prediction is None
                 else round(self.prediction.margin_gib, 2),
-                "tokens_per_request": self.a["avg_input_len"] + self.a["avg_output_len"],
+                "tokens_per_request": self.args["avg_input_len"] + self.args["avg_output_len"],
                 "per_request_tok_s": round(plain_speed, 2),
                 "per_request_tok_s_source": speed_source,
                 "speculative_speedup": None if speculation is None else gain,

@@ -60,7 +60,7 @@ def plan(model_config: dict, weight_bytes: int, args: dict, host: dict) -> dict:
         return CpuPlanner(model_config, weight_bytes, args, host).run()
     planner = GpuPlanner(model_config, weight_bytes, args, host)
     result = planner.run()
-    if planner.a["plan_layouts"] and planner.dp == 1 and planner.tp > 1:
+    if planner.args["plan_layouts"] and planner.dp == 1 and planner.tp > 1:
         rows = layout_table.layout_rows(model_config, weight_bytes, args, host, planner.tp)
         result["attention_dp_layouts"] = rows
         result["recommended_layout"] = layout_table.recommend(rows, planner.attn_dp)

@@ -312,15 +312,15 @@ def check_weight_bytes(weight_bytes: Any) -> int:
     return weight_bytes
 
 
-def check_inputs(a: dict[str, Any]) -> None:
-    if a["avg_input_len"] + a["avg_output_len"] <= 0:
+def check_inputs(args: dict[str, Any]) -> None:
+    if args["avg_input_len"] + args["avg_output_len"] <= 0:
         raise PlanInputError("avg_input_len + avg_output_len must be positive", "avg_input_len")
     try:
-        kv_cache.elem_bytes(a["kv_cache_dtype"])
+        kv_cache.elem_bytes(args["kv_cache_dtype"])
     except ValueError as exc:
         raise PlanInputError(str(exc), "kv_cache_dtype") from exc
 
 
-def log_calibration(a: dict[str, Any]) -> Calibration | None:
+def log_calibration(args: dict[str, Any]) -> Calibration | None:
     """The calibration log parsed (its Decode batch lines give the per-request speed)."""
-    return parse_log(a["calibration_log"]) if a["calibration_log"] else None
+    return parse_log(args["calibration_log"]) if args["calibration_log"] else None
