@@ -11,8 +11,9 @@ from typing import Any
 from sglang_fleet.capacity.calibration import CalibrationError
 from sglang_fleet.capacity.calibration_match import match
 from sglang_fleet.capacity.calibration_predict import Prediction, predict
-from sglang_fleet.capacity.calibration_store import read_store
+from sglang_fleet.capacity.calibration_store import StoreRead, read_store
 from sglang_fleet.capacity.model_config import ModelShape
+from sglang_fleet.capacity.plan_issues import issue
 
 MODES = ("enforce", "warn", "ignore")
 
@@ -28,10 +29,6 @@ class Applied:
     errors: list[dict[str, str]] = field(default_factory=list)
 
 
-def _issue(code: str, message: str) -> dict[str, str]:
-    return {"code": code, "message": message}
-
-
 def oom_issue(prediction: Prediction, mode: str) -> dict[str, str] | None:
     """The free-after-graph finding when the prediction is below the margin, else None."""
     if prediction.fits:
@@ -39,7 +36,7 @@ def oom_issue(prediction: Prediction, mode: str) -> dict[str, str] | None:
     overruled = (
         " Reported as a warning because calibration_mode is 'warn'." if mode == "warn" else ""
     )
-    return _issue(
+    return issue(
         "oom_risk_mem_fraction",
         f"mem_fraction_static {prediction.mem_fraction_static:.3f} leaves a predicted "
         f"{prediction.free_after_graph_gib:.2f} GiB free after CUDA graph capture, below the "
@@ -72,13 +69,14 @@ def apply(
     if mode == "ignore":
         return Applied(None, None, "calibration_mode is 'ignore'")
     # Records given as data pass the store's rule too: whoever hands them over, what the rule
-    # refuses never plans (and never refuses a flag set).
-    found = read_store(records)
+    # refuses never plans (and never refuses a flag set). A StoreRead has passed it already
+    # (the planner reads its store path once, and build_record checks its log path's record).
+    found = records if isinstance(records, StoreRead) else read_store(records)
     record, reason = match(found.records, flags, host, flags_complete=flags_complete)
     if record is None and found.set_aside and not found.records:
         reason = f"no calibration usable: {found.problems()}"
     if record is None:
-        warning = _issue(
+        warning = issue(
             "calibration_mismatch",
             f"{reason}. The plan falls back to estimates from the GPU size and the checkpoint.",
         )
@@ -93,7 +91,7 @@ def apply(
         draft_budget_layers=draft_budget_layers,
     )
     applied = Applied(prediction, record, reason)
-    issue = oom_issue(prediction, mode) if prediction.can_start else None
-    if issue is not None:
-        (applied.errors if mode == "enforce" else applied.warnings).append(issue)
+    oom = oom_issue(prediction, mode) if prediction.can_start else None
+    if oom is not None:
+        (applied.errors if mode == "enforce" else applied.warnings).append(oom)
     return applied

@@ -11,8 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from sglang_fleet.capacity import kv_cache, speculative
-from sglang_fleet.capacity.gpu_planner import GpuPlanner, issue
+from sglang_fleet.capacity.gpu_planner import GpuPlanner
 from sglang_fleet.capacity.model_config import ModelConfigError, model_shape
+from sglang_fleet.capacity.plan_issues import issue
 from sglang_fleet.capacity.planner_inputs import (
     PlanInputError,
     check_inputs,

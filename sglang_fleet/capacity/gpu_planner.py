@@ -31,16 +31,13 @@ from typing import Any
 
 from sglang_fleet.capacity import (
     attention_dp,
-    calibration,
-    calibration_apply,
-    calibration_record,
-    calibration_store,
     kv_cache,
-    logged_flags,
 )
 from sglang_fleet.capacity import speculative as spec
 from sglang_fleet.capacity.model_config import ModelConfigError, model_shape
 from sglang_fleet.capacity.noop_flags import noop_flag_issues
+from sglang_fleet.capacity.plan_issues import issue
+from sglang_fleet.capacity.planner_calibration import PlannerCalibration
 from sglang_fleet.capacity.planner_inputs import (
     PlanInputError,
     check_inputs,
@@ -49,7 +46,6 @@ from sglang_fleet.capacity.planner_inputs import (
     merge_args,
     typed_host,
 )
-from sglang_fleet.capacity.server_log import Calibration
 
 # Decode speed of one request when neither the caller nor a calibration log says: the
 # Kimi job's server decoded ~600 tok/s over ~50 running requests. A guess for other models.
@@ -57,12 +53,7 @@ DEFAULT_PER_REQUEST_TOK_S = 12.0
 _FULL_BANDWIDTH = "full bandwidth (the roofline)"
 
 
-def issue(code: str, message: str) -> dict[str, str]:
-    """A plan's warning or error: its code and its message."""
-    return {"code": code, "message": message}
-
-
-class GpuPlanner:
+class GpuPlanner(PlannerCalibration):
     """One planning run of a GPU server; collects warnings and errors while it computes."""
 
     def __init__(
@@ -143,112 +134,6 @@ class GpuPlanner:
                 issue("deprecated_enable_dp_attention", attention_dp.deprecation_message(layout))
             )
         return layout
-
-    # --- calibration -----------------------------------------------------------------
-    def _calibration_flags(self) -> dict[str, Any]:
-        """The flag set as SGLang will see it: the server's flags under the planner's."""
-        flags = dict(self.args["server_flags"] or {})
-        for key in (
-            "tp_size",
-            "dp_size",
-            "kv_cache_dtype",
-            "chunked_prefill_size",
-            "max_running_requests",
-            "context_length",
-            "page_size",
-            "cuda_graph_max_bs_decode",
-            *spec.FLAGS,
-        ):
-            if self.args[key] is not None:
-                flags[key] = self.args[key]
-        flags.pop("enable_dp_attention", None)
-        flags |= {"dp_size": self.dp, "attn_dp_size": self.attn_dp}
-        flags["mem_fraction_static"] = self.fraction
-        return flags
-
-    def _calibration_records(self) -> list[dict]:
-        """Records given as data, plus one built from the calibration log (parsed once, in
-        self.cal); the entries of the store no plan may use are named in
-        calibration_set_aside (calibration_store.read_store)."""
-        read = calibration_store.read_store(self.args["calibration"])
-        records = read.records
-        self.calibration_set_aside += [entry.describe() for entry in read.set_aside]
-        if self.cal is not None:
-            logged = {"logged_flags": self._logged_run_flags(self.cal)}
-            try:
-                records.append(calibration_record.build_record(self.cal, None, logged))
-            except calibration.CalibrationError as exc:
-                self.warnings.append(
-                    issue(
-                        "calibration_incomplete",
-                        f"The calibration log is incomplete: {exc}; using estimates instead.",
-                    )
-                )
-        return records
-
-    def _logged_run_flags(self, cal: Calibration) -> dict[str, Any]:
-        """The logged run's own flags (sglang_fleet.capacity.logged_flags): what the log or the
-        operator
-        states (`calibration_log_flags`), checked against its lines, the rest inferred from
-        them, each named with its source in calibration_log_flags; never the flags being
-        planned. A flag that matters and that nothing fixes refuses the log."""
-        if not cal.has_memory:
-            return {}  # build_record names what is missing
-        stated = self.args["calibration_log_flags"] or {}
-        run = logged_flags.infer(cal, self.shape, self.weights, stated=stated)
-        if run.unknown:
-            names = ", ".join(run.unknown)
-            raise PlanInputError(
-                f"the calibration log does not say which {names} it ran with, and its lines "
-                "cannot fix it: give the logged run's value with --logged-flag NAME=VALUE (the "
-                "planner's own flags describe the plan, not the log)",
-                "calibration_log",
-            )
-        tp, attn = run.flags.get("tp_size"), run.flags.get("attn_dp_size")
-        if isinstance(tp, int) and isinstance(attn, int) and (attn < 1 or tp % attn):
-            # SGLang refuses a start whose attention DP does not divide tp: no log has one.
-            raise PlanInputError(
-                f"the logged run's attn_dp_size {attn} ({run.sources['attn_dp_size']}) does not "
-                f"divide its tp_size {tp} ({run.sources['tp_size']})",
-                "calibration_log_flags",
-            )
-        for problem in run.disagreements:
-            self.warnings.append(
-                issue("calibration_flags_disagree", f"The calibration log disagrees: {problem}.")
-            )
-        self.calibration_log_flags += run.describe()
-        return run.flags
-
-    def _apply_calibration(
-        self, config: dict[str, Any], weight_bytes: int
-    ) -> calibration_apply.Applied | None:
-        records = self._calibration_records()
-        if not records:
-            return None
-        host = {
-            "gpu_memory_mib": self.gpu_mib,
-            "gpu_name": self.host.get("gpu_name"),
-            "sglang_version": self.args["sglang_version"],
-            "model_fingerprint": calibration_record.model_fingerprint(config, weight_bytes),
-            "architecture": self.shape.architecture,
-        }
-        try:
-            applied = calibration_apply.apply(
-                records,
-                self._calibration_flags(),
-                host,
-                self.shape,
-                margin_gib=float(self.args["min_free_after_graph_gib"]),
-                mode=str(self.args["calibration_mode"]),
-                flags_complete=self.args["server_flags"] is not None,
-                extra_weight_gib=lambda n: attention_dp.extra_weight_gib(self.weights, self.tp, n),
-                draft_budget_layers=self.draft.budget_layers if self.draft else 0,
-            )
-        except calibration.CalibrationError as exc:
-            raise PlanInputError(str(exc)) from exc
-        self.warnings += applied.warnings
-        self.errors += applied.errors
-        return applied
 
     def _free_memory(self) -> tuple[float, float]:
         if self.prediction is not None:
