@@ -9,7 +9,7 @@ sglang_fleet.capacity.verdict):
 
 1. the host's GPUs (a host whose servers all run on SGLang's CPU engine has none,
    docs/CPU-SERVERS.md);
-2. the descriptions: cross-flag rules, GPU sets, ports and host RAM (validate);
+2. the descriptions: cross-flag rules, GPU sets, ports and host RAM (servers/host_checks.py);
 3. each flag set against the installed SGLang's own parser (sglang_flags_check), unless an
    earlier play of this run proved the same flag sets with the same interpreter (`proven`:
    an earlier result of this action); in check mode before provisioning there is no SGLang yet, and

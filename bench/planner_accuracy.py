@@ -54,7 +54,7 @@ from gpusim import state as gpusim_state
 from sglang_fleet.capacity.model_config import read_model_dir
 from sglang_fleet.capacity.planner import plan
 from sglang_fleet.capacity.planner_inputs import PlanInputError
-from sglang_fleet.capacity.server_log import Calibration, parse_log
+from sglang_fleet.capacity.server_log import StartupLog, parse_log
 from sglang_fleet.diagnosis import run_diagnosis
 
 REPO = Path(__file__).resolve().parent.parent
@@ -107,7 +107,7 @@ class Log:
     why: str = ""  # what the table says when this group's error is not a GPU's
 
     @functools.cached_property
-    def parsed(self) -> Calibration:
+    def parsed(self) -> StartupLog:
         return parse_log(self.text)
 
 
@@ -126,7 +126,7 @@ def excerpt(text: str) -> str:
     return "\n".join(out) + "\n"
 
 
-def log_flags(cal: Calibration) -> dict[str, Any]:
+def log_flags(cal: StartupLog) -> dict[str, Any]:
     """The flags a log states, as the planner takes them (the question a target asks)."""
     stated = cal.server_args
     args = {k: stated.get(k) for k in PLANNED_FLAGS}

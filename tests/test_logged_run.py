@@ -366,8 +366,8 @@ def test_autotune_reads_its_json_bounded(tmp_path, capsys, kind):
 
 
 def test_live_server_info_nested_past_the_stack_is_no_traceback():
-    """live.py runs alone on a host (no bounded_json beside it): a /server_info of 100000
-    nested lists was a RecursionError traceback."""
+    """live_metrics.py runs alone on a host as live.pyz (no bounded_json beside it): a
+    /server_info of 100000 nested lists was a RecursionError traceback."""
     deep = b"[" * 100000 + b"]" * 100000
     info, warnings = live.read_server_info(lambda path: (200, deep), "http://127.0.0.1:1", False)
     assert info is None

@@ -139,7 +139,7 @@ def test_tp_size_default_uses_the_gpu_set(gpus: list[int], flags: dict, tp_size:
 
 def test_no_tp_size_default_when_the_gpus_do_not_divide() -> None:
     [resolved] = resolve_servers([kimi(gpus=[0, 1, 2], flags={"dp_size": 2})], {}, {}, {})
-    assert "tp_size" not in resolved["flags"]  # validate.py reports the mismatch
+    assert "tp_size" not in resolved["flags"]  # host_checks.py reports the mismatch
 
 
 def test_host_defaults_to_loopback_and_served_name_is_a_flag() -> None:

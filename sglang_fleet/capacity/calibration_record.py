@@ -33,7 +33,7 @@ from sglang_fleet.capacity.calibration_rule import (
     record_problem,
     said,
 )
-from sglang_fleet.capacity.server_log import Calibration, parse_log
+from sglang_fleet.capacity.server_log import StartupLog, parse_log
 from sglang_fleet.module_utils.typed_number import Range, finite_or_none, shown
 from sglang_fleet.module_utils.typed_number import read as read_number
 
@@ -183,7 +183,7 @@ def _memory_from_server_info(info: Mapping[str, Any]) -> dict[str, float | None]
     }
 
 
-def _measured(cal: Calibration, info: Mapping[str, Any]) -> dict[str, Any]:
+def _measured(cal: StartupLog, info: Mapping[str, Any]) -> dict[str, Any]:
     """Memory figures: the log's (minimum over ranks) first, /server_info's where it lacks."""
     from_info = _memory_from_server_info(info) if info else {}
     graph_from_log = None
@@ -214,12 +214,12 @@ def _measured(cal: Calibration, info: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _resolved(name: str, info: Mapping[str, Any], cal: Calibration, flags: Mapping) -> Any:
+def _resolved(name: str, info: Mapping[str, Any], cal: StartupLog, flags: Mapping) -> Any:
     """A flag's value for this start: /server_info (resolved) > log server_args > flags."""
     return first_given(info.get(name), cal.server_args.get(name), flags.get(name))
 
 
-def _requested(name: str, flags: Mapping | None, cal: Calibration) -> Any:
+def _requested(name: str, flags: Mapping | None, cal: StartupLog) -> Any:
     """What the operator asked for (None: SGLang chose); the log's args when flags are unknown."""
     if flags is not None:
         return flags.get(name)
@@ -238,7 +238,7 @@ def _given_count(value: Any, default: int | None = None) -> Any:
 
 
 def _record_key(
-    cal: Calibration, info: Mapping[str, Any], key: Mapping[str, Any], measured: dict
+    cal: StartupLog, info: Mapping[str, Any], key: Mapping[str, Any], measured: dict
 ) -> dict[str, Any]:
     flags = dict(key["flags"]) if isinstance(key.get("flags"), Mapping) else None
     # logged_flags: the logged run's flags as the caller found them
@@ -299,7 +299,7 @@ def _record_key(
     }
 
 
-def _attn_dp_key(info: Mapping[str, Any], cal: Calibration, known: Mapping) -> dict[str, Any]:
+def _attn_dp_key(info: Mapping[str, Any], cal: StartupLog, known: Mapping) -> dict[str, Any]:
     """dp_size and attn_dp_size as SGLang resolves them: the deprecated `--enable-dp-attention
     --dp-size N` is attn_dp_size N with dp_size 1 (docs/ATTENTION-DP.md)."""
     dp = _given_count(_resolved("dp_size", info, cal, known), 1)
@@ -309,8 +309,8 @@ def _attn_dp_key(info: Mapping[str, Any], cal: Calibration, known: Mapping) -> d
     return {"dp_size": dp, "attn_dp_size": attn}
 
 
-def _parsed(log_text: str | Calibration | None) -> Calibration:
-    if isinstance(log_text, Calibration):
+def _parsed(log_text: str | StartupLog | None) -> StartupLog:
+    if isinstance(log_text, StartupLog):
         return log_text
     if log_text is not None and not isinstance(log_text, str):
         raise CalibrationError(f"the start-up log must be text, got {shown(log_text)}")
@@ -321,7 +321,7 @@ def _parsed(log_text: str | Calibration | None) -> Calibration:
 
 
 def build_record(
-    log_text: str | Calibration | None,
+    log_text: str | StartupLog | None,
     server_info: Mapping[str, Any] | None,
     key: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from typing import Any
 
 from sglang_fleet.capacity import kv_cache
 from sglang_fleet.capacity.calibration import SCHEMA, TOPOLOGY_FLAGS
-from sglang_fleet.capacity.server_log import Calibration
+from sglang_fleet.capacity.server_log import StartupLog
 from sglang_fleet.module_utils import bounded_json
 from sglang_fleet.module_utils.typed_number import NumberError, Range, finite_or_none, shown
 from sglang_fleet.module_utils.typed_number import read as read_number
@@ -98,14 +98,14 @@ def figures_problem(measured: Mapping[str, Any], what: str = "measured") -> str 
     return next((p for p in problems if p), None)
 
 
-# The parsed log's figures (server_log.Calibration) a record or its key reads, by kind.
+# The parsed log's figures (server_log.StartupLog) a record or its key reads, by kind.
 _LOG_GIB = ("pre_gib", "post_gib", "weight_gib", "kv_size_gib", "pool_end_avail_gib",
             "graph_end_avail_gib", "startup_avail_gib", "multimodal_reserve_gib")  # fmt: skip
 _LOG_COUNTS = ("kv_tokens", "max_total_num_tokens", "chunked_prefill_size",
                "max_running_requests", "context_len", "decode_graph_max_bs")  # fmt: skip
 
 
-def log_problem(cal: Calibration) -> str | None:
+def log_problem(cal: StartupLog) -> str | None:
     """Why the log's own figures are no measurement (a line's number past any device: a
     400-digit count, 1e999 GiB), before any arithmetic is done with them."""
     problems = (

@@ -18,8 +18,8 @@ from sglang_fleet.capacity.planner_inputs import (
     PlanInputError,
     check_inputs,
     check_weight_bytes,
-    log_calibration,
     merge_args,
+    parse_startup_log,
     typed_host,
 )
 
@@ -48,7 +48,7 @@ class CpuPlanner(GpuPlanner):
         # On CPU only the flags and the 48 reset are planned (NGRAM runs there; a draft's
         # host RAM is not modeled): docs/SPECULATIVE.md.
         self.spec, self.draft = self._cpu_speculation()
-        self.cal = log_calibration(self.args)
+        self.startup_log = parse_startup_log(self.args)
         ram = self.host.get("host_ram_gib")
         self.ram_gib = None if ram is None else float(ram)
 

@@ -42,8 +42,8 @@ from sglang_fleet.capacity.planner_inputs import (
     PlanInputError,
     check_inputs,
     check_weight_bytes,
-    log_calibration,
     merge_args,
+    parse_startup_log,
     typed_host,
 )
 
@@ -87,8 +87,8 @@ class GpuPlanner(PlannerCalibration):
         )
         self.spec, self.draft = self._speculation(config)
         self.gpu_mib = float(self.host["gpu_memory_mib"])
-        self.cal = log_calibration(self.args)
-        if self.cal is not None and (skipped := self.cal.long_lines_note()):
+        self.startup_log = parse_startup_log(self.args)
+        if self.startup_log is not None and (skipped := self.startup_log.long_lines_note()):
             self.warnings.append(issue("calibration_log_long_lines", skipped))
         self.defaults = kv_cache.sglang_default_mem_fraction(
             self.gpu_mib,
@@ -363,7 +363,7 @@ class GpuPlanner(PlannerCalibration):
     def per_request_tok_s(self) -> tuple[float, str]:
         if self.args["per_request_tok_s"]:
             return float(self.args["per_request_tok_s"]), "argument"
-        if self.cal is not None and (speed := self.cal.per_request_tok_s()):
+        if self.startup_log is not None and (speed := self.startup_log.per_request_tok_s()):
             return speed, "calibration log"
         return DEFAULT_PER_REQUEST_TOK_S, "default guess"
 
@@ -508,7 +508,7 @@ class GpuPlanner(PlannerCalibration):
     def accept_length(self) -> tuple[float | None, str]:
         if self.args["speculative_accept_length"] is not None:
             return float(self.args["speculative_accept_length"]), "argument"
-        if self.cal is not None and (found := self.cal.accept_length()) is not None:
+        if self.startup_log is not None and (found := self.startup_log.accept_length()) is not None:
             return found, "calibration log (accept len)"
         return None, ""
 
@@ -546,7 +546,7 @@ class GpuPlanner(PlannerCalibration):
 
     def _measured_efficiency(self, costs: spec.StepCosts) -> tuple[float, str]:
         """The memory efficiency a calibration log's plain Decode batch lines show, else 1."""
-        cal = self.cal
+        cal = self.startup_log
         if cal is None or cal.accept_length() is not None:
             return 1.0, _FULL_BANDWIDTH
         running = [s.num_running_reqs for s in cal.decode_samples if s.num_running_reqs > 0]

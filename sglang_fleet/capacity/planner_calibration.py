@@ -28,7 +28,7 @@ from sglang_fleet.capacity import (
 from sglang_fleet.capacity import speculative as spec
 from sglang_fleet.capacity.plan_issues import issue
 from sglang_fleet.capacity.planner_inputs import PlanInputError
-from sglang_fleet.capacity.server_log import Calibration
+from sglang_fleet.capacity.server_log import StartupLog
 
 
 class PlannerCalibration:
@@ -63,15 +63,15 @@ class PlannerCalibration:
         return read
 
     def _logged_record(self) -> dict[str, Any] | None:
-        """The log path: a record built from the calibration log (parsed once, in self.cal)
+        """The log path: a record built from the calibration log (parsed once, in self.startup_log)
         with the flags its run had (_logged_run_flags); None without a log, or with a log too
         incomplete to plan from (a calibration_incomplete warning). What build_record returns
         has passed the store's rule."""
-        if self.cal is None:
+        if self.startup_log is None:
             return None
-        logged = {"logged_flags": self._logged_run_flags(self.cal)}
+        logged = {"logged_flags": self._logged_run_flags(self.startup_log)}
         try:
-            return calibration_record.build_record(self.cal, None, logged)
+            return calibration_record.build_record(self.startup_log, None, logged)
         except calibration.CalibrationError as exc:
             self.warnings.append(
                 issue(
@@ -81,7 +81,7 @@ class PlannerCalibration:
             )
             return None
 
-    def _logged_run_flags(self, cal: Calibration) -> dict[str, Any]:
+    def _logged_run_flags(self, cal: StartupLog) -> dict[str, Any]:
         """The logged run's own flags (sglang_fleet.capacity.logged_flags): what the log or the
         operator
         states (`calibration_log_flags`), checked against its lines, the rest inferred from

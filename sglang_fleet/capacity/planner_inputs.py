@@ -17,7 +17,7 @@ from sglang_fleet.capacity import (
     logged_flags,
     speculative,
 )
-from sglang_fleet.capacity.server_log import Calibration, parse_log
+from sglang_fleet.capacity.server_log import StartupLog, parse_log
 from sglang_fleet.module_utils import typed_number
 from sglang_fleet.module_utils.typed_number import Range, shown
 
@@ -321,6 +321,7 @@ def check_inputs(args: dict[str, Any]) -> None:
         raise PlanInputError(str(exc), "kv_cache_dtype") from exc
 
 
-def log_calibration(args: dict[str, Any]) -> Calibration | None:
-    """The calibration log parsed (its Decode batch lines give the per-request speed)."""
+def parse_startup_log(args: dict[str, Any]) -> StartupLog | None:
+    """The calibration log (`calibration_log`) parsed: a StartupLog (its Decode batch lines
+    give the per-request speed), None without one."""
     return parse_log(args["calibration_log"]) if args["calibration_log"] else None

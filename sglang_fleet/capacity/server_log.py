@@ -35,7 +35,7 @@ from sglang_fleet.module_utils import typed_number
 from sglang_fleet.module_utils.typed_number import Range
 
 _NUM = r"(\d+(?:\.\d+)?)"
-# A line longer than this is skipped, and counted (Calibration.long_lines): SGLang's longest,
+# A line longer than this is skipped, and counted (StartupLog.long_lines): SGLang's longest,
 # the server_args line, is about 19 KiB; the bound keeps what one line costs small.
 MAX_LINE_CHARS = 64 * 1024
 # "[2026-11-29 10:00:00 DP0 TP3] msg": the bracket's words after the time name the rank.
@@ -106,7 +106,7 @@ class DecodeSample:
 
 
 @dataclass
-class Calibration:
+class StartupLog:
     """What a start-up log measured (GiB, minimum over ranks where ranks differ)."""
 
     pre_gib: float | None = None
@@ -234,7 +234,7 @@ def _count(text: str) -> int:
     return int(typed_number.read(text, "a count", _COUNT))
 
 
-def _server_args(cal: Calibration, msg: str) -> None:
+def _server_args(cal: StartupLog, msg: str) -> None:
     def num(name: str) -> float | None:
         found = re.search(_ARG_NUM.format(name=name), msg)
         return typed_number.finite_or_none(found[1], _GIB) if found else None
@@ -278,12 +278,12 @@ MAX_QUOTED_LINE = 200
 _FIRST_PER_RANK = ("load_begin", "kv_alloc")
 
 
-def _memory_line(cal: Calibration, msg: str, rank: str = "") -> bool:
+def _memory_line(cal: StartupLog, msg: str, rank: str = "") -> bool:
     """Record a start-up memory line, and the first line of its kind; False when the line
     is none of them."""
     for kind, record in _MEMORY_LINES:
         if kind in _FIRST_PER_RANK and (kind, rank) in cal.ranks_seen:
-            if record(Calibration(), msg):  # the draft's line: known, not the start's figure
+            if record(StartupLog(), msg):  # the draft's line: known, not the start's figure
                 return True
             continue
         if record(cal, msg):
@@ -294,13 +294,13 @@ def _memory_line(cal: Calibration, msg: str, rank: str = "") -> bool:
     return False
 
 
-def _load_begin(cal: Calibration, msg: str) -> bool:
+def _load_begin(cal: StartupLog, msg: str) -> bool:
     if m := _LOAD_BEGIN.search(msg):
         cal.pre_gib = _min(cal.pre_gib, _gib(m[1]))
     return m is not None
 
 
-def _load_end(cal: Calibration, msg: str) -> bool:
+def _load_end(cal: StartupLog, msg: str) -> bool:
     if m := _head_then(msg, _LOAD_END, _LOAD_END_MEMORY):
         post, usage = _gib(m[1]), _gib(m[2])
         cal.post_gib = _min(cal.post_gib, post)
@@ -328,7 +328,7 @@ def _kv_allocated(msg: str) -> tuple[str | None, re.Match[str]] | None:
     return None
 
 
-def _kv_alloc(cal: Calibration, msg: str) -> bool:
+def _kv_alloc(cal: StartupLog, msg: str) -> bool:
     found = _kv_allocated(msg)
     if found is not None:
         dtype, m = found
@@ -340,13 +340,13 @@ def _kv_alloc(cal: Calibration, msg: str) -> bool:
     return found is not None
 
 
-def _multimodal_reserve(cal: Calibration, msg: str) -> bool:
+def _multimodal_reserve(cal: StartupLog, msg: str) -> bool:
     if m := _MM_RESERVE.search(msg):
         cal.multimodal_reserve_gib = _gib(m[1])
     return m is not None
 
 
-def _pool_end(cal: Calibration, msg: str) -> bool:
+def _pool_end(cal: StartupLog, msg: str) -> bool:
     if m := _POOL_END.search(msg):
         cal.pool_end_avail_gib = _min(cal.pool_end_avail_gib, _gib(m[1]))
     return m is not None
@@ -377,7 +377,7 @@ def _graph_batch_sizes(msg: str) -> re.Match[str] | None:
     return None
 
 
-def _graph_end(cal: Calibration, msg: str) -> bool:
+def _graph_end(cal: StartupLog, msg: str) -> bool:
     if m := _graph_avail(msg):
         # Decode and prefill graphs are captured one after the other: the lowest figure is
         # what is left once every graph is resident.
@@ -400,7 +400,7 @@ _MEMORY_LINES = (
 )
 
 
-def _scheduler_line(cal: Calibration, msg: str) -> bool:
+def _scheduler_line(cal: StartupLog, msg: str) -> bool:
     m = _SCHED.search(msg)
     if not m:
         return False
@@ -458,11 +458,11 @@ def parse_decode_lines(lines: Iterable[str]) -> list[DecodeSample]:
     return [s for s in map(parse_decode_line, lines) if s is not None]
 
 
-def parse_log(text: str) -> Calibration:
+def parse_log(text: str) -> StartupLog:
     """Parse a whole server log; a line longer than MAX_LINE_CHARS is skipped (counted in
     long_lines), and so is a memory or scheduler line whose figure is no number SGLang prints
     (counted in unreadable_lines)."""
-    cal = Calibration()
+    cal = StartupLog()
     for line in text.splitlines():
         if len(line) > MAX_LINE_CHARS:
             cal.long_lines += 1

@@ -9,7 +9,7 @@ from typing import Any
 from sglang_fleet.capacity import attention_dp, logged_flags, speculative
 from sglang_fleet.capacity.model_config import ModelConfigError, model_shape
 from sglang_fleet.capacity.noop_flags import noop_flag_issues
-from sglang_fleet.capacity.server_log import Calibration, parse_log
+from sglang_fleet.capacity.server_log import StartupLog, parse_log
 from sglang_fleet.diagnosis.evidence import (
     HICACHE_NOTE,
     classify,
@@ -108,7 +108,7 @@ def _model_layout(ctx: dict) -> tuple[Any, Any]:
 
 
 def _with_log_calibration(
-    ctx: dict | None, log_text: str | None, cal: Calibration | None = None
+    ctx: dict | None, log_text: str | None, cal: StartupLog | None = None
 ) -> dict | None:
     """ctx with the logged run's flags (and the log as calibration); cal: the log parsed."""
     if not ctx:

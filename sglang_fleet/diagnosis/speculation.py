@@ -7,13 +7,13 @@ from __future__ import annotations
 from typing import Any
 
 from sglang_fleet.capacity import speculative
-from sglang_fleet.capacity.server_log import Calibration
+from sglang_fleet.capacity.server_log import StartupLog
 from sglang_fleet.diagnosis.evidence import QUEUED_SHARE, make_lever
 from sglang_fleet.diagnosis.levers import plan_with
 
 
 # --- speculative decoding (docs/SPECULATIVE.md) ----------------------------------------------
-def running_speculation(smoke: dict[str, Any], cal: Calibration | None) -> dict[str, Any]:
+def running_speculation(smoke: dict[str, Any], cal: StartupLog | None) -> dict[str, Any]:
     """The running server's speculative flags and the max_running_requests it resolved: from
     /server_info (a live sample's `server_info`), else from the log (its server_args and its
     scheduler line)."""

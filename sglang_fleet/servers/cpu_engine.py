@@ -84,7 +84,7 @@ def apply_cpu_engine(
     engine_env = dict(CPU_ENGINE_ENV)
     ranks = _cpu_ranks(flags)
     if CPU_BIND_ENV in env or ranks is None:
-        return engine_env  # an env layer binds the ranks itself; validate.py reports bad sizes
+        return engine_env  # an env layer binds the ranks itself; host_checks.py reports bad sizes
     if cpus:
         bind = cpu_threads_bind(cpus, ranks)
         if bind is None:

@@ -28,7 +28,7 @@ remember: SGLANG_USE_CPU_ENGINE=1 (what makes SGLang's is_cpu() true), --device 
 --attention-backend torch_native unless a layer sets a backend (SGLang's CPU default,
 intel_amx, needs an sgl-kernel CPU build). With more than one rank per host,
 SGLANG_CPU_OMP_THREADS_BIND comes from `cpus` (split evenly, one '|'-separated group per rank)
-unless an env layer sets it. --max-total-tokens is checked by validate.py: on CPU SGLang sizes
+unless an env layer sets it. --max-total-tokens is checked by host_checks.py: on CPU SGLang sizes
 the KV pool from free RAM.
 
 Precedence (later wins; nested mappings such as json_model_override_args combine key by key; a

@@ -79,7 +79,7 @@ def check_router(
     return {
         "url": url,
         "worker_url": worker_url,
-        # Read on the server's own host while it drains (needs enable_metrics, validate.py).
+        # Read on the server's own host while it drains (needs enable_metrics, host_checks.py).
         "metrics_url": f"http://{local_address(host)}:{port}/metrics",
     }
 

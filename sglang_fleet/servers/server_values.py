@@ -315,7 +315,7 @@ def check_model_path(value: Any, variable: str) -> str:
 
 
 def positive_int(flags: Mapping[str, Any], key: str) -> int | None:
-    """An int flag value for the tp_size default, or None when it is not one (validate says)."""
+    """An int flag value for the tp_size default, or None when it is not one (host_checks says)."""
     value = flags.get(key, 1)
     if isinstance(value, str) and value.isascii() and value.isdigit():
         value = int(value)
