@@ -183,47 +183,51 @@ def _memory_from_server_info(info: Mapping[str, Any]) -> dict[str, float | None]
     }
 
 
-def _measured(cal: StartupLog, info: Mapping[str, Any]) -> dict[str, Any]:
+def _measured(startup: StartupLog, info: Mapping[str, Any]) -> dict[str, Any]:
     """Memory figures: the log's (minimum over ranks) first, /server_info's where it lacks."""
     from_info = _memory_from_server_info(info) if info else {}
     graph_from_log = None
-    if cal.pool_end_avail_gib is not None and cal.graph_end_avail_gib is not None:
-        graph_from_log = round(cal.pool_end_avail_gib - cal.graph_end_avail_gib, 3)
-    tokens = first_given(cal.max_total_num_tokens, count_or_none(info.get("max_total_num_tokens")))
+    if startup.pool_end_avail_gib is not None and startup.graph_end_avail_gib is not None:
+        graph_from_log = round(startup.pool_end_avail_gib - startup.graph_end_avail_gib, 3)
+    tokens = first_given(
+        startup.max_total_num_tokens, count_or_none(info.get("max_total_num_tokens"))
+    )
     tokens = first_given(tokens, count_or_none(from_info.get("max_total_num_tokens")))
-    kv_size = first_given(cal.kv_size_gib, from_info.get("kv_size_gib"))
+    kv_size = first_given(startup.kv_size_gib, from_info.get("kv_size_gib"))
     return {
-        "pre_gib": first_given(cal.pre_gib, from_info.get("pre_gib")),
-        "post_gib": first_given(cal.post_gib, from_info.get("post_gib")),
-        "weight_gib": first_given(cal.weight_gib, from_info.get("weight_gib")),
+        "pre_gib": first_given(startup.pre_gib, from_info.get("pre_gib")),
+        "post_gib": first_given(startup.post_gib, from_info.get("post_gib")),
+        "weight_gib": first_given(startup.weight_gib, from_info.get("weight_gib")),
         "kv_size_gib": kv_size,
         "max_total_num_tokens": tokens,
-        "pool_end_free_gib": cal.pool_end_avail_gib,
+        "pool_end_free_gib": startup.pool_end_avail_gib,
         "free_after_graph_gib": first_given(
-            cal.graph_end_avail_gib, cal.startup_avail_gib, from_info.get("free_after_graph_gib")
+            startup.graph_end_avail_gib,
+            startup.startup_avail_gib,
+            from_info.get("free_after_graph_gib"),
         ),
         "graph_gib": first_given(graph_from_log, from_info.get("graph_gib")),
         "max_running_requests": first_given(
-            cal.max_running_requests, count_or_none(info.get("max_running_requests"))
+            startup.max_running_requests, count_or_none(info.get("max_running_requests"))
         ),
-        "context_len": first_given(cal.context_len, count_or_none(info.get("context_length"))),
+        "context_len": first_given(startup.context_len, count_or_none(info.get("context_length"))),
         "chunked_prefill_size": first_given(
-            cal.chunked_prefill_size, count_or_none(info.get("chunked_prefill_size"))
+            startup.chunked_prefill_size, count_or_none(info.get("chunked_prefill_size"))
         ),
-        "post_capture_kv_sizing": cal.post_capture_kv_sizing,
+        "post_capture_kv_sizing": startup.post_capture_kv_sizing,
     }
 
 
-def _resolved(name: str, info: Mapping[str, Any], cal: StartupLog, flags: Mapping) -> Any:
+def _resolved(name: str, info: Mapping[str, Any], startup: StartupLog, flags: Mapping) -> Any:
     """A flag's value for this start: /server_info (resolved) > log server_args > flags."""
-    return first_given(info.get(name), cal.server_args.get(name), flags.get(name))
+    return first_given(info.get(name), startup.server_args.get(name), flags.get(name))
 
 
-def _requested(name: str, flags: Mapping | None, cal: StartupLog) -> Any:
+def _requested(name: str, flags: Mapping | None, startup: StartupLog) -> Any:
     """What the operator asked for (None: SGLang chose); the log's args when flags are unknown."""
     if flags is not None:
         return flags.get(name)
-    return cal.server_args.get(name)
+    return startup.server_args.get(name)
 
 
 def _given(value: Any, typed: Callable[[Any], Any]) -> Any:
@@ -238,7 +242,7 @@ def _given_count(value: Any, default: int | None = None) -> Any:
 
 
 def _record_key(
-    cal: StartupLog, info: Mapping[str, Any], key: Mapping[str, Any], measured: dict
+    startup: StartupLog, info: Mapping[str, Any], key: Mapping[str, Any], measured: dict
 ) -> dict[str, Any]:
     flags = dict(key["flags"]) if isinstance(key.get("flags"), Mapping) else None
     # logged_flags: the logged run's flags as the caller found them
@@ -248,7 +252,7 @@ def _record_key(
     known = as_dict(key.get("logged_flags")) | (flags or {})
     # Then what the lines alone show (no config.json here: the KV line's own size).
     try:
-        known = logged_flags.infer(cal, stated=known).flags | known
+        known = logged_flags.infer(startup, stated=known).flags | known
     except (ArithmeticError, ValueError) as exc:  # a figure of the lines past its reader
         raise CalibrationError(f"the start-up lines cannot be read: {said(exc)}") from None
     fingerprint = key.get("model_fingerprint")
@@ -261,50 +265,50 @@ def _record_key(
     fraction = finite_or_none(
         first_given(
             info.get("mem_fraction_static"),
-            cal.server_args.get("mem_fraction_static"),
+            startup.server_args.get("mem_fraction_static"),
             known.get("mem_fraction_static"),
         )
     )
     return {
         "model_path": first_given(
-            key.get("model_path"), text_or_none(_resolved("model_path", info, cal, known))
+            key.get("model_path"), text_or_none(_resolved("model_path", info, startup, known))
         ),
         "model_fingerprint": fingerprint,
-        "architecture": cal.architecture,
+        "architecture": startup.architecture,
         # cpu for SGLang's CPU engine (its "avail mem" is host RAM, docs/CPU-SERVERS.md).
-        "device": cal.device or "cuda",
+        "device": startup.device or "cuda",
         "gpu_name": key.get("gpu_name"),
         "gpu_memory_mib": _given(key.get("gpu_memory_mib"), finite_or_none),
         "sglang_version": first_given(key.get("sglang_version"), text_or_none(info.get("version"))),
-        "tp_size": _given_count(_resolved("tp_size", info, cal, known), 1),
-        **_attn_dp_key(info, cal, known),
-        "pp_size": _given_count(_resolved("pp_size", info, cal, known), 1),
-        "nnodes": _given_count(_resolved("nnodes", info, cal, known), 1),
+        "tp_size": _given_count(_resolved("tp_size", info, startup, known), 1),
+        **_attn_dp_key(info, startup, known),
+        "pp_size": _given_count(_resolved("pp_size", info, startup, known), 1),
+        "nnodes": _given_count(_resolved("nnodes", info, startup, known), 1),
         "mem_fraction_static": first_given(
             fraction, _given(known.get("mem_fraction_static"), finite_or_none)
         ),
-        "kv_cache_dtype": _resolved("kv_cache_dtype", info, cal, known) or "auto",
-        "page_size": _given_count(_resolved("page_size", info, cal, known), 1),
+        "kv_cache_dtype": _resolved("kv_cache_dtype", info, startup, known) or "auto",
+        "page_size": _given_count(_resolved("page_size", info, startup, known), 1),
         "chunked_prefill_size": measured["chunked_prefill_size"],
-        "max_running_requests": _given_count(_requested("max_running_requests", flags, cal)),
+        "max_running_requests": _given_count(_requested("max_running_requests", flags, startup)),
         "cuda_graph_max_bs_decode": _given_count(
             first_given(
-                _requested("cuda_graph_max_bs_decode", flags, cal),
-                _requested("cuda_graph_max_bs", flags, cal),
+                _requested("cuda_graph_max_bs_decode", flags, startup),
+                _requested("cuda_graph_max_bs", flags, startup),
             )
         ),
-        "context_length": _given_count(_requested("context_length", flags, cal)),
-        "max_total_tokens": _given_count(_requested("max_total_tokens", flags, cal)),
+        "context_length": _given_count(_requested("context_length", flags, startup)),
+        "max_total_tokens": _given_count(_requested("max_total_tokens", flags, startup)),
         "flags": public_flags(flags),
     }
 
 
-def _attn_dp_key(info: Mapping[str, Any], cal: StartupLog, known: Mapping) -> dict[str, Any]:
+def _attn_dp_key(info: Mapping[str, Any], startup: StartupLog, known: Mapping) -> dict[str, Any]:
     """dp_size and attn_dp_size as SGLang resolves them: the deprecated `--enable-dp-attention
     --dp-size N` is attn_dp_size N with dp_size 1 (docs/ATTENTION-DP.md)."""
-    dp = _given_count(_resolved("dp_size", info, cal, known), 1)
-    attn = _given_count(_resolved("attn_dp_size", info, cal, known), 1)
-    if norm(_resolved("enable_dp_attention", info, cal, known)) is True and attn == 1:
+    dp = _given_count(_resolved("dp_size", info, startup, known), 1)
+    attn = _given_count(_resolved("attn_dp_size", info, startup, known), 1)
+    if norm(_resolved("enable_dp_attention", info, startup, known)) is True and attn == 1:
         attn, dp = dp, 1
     return {"dp_size": dp, "attn_dp_size": attn}
 
@@ -336,14 +340,14 @@ def build_record(
     (record_problem) refuses: every figure is typed before any arithmetic.
     """
     key, info = as_dict(key), as_dict(server_info)
-    cal = _parsed(log_text)
-    problem = log_problem(cal)
+    startup = _parsed(log_text)
+    problem = log_problem(startup)
     if problem:
         raise CalibrationError(f"this start's figures are no calibration: {problem}")
-    measured = _measured(cal, info)
+    measured = _measured(startup, info)
     missing = [name for name in REQUIRED if measured[name] is None]
     if missing:
-        skipped = cal.long_lines_note()
+        skipped = startup.long_lines_note()
         raise CalibrationError(
             "the start-up log and /server_info lack " + ", ".join(missing)
             + (f" ({skipped})" if skipped else "")
@@ -353,7 +357,7 @@ def build_record(
     problem = figures_problem(measured)
     if problem:
         raise CalibrationError(f"this start's figures are no calibration: {problem}")
-    record_key = _record_key(cal, info, key, measured)
+    record_key = _record_key(startup, info, key, measured)
     # The CPU engine's pool does not follow the fraction (docs/CPU-SERVERS.md): a CPU record
     # may go without one; a GPU record is its fraction's measurement.
     if record_key["mem_fraction_static"] is None and record_key["device"] != "cpu":
@@ -367,7 +371,9 @@ def build_record(
     rise = float(measured["post_gib"]) - float(measured["pre_gib"])
     if rise > 0:
         measured["free_rose_during_load_gib"] = round(rise, 3)
-    sources = [name for name, given in (("log", cal.has_memory), ("server_info", info)) if given]
+    sources = [
+        name for name, given in (("log", startup.has_memory), ("server_info", info)) if given
+    ]
     record = {
         "schema": SCHEMA,
         "recorded_at": key.get("recorded_at") or timestamp(),

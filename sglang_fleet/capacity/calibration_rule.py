@@ -105,13 +105,13 @@ _LOG_COUNTS = ("kv_tokens", "max_total_num_tokens", "chunked_prefill_size",
                "max_running_requests", "context_len", "decode_graph_max_bs")  # fmt: skip
 
 
-def log_problem(cal: StartupLog) -> str | None:
+def log_problem(startup: StartupLog) -> str | None:
     """Why the log's own figures are no measurement (a line's number past any device: a
     400-digit count, 1e999 GiB), before any arithmetic is done with them."""
     problems = (
-        *(_figure_problem(f"the log's {n}", getattr(cal, n), MAX_GPU_GIB) for n in _LOG_GIB),
+        *(_figure_problem(f"the log's {n}", getattr(startup, n), MAX_GPU_GIB) for n in _LOG_GIB),
         *(
-            _figure_problem(f"the log's {n}", getattr(cal, n), MAX_POOL_TOKENS, integer=True)
+            _figure_problem(f"the log's {n}", getattr(startup, n), MAX_POOL_TOKENS, integer=True)
             for n in _LOG_COUNTS
         ),
     )

@@ -67,8 +67,8 @@ class LoggedRun:
         return [f"{name} {self.flags[name]} ({self.sources[name]})" for name in self.flags]
 
 
-def _tags(cal: StartupLog, kind: str) -> list[int]:
-    return sorted(int(tag[2:]) for tag in cal.rank_tags if tag.startswith(kind))
+def _tags(startup: StartupLog, kind: str) -> list[int]:
+    return sorted(int(tag[2:]) for tag in startup.rank_tags if tag.startswith(kind))
 
 
 def _same_dtype(a: Any, b: Any) -> bool:
@@ -81,12 +81,12 @@ def _same_dtype(a: Any, b: Any) -> bool:
 class _Inference:
     def __init__(
         self,
-        cal: StartupLog,
+        startup: StartupLog,
         shape: ModelShape | None,
         weights: attention_dp.WeightLayout | None,
         stated: Mapping[str, Any],
     ):
-        self.startup_log, self.shape, self.weights = cal, shape, weights
+        self.startup_log, self.shape, self.weights = startup, shape, weights
         self.stated = {k: v for k, v in stated.items() if v is not None}
         self.out = LoggedRun()
 
@@ -151,10 +151,14 @@ class _Inference:
 
     def cell_per_token(self) -> float | None:
         """Bytes per token the KV line shows (its GB figure is rounded: None when too small)."""
-        cal = self.startup_log
-        if not cal.kv_tokens or not cal.kv_size_gib or cal.kv_size_gib < 100 * PRINTED_GIB:
+        startup = self.startup_log
+        if (
+            not startup.kv_tokens
+            or not startup.kv_size_gib
+            or startup.kv_size_gib < 100 * PRINTED_GIB
+        ):
             return None
-        return cal.kv_size_gib * kv_cache.GIB / cal.kv_tokens
+        return startup.kv_size_gib * kv_cache.GIB / startup.kv_tokens
 
     def layout(self) -> None:
         tp_tags, dp_tags = _tags(self.startup_log, "TP"), _tags(self.startup_log, "DP")
@@ -207,8 +211,8 @@ class _Inference:
         return errors[0][1], self.line("load_end") + f" ({measured:.2f} GiB of weights per GPU)"
 
     def fraction(self) -> None:
-        cal = self.startup_log
-        if cal.device == "cpu":
+        startup = self.startup_log
+        if startup.device == "cpu":
             # The CPU engine sizes its pool from host RAM or --max-total-tokens, not from the
             # fraction (docs/CPU-SERVERS.md): kept when stated, never inferred nor required.
             if "mem_fraction_static" in self.stated:
@@ -216,25 +220,25 @@ class _Inference:
             return
         value = None
         rest = self._kv_rest_gib()
-        if rest is not None and cal.pre_gib and cal.post_gib is not None:
+        if rest is not None and startup.pre_gib and startup.post_gib is not None:
             reserve = self._reserve_gib()
-            exact = 1 - (cal.post_gib - reserve - rest) / cal.pre_gib
+            exact = 1 - (startup.post_gib - reserve - rest) / startup.pre_gib
             value = self._rounded(exact)
         self.take("mem_fraction_static", value, self.line("kv_alloc") + " and the avail mem lines")
 
     def _kv_rest_gib(self) -> float | None:
         """GiB the pool took: #tokens x the cell size config.json gives for the dtype and tp
         found (exact), else the KV line's rounded size."""
-        cal = self.startup_log
-        if not cal.kv_tokens:
+        startup = self.startup_log
+        if not startup.kv_tokens:
             return None
         flags = self.out.flags
         dtype, tp = flags.get("kv_cache_dtype"), flags.get("tp_size")
         cell = self._cell(dtype, tp, flags.get("attn_dp_size")) if None not in (dtype, tp) else None
         if cell:
             # The pool is floored to whole tokens: half a cell more on average.
-            return (cal.kv_tokens + 0.5) * cell / kv_cache.GIB
-        return cal.kv_size_gib
+            return (startup.kv_tokens + 0.5) * cell / kv_cache.GIB
+        return startup.kv_size_gib
 
     def _reserve_gib(self) -> float:
         if self.startup_log.multimodal_reserve_gib is not None:
@@ -259,7 +263,7 @@ class _Inference:
 
 
 def infer(
-    cal: StartupLog,
+    startup: StartupLog,
     shape: ModelShape | None = None,
     weights: attention_dp.WeightLayout | None = None,
     stated: Mapping[str, Any] | None = None,
@@ -269,11 +273,11 @@ def infer(
     weights per GPU speak; without them only the lines' own figures do."""
     given = dict(stated or {})
     for name in STATABLE:
-        if name in cal.server_args and cal.server_args[name] is not None:
-            given[name] = cal.server_args[name]
-    if cal.server_args.get("enable_dp_attention") and "attn_dp_size" not in cal.server_args:
+        if name in startup.server_args and startup.server_args[name] is not None:
+            given[name] = startup.server_args[name]
+    if startup.server_args.get("enable_dp_attention") and "attn_dp_size" not in startup.server_args:
         given["attn_dp_size"], given["dp_size"] = given.get("dp_size") or 1, 1
-    run = _Inference(cal, shape, weights, given)
+    run = _Inference(startup, shape, weights, given)
     run.layout()
     run.kv_dtype()
     run.fraction()

@@ -81,16 +81,16 @@ class PlannerCalibration:
             )
             return None
 
-    def _logged_run_flags(self, cal: StartupLog) -> dict[str, Any]:
+    def _logged_run_flags(self, startup: StartupLog) -> dict[str, Any]:
         """The logged run's own flags (sglang_fleet.capacity.logged_flags): what the log or the
         operator
         states (`calibration_log_flags`), checked against its lines, the rest inferred from
         them, each named with its source in calibration_log_flags; never the flags being
         planned. A flag that matters and that nothing fixes refuses the log."""
-        if not cal.has_memory:
+        if not startup.has_memory:
             return {}  # build_record names what is missing
         stated = self.args["calibration_log_flags"] or {}
-        run = logged_flags.infer(cal, self.shape, self.weights, stated=stated)
+        run = logged_flags.infer(startup, self.shape, self.weights, stated=stated)
         if run.unknown:
             names = ", ".join(run.unknown)
             raise PlanInputError(

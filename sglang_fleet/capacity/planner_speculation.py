@@ -178,11 +178,11 @@ class PlannerSpeculation:
 
     def _measured_efficiency(self, costs: spec.StepCosts) -> tuple[float, str]:
         """The memory efficiency a calibration log's plain Decode batch lines show, else 1."""
-        cal = self.startup_log
-        if cal is None or cal.accept_length() is not None:
+        startup = self.startup_log
+        if startup is None or startup.accept_length() is not None:
             return 1.0, _FULL_BANDWIDTH
-        running = [s.num_running_reqs for s in cal.decode_samples if s.num_running_reqs > 0]
-        speed = cal.per_request_tok_s()
+        running = [s.num_running_reqs for s in startup.decode_samples if s.num_running_reqs > 0]
+        speed = startup.per_request_tok_s()
         if not running or not speed:
             return 1.0, _FULL_BANDWIDTH
         batch = statistics.median(running)

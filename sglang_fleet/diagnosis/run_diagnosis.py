@@ -47,22 +47,22 @@ def diagnose(
     ev = gather_evidence(samples, source if samples else "none", smoke, asked, achieved)
     # Each data-parallel scheduler sees its share of the client's requests.
     ev["schedulers"] = schedulers
-    cal = parse_log(log_text) if log_text else None  # parsed once for all that follows
-    if cal is not None and ev["max_total_num_tokens"] is None:
-        ev["max_total_num_tokens"] = cal.max_total_num_tokens
-    ctx = _with_log_calibration(plan_context, log_text, cal)
+    startup = parse_log(log_text) if log_text else None  # parsed once for all that follows
+    if startup is not None and ev["max_total_num_tokens"] is None:
+        ev["max_total_num_tokens"] = startup.max_total_num_tokens
+    ctx = _with_log_calibration(plan_context, log_text, startup)
     verdict = classify(ev)
     notes = [HICACHE_NOTE] if verdict == "kv_cache_bound" else []
     levers = verdict_levers(verdict, ev, ctx)
-    running = running_speculation(smoke, cal)
+    running = running_speculation(smoke, startup)
     first, last, spec_notes = speculation_findings(ev, running, ctx)
     levers = first + levers + last
     notes += spec_notes
-    if cal is not None:
-        notes += noop_notes(cal.server_args, None)
-        notes += [skipped] if (skipped := cal.long_lines_note()) else []
+    if startup is not None:
+        notes += noop_notes(startup.server_args, None)
+        notes += [skipped] if (skipped := startup.long_lines_note()) else []
         if verdict == "kv_cache_bound":
-            levers = cap_lever(cal.server_args, ev) + levers
+            levers = cap_lever(startup.server_args, ev) + levers
     notes += dropped_note(dropped)
     return {"verdict": verdict, "evidence": ev, "levers": levers, "notes": notes}
 
@@ -108,26 +108,28 @@ def _model_layout(ctx: dict) -> tuple[Any, Any]:
 
 
 def _with_log_calibration(
-    ctx: dict | None, log_text: str | None, cal: StartupLog | None = None
+    ctx: dict | None, log_text: str | None, startup: StartupLog | None = None
 ) -> dict | None:
-    """ctx with the logged run's flags (and the log as calibration); cal: the log parsed."""
+    """ctx with the logged run's flags (and the log as calibration); startup: the log parsed."""
     if not ctx:
         return None
     args = dict(ctx.get("args") or {})
     if log_text:
-        cal = cal or parse_log(log_text)
+        startup = startup or parse_log(log_text)
         # The run's own flags are what the levers compare against: as the log states them,
         # or as its lines show them (sglang_fleet.capacity.logged_flags), never assumed.
         shape, weights = _model_layout(ctx)
         # logged_flags resolves the deprecated `--dp-size N --enable-dp-attention` to
         # attn_dp_size N, dp_size 1, as SGLang does.
-        run = logged_flags.infer(cal, shape, weights, stated=args.get("calibration_log_flags"))
+        run = logged_flags.infer(startup, shape, weights, stated=args.get("calibration_log_flags"))
         for key in ("tp_size", "dp_size", "attn_dp_size", "mem_fraction_static", "kv_cache_dtype"):
             if run.flags.get(key) is not None:
                 args.setdefault(key, run.flags[key])
-        logged = {k: cal.server_args[k] for k in speculative.FLAGS if cal.server_args.get(k)}
+        logged = {
+            k: startup.server_args[k] for k in speculative.FLAGS if startup.server_args.get(k)
+        }
         for key, value in plannable_flags(logged, args).items():
             args.setdefault(key, value)
-        if cal.has_memory:
+        if startup.has_memory:
             args.setdefault("calibration_log", log_text)
     return dict(ctx) | {"args": args}

@@ -13,20 +13,20 @@ from sglang_fleet.diagnosis.levers import plan_with
 
 
 # --- speculative decoding (docs/SPECULATIVE.md) ----------------------------------------------
-def running_speculation(smoke: dict[str, Any], cal: StartupLog | None) -> dict[str, Any]:
+def running_speculation(smoke: dict[str, Any], startup: StartupLog | None) -> dict[str, Any]:
     """The running server's speculative flags and the max_running_requests it resolved: from
     /server_info (a live sample's `server_info`), else from the log (its server_args and its
     scheduler line)."""
     info = smoke.get("server_info") if isinstance(smoke.get("server_info"), dict) else {}
-    stated = cal.server_args if cal is not None else {}
+    stated = startup.server_args if startup is not None else {}
     found: dict[str, Any] = {}
     for name in speculative.FLAGS:
         value = info.get(name, stated.get(name))
         if value is not None:
             found[name] = value
     resolved = info.get("max_running_requests")
-    if resolved is None and cal is not None:
-        resolved = cal.max_running_requests
+    if resolved is None and startup is not None:
+        resolved = startup.max_running_requests
     found["resolved_max_running_requests"] = resolved
     return found
 
