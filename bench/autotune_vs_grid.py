@@ -247,7 +247,7 @@ def run_trial(env: Setup, flags: dict[str, Any], label: str) -> dict[str, Any]:
 
 
 def _calibrate(env: Setup, log_path: Path, info: dict | None, flags: dict) -> dict | None:
-    """The record the role stores after the health gate (sglang_fleet.capacity.calibration)."""
+    """The record the role stores after the health gate (capacity/calibration_record.py)."""
     config, weight_bytes = read_model_dir(env.model_dir)
     key = {
         "model_config": config,

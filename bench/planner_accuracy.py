@@ -19,7 +19,7 @@ max_total_num_tokens is set beside the #tokens B logged.
 Part 2, the real scheduler KV-bound: the real CPU engine with a small --max-total-tokens, long
 requests and more clients than fit; the planned concurrent requests beside the peak of
 `sglang:num_running_reqs` read from its /metrics during the run, and the diagnosis of that run
-(sglang_fleet.diagnosis.diagnose on its log and the smoke result).
+(sglang_fleet.diagnosis.run_diagnosis on its log and the smoke result).
 
 Prints both tables; exits 1 when a GPU pair of one host and SGLang version is off by more than
 2 %. Not part of `make test`: part 1 without the real engine takes seconds, the real engine's

@@ -1,4 +1,5 @@
-"""Calibration records: what one start of a server measured, and plans made from it.
+"""Calibration: what one start of a server measured, and plans made from it (the model, its
+constants, CalibrationError and the value readers the calibration_* modules share).
 
 After the health gate passes, the deploy reads this start's start-up lines (and
 `/server_info`) and stores a *record* on the host. Pre-flight plans every later flag set
