@@ -7,16 +7,16 @@ One operator verb, sequenced on the controller through modules on the host, as
    lines of this start (the unit's current invocation in the journal), never `server_args=`,
    which lists every argument, an API key among them; `/server_info` with the server's API key
    in a header, of which only the fields a record reads leave the host
-   (calibration.SERVER_INFO_FIELDS and rank 0's memory_usage); and the server's store;
+   (calibration_record.SERVER_INFO_FIELDS and rank 0's memory_usage); and the server's store;
 3. the key's other parts from the host: the installed SGLang's version (importlib.metadata in
    the server's python), the server's own GPUs (nvidia_gpu_info; a CPU server's device is the
    host's RAM) and the model's fingerprint (config.json and the index's total_size, or the
    single checkpoint's size); `known` ({sglang_version, gpus, fingerprints: {server: ...}}:
    what this play's pre-flight read) spares those reads;
-4. the record (calibration.build_record: a start whose figures are missing, or moved past the
+4. the record (calibration_record.build_record: a start whose figures are missing, or moved past the
    noise, records nothing and says why);
 5. the host's store: this record first, entries no plan may use moved to a side file beside it
-   (calibration.store_update), both written in one run of library/sglang_state_files.py.
+   (calibration_store.store_update), both written in one run of library/sglang_state_files.py.
 
 Calibration never fails a healthy start, by construction: the step runs inside the block whose
 rescue restores last-known-good, so any failure of reading or recording the start (any
@@ -41,12 +41,17 @@ from sglang_fleet.module_utils.bounded_json import loads as bounded_loads
 from sglang_fleet.module_utils.typed_number import NumberError, Range, shown
 from sglang_fleet.module_utils.typed_number import read as read_number
 
-from sglang_fleet.capacity import calibration
+from sglang_fleet.capacity import (
+    calibration,
+    calibration_record,
+    calibration_rule,
+    calibration_store,
+)
 from sglang_fleet.capacity.model_config import ModelConfigError, weight_bytes_from_index
 from sglang_fleet.rollout.verb_action import VerbAction
 from sglang_fleet.servers.describe import server_gpus
 
-# The journal lines a record reads (calibration.build_record's start-up lines).
+# The journal lines a record reads (calibration_record.build_record's start-up lines).
 MEMORY_LINES = (
     r"load weight (begin|end)\.|kv cache is allocated|memory pool end|graph end\.|"
     r"max_total_num_tokens=|kv cache va upper bound|post-capture kv sizing"
@@ -55,12 +60,12 @@ SERVER_KEYS = ("name", "unit", "port", "device", "model_path", "paths", "flags",
 REQUIRED = ("server", "python", "nvidia_smi")
 # Only the text a record reads comes back from the host: a start-up has a few dozen such lines.
 MAX_JOURNAL_LINES = 2000
-# Rank 0's memory figures in /server_info (calibration.public_server_info keeps them).
+# Rank 0's memory figures in /server_info (calibration_record.public_server_info keeps them).
 MEMORY_USAGE_PATH = "internal_states.0.memory_usage"
 # At most the module's own bound on what it returns: MAX_JOURNAL_LINES lines of at most 4096
 # characters (library/sglang_start_facts.py MAX_LINE_CHARS).
 MAX_LINES_CHARS = MAX_JOURNAL_LINES * 4097
-# A version as importlib.metadata prints it, a fingerprint as calibration.model_fingerprint
+# A version as importlib.metadata prints it, a fingerprint as calibration_record.model_fingerprint
 # writes it: one short line.
 MAX_VERSION_CHARS = 64
 MAX_FINGERPRINT = 128
@@ -155,7 +160,7 @@ class ActionModule(VerbAction):
             "flags": dict(flags),
         }
         try:
-            record = calibration.build_record(lines, info, key)
+            record = calibration_record.build_record(lines, info, key)
         except calibration.CalibrationError as exc:
             raise NoCalibration(str(exc)) from None
         self._step(f"built the record from {' and '.join(record['sources'])}")
@@ -178,7 +183,10 @@ class ActionModule(VerbAction):
                     "api_key": api_key,
                     "line_pattern": MEMORY_LINES,
                     "max_lines": MAX_JOURNAL_LINES,
-                    "server_info_paths": [*calibration.SERVER_INFO_FIELDS, MEMORY_USAGE_PATH],
+                    "server_info_paths": [
+                        *calibration_record.SERVER_INFO_FIELDS,
+                        MEMORY_USAGE_PATH,
+                    ],
                     "folder": folder,
                     "store_name": os.path.basename(store_path),
                 },
@@ -198,7 +206,7 @@ class ActionModule(VerbAction):
         lines = lines[:MAX_LINES_CHARS]
         count = lines.count("\n") + bool(lines)
         self._step(f"read {count} start-up memory line(s) of {server['unit']}")
-        info = calibration.public_server_info(done.get("server_info"))
+        info = calibration_record.public_server_info(done.get("server_info"))
         if info is None:
             self._step(f"/server_info gave nothing ({_said(done.get('server_info_error'))})")
         else:
@@ -221,7 +229,9 @@ class ActionModule(VerbAction):
         not a number in range is a reason, never an exception."""
         try:
             if server.get("device") == "cpu":
-                ram = read_number(args.get("host_ram_mib"), "host_ram_mib", calibration.DEVICE_MIB)
+                ram = read_number(
+                    args.get("host_ram_mib"), "host_ram_mib", calibration_rule.DEVICE_MIB
+                )
                 return {"gpu_name": "cpu", "gpu_memory_mib": ram}
             if not _gpu_list(gpus):
                 info = self._module("nvidia_gpu_info", {"nvidia_smi": args["nvidia_smi"]})
@@ -231,10 +241,12 @@ class ActionModule(VerbAction):
                     raise NoCalibration(f"the host's GPUs could not be read: {why}")
             own = server_gpus(server, gpus)
             name = own[0].get("name")
-            if not isinstance(name, str) or not name or len(name) > calibration.MAX_NAME_CHARS:
+            if not isinstance(name, str) or not name or len(name) > calibration_rule.MAX_NAME_CHARS:
                 raise NoCalibration(f"the GPU's name is {shown(name)}, not a name")
             memory = min(
-                read_number(g.get("memory_total_mib"), "memory_total_mib", calibration.DEVICE_MIB)
+                read_number(
+                    g.get("memory_total_mib"), "memory_total_mib", calibration_rule.DEVICE_MIB
+                )
                 for g in own
             )
         except NumberError as exc:
@@ -277,7 +289,7 @@ class ActionModule(VerbAction):
                 )
             if not isinstance(config, dict):
                 raise NoCalibration(f"{model_path}/config.json is not a mapping")
-            fingerprint = calibration.model_fingerprint(config, weights)
+            fingerprint = calibration_record.model_fingerprint(config, weights)
         except (ValueError, ModelConfigError) as exc:
             raise NoCalibration(f"the model description of {model_path}: {_said(exc)}") from None
         self._step(f"model fingerprint of {model_path}")
@@ -287,11 +299,11 @@ class ActionModule(VerbAction):
     def _keep(self, server: Mapping[str, Any], record: dict) -> tuple[bool, dict[str, Any]]:
         """The record first in the store, and what no plan may use set aside beside it, in one
         module run on the host (library/sglang_state_files.py, inside the server's folder).
-        Every record kept is cleaned of secrets on the way (calibration.store_update)."""
+        Every record kept is cleaned of secrets on the way (calibration_store.store_update)."""
         paths = server["paths"]
         folder, store_path = str(paths["state_dir"]), str(paths["calibration_file"])
         store = self._store_text  # read with this start's lines (_read_start)
-        update = calibration.store_update(
+        update = calibration_store.store_update(
             store, record, store_path, server["name"], secrets=self._secrets
         )
         files = [_state_file(folder, store_path, update["store"], "0644")]

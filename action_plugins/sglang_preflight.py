@@ -9,7 +9,7 @@ sglang_fleet.capacity.verdict):
 
 1. the host's GPUs (a host whose servers all run on SGLang's CPU engine has none,
    docs/CPU-SERVERS.md);
-2. the descriptions: cross-flag rules, GPU sets, ports and host RAM (validate);
+2. the descriptions: cross-flag rules, GPU sets, ports and host RAM (servers/host_checks.py);
 3. each flag set against the installed SGLang's own parser (sglang_flags_check), unless an
    earlier play of this run proved the same flag sets with the same interpreter (`proven`:
    an earlier result of this action); in check mode before provisioning there is no SGLang yet, and
@@ -49,14 +49,14 @@ from ansible.errors import AnsibleActionFail
 from sglang_fleet.module_utils.bounded_json import loads as bounded_loads
 
 from sglang_fleet.ansible_values import plain
-from sglang_fleet.capacity import calibration
+from sglang_fleet.capacity import calibration_record
 from sglang_fleet.capacity.planner_inputs import PlanInputError
 from sglang_fleet.capacity.verdict import verdict
 from sglang_fleet.rollout import preflight_inputs as preflight
 from sglang_fleet.rollout.verb_action import VerbAction
 from sglang_fleet.server_secrets import public_record
 from sglang_fleet.servers import host_checks
-from sglang_fleet.servers.describe import records_and_routers
+from sglang_fleet.servers.unit_files import records_and_routers
 
 REQUIRED = ("servers", "python", "launch_module", "nvidia_smi")
 OPTIONAL = (
@@ -435,7 +435,7 @@ class ActionModule(VerbAction):
         # What the calibration of this start is keyed by (docs/CALIBRATION.md); the planner took
         # the same text, so nothing here can be wrong that it did not name.
         with suppress(ValueError):
-            self._fingerprints[name] = calibration.model_fingerprint(
+            self._fingerprints[name] = calibration_record.model_fingerprint(
                 bounded_loads(config, "config.json"), weights
             )
         self._step(f"planned {name}: {planned.get('max_total_num_tokens')} KV tokens")

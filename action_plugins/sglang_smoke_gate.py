@@ -2,7 +2,7 @@
 
 One operator verb, sequenced on the controller through modules on the host (as
 `ansible.builtin.reboot` sequences its own); the decisions are sglang_fleet's (smoke_argv,
-gate.evaluate, gate.compact, diagnose.diagnose):
+gate.evaluate, gate.compact, run_diagnosis.diagnose):
 
 1. on the host, in one module run (library/sglang_smoke_run.py): the client (the installed
    sglang_fleet package's smoke client as one zipapp, standard library only, built by
@@ -47,7 +47,7 @@ from sglang_fleet.module_utils.bounded_json import loads as bounded_loads
 
 from sglang_fleet.bench import gate
 from sglang_fleet.bench.smoke_argv import smoke_argv
-from sglang_fleet.diagnosis.diagnose import diagnose
+from sglang_fleet.diagnosis.run_diagnosis import diagnose
 from sglang_fleet.host_zipapp import build as build_zipapp
 from sglang_fleet.rollout.verb_action import StepFailed, VerbAction
 

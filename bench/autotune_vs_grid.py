@@ -52,7 +52,7 @@ from typing import Any
 from gpusim.state import Hardware, Timing
 
 from gpusim import state as gpusim_state
-from sglang_fleet.capacity import calibration
+from sglang_fleet.capacity import calibration, calibration_record
 from sglang_fleet.capacity.model_config import read_model_dir
 from sglang_fleet.tuning import (
     autotune_candidates,
@@ -247,7 +247,7 @@ def run_trial(env: Setup, flags: dict[str, Any], label: str) -> dict[str, Any]:
 
 
 def _calibrate(env: Setup, log_path: Path, info: dict | None, flags: dict) -> dict | None:
-    """The record the role stores after the health gate (sglang_fleet.capacity.calibration)."""
+    """The record the role stores after the health gate (capacity/calibration_record.py)."""
     config, weight_bytes = read_model_dir(env.model_dir)
     key = {
         "model_config": config,
@@ -258,7 +258,7 @@ def _calibrate(env: Setup, log_path: Path, info: dict | None, flags: dict) -> di
         "flags": flags,
     }
     try:
-        return calibration.build_record(log_path.read_text(errors="replace"), info, key)
+        return calibration_record.build_record(log_path.read_text(errors="replace"), info, key)
     except calibration.CalibrationError:
         return None
 

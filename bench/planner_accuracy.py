@@ -19,7 +19,7 @@ max_total_num_tokens is set beside the #tokens B logged.
 Part 2, the real scheduler KV-bound: the real CPU engine with a small --max-total-tokens, long
 requests and more clients than fit; the planned concurrent requests beside the peak of
 `sglang:num_running_reqs` read from its /metrics during the run, and the diagnosis of that run
-(sglang_fleet.diagnosis.diagnose on its log and the smoke result).
+(sglang_fleet.diagnosis.run_diagnosis on its log and the smoke result).
 
 Prints both tables; exits 1 when a GPU pair of one host and SGLang version is off by more than
 2 %. Not part of `make test`: part 1 without the real engine takes seconds, the real engine's
@@ -54,8 +54,8 @@ from gpusim import state as gpusim_state
 from sglang_fleet.capacity.model_config import read_model_dir
 from sglang_fleet.capacity.planner import plan
 from sglang_fleet.capacity.planner_inputs import PlanInputError
-from sglang_fleet.capacity.server_log import Calibration, parse_log
-from sglang_fleet.diagnosis import diagnose
+from sglang_fleet.capacity.server_log import StartupLog, parse_log
+from sglang_fleet.diagnosis import run_diagnosis
 
 REPO = Path(__file__).resolve().parent.parent
 LOGS = REPO / "tests" / "fixtures" / "logs"
@@ -107,7 +107,7 @@ class Log:
     why: str = ""  # what the table says when this group's error is not a GPU's
 
     @functools.cached_property
-    def parsed(self) -> Calibration:
+    def parsed(self) -> StartupLog:
         return parse_log(self.text)
 
 
@@ -126,7 +126,7 @@ def excerpt(text: str) -> str:
     return "\n".join(out) + "\n"
 
 
-def log_flags(cal: Calibration) -> dict[str, Any]:
+def log_flags(cal: StartupLog) -> dict[str, Any]:
     """The flags a log states, as the planner takes them (the question a target asks)."""
     stated = cal.server_args
     args = {k: stated.get(k) for k in PLANNED_FLAGS}
@@ -352,7 +352,7 @@ def kv_bound_run(model: Path, workdir: Path, cap: int) -> dict[str, Any]:
     verdict = None
     if result_path.exists():
         smoke_result = json.loads(result_path.read_text())
-        verdict = diagnose.diagnose(smoke_result, text, KV_BOUND_CLIENTS, None)
+        verdict = run_diagnosis.diagnose(smoke_result, text, KV_BOUND_CLIENTS, None)
     return {
         "max_total_tokens": cap,
         "planned_concurrent": planned["max_concurrent_requests"],

@@ -17,7 +17,8 @@ from typing import Any
 from ansible.errors import AnsibleFilterError
 
 from sglang_fleet.ansible_values import plain_mapping
-from sglang_fleet.diagnosis.diagnose import diagnose, diagnose_live, table_lines
+from sglang_fleet.diagnosis.live_diagnosis import diagnose_live, table_lines
+from sglang_fleet.diagnosis.run_diagnosis import diagnose
 
 
 def sglang_diagnose(

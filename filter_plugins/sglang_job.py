@@ -40,7 +40,7 @@ from sglang_fleet.module_utils.bounded_json import loads as bounded_loads
 from sglang_fleet.ansible_values import plain
 from sglang_fleet.job import play_inputs, play_targets
 from sglang_fleet.rollout import job_plans
-from sglang_fleet.servers import describe
+from sglang_fleet.servers import secret_files
 
 
 def _wrap(func: Callable[..., Any], *args: Any) -> Any:
@@ -103,7 +103,7 @@ def sglang_job_key(hostvars: Mapping, hosts: list, servers: list, override: str 
     """The job's key (sglang_job_api_key, else its servers' one key): no_log tasks only."""
     keys: dict[str, str] = {}
     for host, instances in _from_hosts(hostvars, hosts, "sglang_server_instances"):
-        for name, key in _wrap(describe.api_keys, instances or []).items():
+        for name, key in _wrap(secret_files.api_keys, instances or []).items():
             keys[f"{name} on {host}"] = key
     return _wrap(play_targets.api_key, keys, servers, override or "")
 

@@ -31,14 +31,21 @@ from sglang_fleet.module_utils.bounded_json import loads as bounded_loads
 
 from sglang_fleet import server_secrets as _server_secrets
 from sglang_fleet.ansible_values import plain
-from sglang_fleet.servers import describe, host_checks, restart_decision
+from sglang_fleet.servers import (
+    describe,
+    host_checks,
+    restart_decision,
+    secret_files,
+    server_values,
+    unit_files,
+)
 from sglang_fleet.servers import nodes as _nodes
 
 
 def _wrap(func: Callable[..., Any], *args: Any) -> Any:
     try:
         return func(*(plain(arg) for arg in args))
-    except (describe.ServerConfigError, ValueError) as exc:
+    except (server_values.ServerConfigError, ValueError) as exc:
         raise AnsibleFilterError(str(exc)) from exc
 
 
@@ -68,7 +75,7 @@ def sglang_server_describe(  # noqa: PLR0917 (Jinja passes filter arguments by p
             tuned=plain(tuned or {}),
             device=plain(device),
         )
-    except (describe.ServerConfigError, ValueError) as exc:
+    except (server_values.ServerConfigError, ValueError) as exc:
         raise AnsibleFilterError(str(exc)) from exc
 
 
@@ -114,15 +121,15 @@ def sglang_restart_decision(
 
 
 def sglang_server_records_and_routers(servers: list) -> dict[str, list[dict]]:
-    """sglang_fleet.servers.describe.records_and_routers(): what sglang_host_state checks besides
+    """sglang_fleet.servers.unit_files.records_and_routers(): what sglang_host_state checks besides
     files."""
-    return _wrap(describe.records_and_routers, servers)
+    return _wrap(unit_files.records_and_routers, servers)
 
 
 def sglang_server_secret_files(servers: list, secrets: dict) -> list[dict]:
-    """sglang_fleet.servers.describe.secret_files(): the secrets files (the keys): no_log tasks
+    """sglang_fleet.servers.secret_files.secret_files(): the secrets files (the keys): no_log tasks
     only."""
-    return _wrap(describe.secret_files, servers, secrets)
+    return _wrap(secret_files.secret_files, servers, secrets)
 
 
 def sglang_server_secrets(servers: Any) -> dict[str, dict[str, str]]:
@@ -174,7 +181,7 @@ def sglang_servers_on_gpus(servers: list, gpus: list) -> list[dict]:
 
 def sglang_server_api_keys(servers: Any) -> dict[str, str]:
     """{name: API key}: read only by no_log tasks (the secrets file, the smoke client's stdin)."""
-    return describe.api_keys(plain(servers))
+    return secret_files.api_keys(plain(servers))
 
 
 def sglang_rollout_groups(hosts: list, hostvars: Mapping) -> dict[str, list[str]]:

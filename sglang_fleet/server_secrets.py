@@ -5,7 +5,7 @@ Facts: docs/ARCHITECTURE.md, "Secrets".
 One list, one owner. Each SGLang flag that carries a secret is a field of the server's
 description of the same name (`api_key`, `admin_api_key`, ...), never a flag layer's key: it goes
 to the server's root-only secrets file, which systemd hands the unit as a credential and SGLang
-reads with `--config` (sglang_fleet/servers/describe.py). So it is in no argv, no unit file, no
+reads with `--config` (sglang_fleet/servers/secret_files.py). So it is in no argv, no unit file, no
 environment file and no printed description. Environment variables that hold a secret (a hub
 token) are refused in `env` layers for the same reason: the environment file is world-readable
 and the description is printed.
@@ -15,7 +15,7 @@ at any depth of a flag's value (the mapping SGLang reads as JSON, or the JSON te
 text that carries a credential by itself (a URL's user:password@, a bearer token). SGLang's
 --config cannot hold one key of a JSON flag (it passes a nested mapping on as Python text, and
 the command line's value replaces the file's whole), so such a secret has no safe place in a
-flag: describe.py refuses it, naming the path to the key.
+flag: servers/flag_layers.py refuses it, naming the path to the key.
 
 Everything that shows or stores flags (the check-mode "would restart" lines, last-known-good
 records and their diffs, calibration records) passes them through public_flags(), redact() or

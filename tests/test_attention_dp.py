@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 from kimi_job import GPU, KIMI_LOG, KIMI_RUN_FLAGS
 
-from sglang_fleet.capacity import attention_dp, calibration
+from sglang_fleet.capacity import attention_dp, calibration_record
 from sglang_fleet.capacity.model_config import model_shape, read_model_dir
 from sglang_fleet.capacity.planner import main, plan
 from sglang_fleet.capacity.planner_inputs import PlanInputError
-from sglang_fleet.diagnosis.diagnose import diagnose
+from sglang_fleet.diagnosis.run_diagnosis import diagnose
 from sglang_fleet.tuning import autotune_inputs, autotune_state
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -120,7 +120,7 @@ def test_uncalibrated_estimate_subtracts_the_extra_weights():
 
 def test_a_record_at_one_attention_dp_size_plans_another():
     """Measured weights at attention DP 2 + the difference to 8, not the difference to TP."""
-    record = calibration.build_record(KIMI_LOG, None, {})
+    record = calibration_record.build_record(KIMI_LOG, None, {})
     record["key"]["attn_dp_size"] = 2
     result = kimi(calibration_log=None, calibration=[record], attn_dp_size=8)
     kv_bytes = LOGGED_KV_BYTES + (0.90 - 0.85) * PRE * GIB - (extra_gib(8) - extra_gib(2)) * GIB
@@ -241,7 +241,7 @@ def test_excerpt_of_the_088_start_plans_what_sglang_reported():
 
 def test_excerpt_record_takes_tp_from_the_logged_flags():
     text = EXCERPT_088.read_text()
-    record = calibration.build_record(text, None, {"logged_flags": {"tp_size": 8}})
+    record = calibration_record.build_record(text, None, {"logged_flags": {"tp_size": 8}})
     assert record["key"]["tp_size"] == 8
     assert record["key"]["mem_fraction_static"] == pytest.approx(0.879, abs=0.001)
 
@@ -409,7 +409,7 @@ def _record() -> dict[str, Any]:
         "flags": KIMI_RUN_FLAGS,
         "recorded_at": "2026-11-29T10:05:00Z",
     }
-    return calibration.build_record(KIMI_LOG, None, key)
+    return calibration_record.build_record(KIMI_LOG, None, key)
 
 
 def _search(space: dict, base: dict | None = None, **work: int) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from kimi_job import GPU, KIMI_LOG, KIMI_RUN_FLAGS
 from yamllint import config as yamllint_config
 from yamllint import linter as yamllint_linter
 
-from sglang_fleet.capacity import calibration
+from sglang_fleet.capacity import calibration_predict, calibration_record
 from sglang_fleet.capacity.model_config import model_shape, read_model_dir
 from sglang_fleet.tuning import (
     autotune,
@@ -67,7 +67,7 @@ def kimi_record() -> dict[str, Any]:
         "flags": BASE,
         "recorded_at": "2026-11-29T10:05:00Z",
     }
-    return calibration.build_record(KIMI_LOG, None, key)
+    return calibration_record.build_record(KIMI_LOG, None, key)
 
 
 def context(calibrated: bool = True) -> dict[str, Any]:
@@ -95,7 +95,7 @@ def search(calibrated: bool = True, **overrides: Any) -> dict[str, Any]:
 def true_tokens(flags: dict[str, Any]) -> int:
     """What the server would allocate: the calibration's own prediction (tested elsewhere)."""
     host = {"gpu_memory_mib": 97887, "gpu_name": GPU, "sglang_version": "0.5.23"}
-    return calibration.predict(kimi_record(), flags, host, SHAPE).max_total_num_tokens
+    return calibration_predict.predict(kimi_record(), flags, host, SHAPE).max_total_num_tokens
 
 
 Measure = Callable[[dict[str, Any]], dict[str, Any]]

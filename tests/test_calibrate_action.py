@@ -21,7 +21,7 @@ import pytest
 from conftest import load_plugin
 from kimi_job import GPU, KIMI_LOG, KIMI_RUN_FLAGS
 
-from sglang_fleet.capacity import calibration
+from sglang_fleet.capacity import calibration_record, calibration_store
 from sglang_fleet.capacity.model_config import read_model_dir
 
 ACTION = load_plugin("action_plugins/sglang_calibrate.py")
@@ -127,7 +127,7 @@ def test_a_healthy_start_is_recorded_first_in_the_store() -> None:
     result = action.run_it()
     record = result["record"]
     assert record["measured"]["max_total_num_tokens"] == 149800
-    assert record["key"]["model_fingerprint"] == calibration.model_fingerprint(
+    assert record["key"]["model_fingerprint"] == calibration_record.model_fingerprint(
         KIMI_CONFIG, KIMI_WEIGHTS
     )
     assert (record["key"]["gpu_name"], record["key"]["gpu_memory_mib"]) == (GPU, 97887)
@@ -179,7 +179,7 @@ def test_a_damaged_entry_moves_to_a_side_file_and_the_good_ones_stay() -> None:
     bad = json.loads(json.dumps(first))
     bad["measured"]["free_after_graph_gib"] = 1e6
     bad["key"]["mem_fraction_static"] = 0.9
-    host["files"][STORE] = json.dumps(calibration.dump_store([first, bad]))
+    host["files"][STORE] = json.dumps(calibration_store.dump_store([first, bad]))
     again = FakeCalibrate(ARGS, host)
     result = again.run_it()
     [(side_path, (side, mode))] = [(p, w) for p, w in again.written.items() if p != STORE]
@@ -203,7 +203,7 @@ def test_a_single_file_checkpoint_is_sized_from_its_file() -> None:
     del host["files"]["/srv/models/kimi/model.safetensors.index.json"]
     host["single_files"] = [{"path": "/srv/models/kimi/model.safetensors", "size": KIMI_WEIGHTS}]
     record = FakeCalibrate(ARGS, host).run_it()["record"]
-    assert record["key"]["model_fingerprint"] == calibration.model_fingerprint(
+    assert record["key"]["model_fingerprint"] == calibration_record.model_fingerprint(
         KIMI_CONFIG, KIMI_WEIGHTS
     )
 
@@ -230,7 +230,7 @@ def test_what_the_preflight_read_is_not_read_again() -> None:
     known = {
         "sglang_version": "0.5.23",
         "gpus": kimi_host()["gpus"],
-        "fingerprints": {"kimi": calibration.model_fingerprint(KIMI_CONFIG, KIMI_WEIGHTS)},
+        "fingerprints": {"kimi": calibration_record.model_fingerprint(KIMI_CONFIG, KIMI_WEIGHTS)},
     }
     action = FakeCalibrate(ARGS | {"known": known}, kimi_host(version="9.9.9\n"))
     record = action.run_it()["record"]

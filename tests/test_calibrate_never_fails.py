@@ -28,7 +28,7 @@ from ansible.errors import AnsibleActionFail, AnsibleConnectionFailure, AnsibleE
 from sglang_fleet.module_utils.typed_number import NumberError
 from test_calibrate_action import ACTION, ARGS, KEY, SERVER, FakeCalibrate, kimi_host
 
-from sglang_fleet.capacity import calibration
+from sglang_fleet.capacity import calibration, calibration_record, calibration_store
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -82,7 +82,10 @@ MODULE_STEPS = {
     "fingerprint": "slurp",
     "state-files write": "sglang_state_files",
 }
-FUNCTION_STEPS = {"build_record": "build_record", "store_update": "store_update"}
+FUNCTION_STEPS = {
+    "build_record": (calibration_record, "build_record"),
+    "store_update": (calibration_store, "store_update"),
+}
 
 
 class Raising(FakeCalibrate):
@@ -145,7 +148,7 @@ def test_any_exception_of_the_records_code_is_a_warning(
             _reached.append(True)
             raise _exc
 
-        monkeypatch.setattr(calibration, FUNCTION_STEPS[step], raising)
+        monkeypatch.setattr(*FUNCTION_STEPS[step], raising)
         action = FakeCalibrate(ARGS | {"api_key": KEY}, kimi_host())
         result = action.run_it()
         _assert_a_warning(result, exc, f"{step}: {type(exc).__name__}")

@@ -20,7 +20,16 @@ import pytest
 from conftest import load_plugin
 from kimi_job import GPU, KIMI_LOG, KIMI_RUN_FLAGS
 
-from sglang_fleet.capacity import calibration, kv_cache
+from sglang_fleet.capacity import (
+    calibration,
+    calibration_apply,
+    calibration_match,
+    calibration_predict,
+    calibration_record,
+    calibration_rule,
+    calibration_store,
+    kv_cache,
+)
 from sglang_fleet.capacity.calibration import CalibrationError
 from sglang_fleet.capacity.model_config import model_shape, read_model_dir, weight_bytes_from_index
 from sglang_fleet.rollout import preflight_inputs as preflight
@@ -53,13 +62,13 @@ HOST = {
     "gpu_name": GPU,
     "gpu_memory_mib": 97887,
     "sglang_version": "0.5.23",
-    "model_fingerprint": calibration.model_fingerprint(KIMI_CONFIG, KIMI_WEIGHTS),
+    "model_fingerprint": calibration_record.model_fingerprint(KIMI_CONFIG, KIMI_WEIGHTS),
     "architecture": KIMI.architecture,
 }
 
 
 def kimi_record(**key: Any) -> dict[str, Any]:
-    return calibration.build_record(KIMI_LOG, None, KEY | key)
+    return calibration_record.build_record(KIMI_LOG, None, KEY | key)
 
 
 def flags(**changes: Any) -> dict[str, Any]:
@@ -95,7 +104,7 @@ def test_record_never_holds_a_secret():
 
 
 def test_record_from_the_log_alone_knows_only_what_the_log_says():
-    record = calibration.build_record(KIMI_LOG, None, {})
+    record = calibration_record.build_record(KIMI_LOG, None, {})
     key = record["key"]
     assert key["model_path"] == "/shared/kimi-k2.5-int4"  # the server_args line
     assert key["model_fingerprint"] is None and key["gpu_name"] is None
@@ -131,7 +140,7 @@ def server_info() -> dict[str, Any]:
 
 
 def test_record_from_server_info_where_the_log_lacks_memory_lines():
-    record = calibration.build_record("nothing useful here\n", server_info(), {})
+    record = calibration_record.build_record("nothing useful here\n", server_info(), {})
     measured = record["measured"]
     # post = KV + graphs + still free; pre = post + weights (rank 0; a little low)
     assert measured["post_gib"] == pytest.approx(65.663 + 0.953 + 10.6)
@@ -145,18 +154,18 @@ def test_record_from_server_info_where_the_log_lacks_memory_lines():
 
 def test_incomplete_sources_are_an_error_naming_what_is_missing():
     with pytest.raises(CalibrationError, match="pre_gib, post_gib, max_total_num_tokens"):
-        calibration.build_record("no memory lines\n", None, {})
+        calibration_record.build_record("no memory lines\n", None, {})
     info = server_info()
     del info["internal_states"]
     with pytest.raises(CalibrationError, match="free_after_graph_gib"):
-        calibration.build_record("", info, {})
+        calibration_record.build_record("", info, {})
 
 
 def test_post_capture_kv_sizing_is_recorded_and_never_matches():
     log = KIMI_LOG + "[2026-11-29 10:04:00 TP0] KV Cache VA upper bound. dtype: x\n"
-    record = calibration.build_record(log, None, KEY)
+    record = calibration_record.build_record(log, None, KEY)
     assert record["measured"]["post_capture_kv_sizing"] is True
-    found, reason = calibration.match([record], flags(), HOST)
+    found, reason = calibration_match.match([record], flags(), HOST)
     assert found is None
     assert "sized after CUDA graph capture" in reason
 
@@ -167,28 +176,28 @@ def test_store_keeps_newest_first_and_one_record_per_flag_set():
     again = kimi_record(recorded_at="2026-11-30T10:00:00Z")
     other = kimi_record(recorded_at="2026-11-30T11:00:00Z")
     other["key"]["mem_fraction_static"] = 0.88
-    records = calibration.add_record([], first)
-    records = calibration.add_record(records, other)
-    records = calibration.add_record(records, again)  # same flag set as `first`
+    records = calibration_store.add_record([], first)
+    records = calibration_store.add_record(records, other)
+    records = calibration_store.add_record(records, again)  # same flag set as `first`
     assert [r["recorded_at"] for r in records] == ["2026-11-30T10:00:00Z", "2026-11-30T11:00:00Z"]
     many = records
     for i in range(20):
         extra = copy.deepcopy(first)
         extra["key"]["page_size"] = i + 2
-        many = calibration.add_record(many, extra)
+        many = calibration_store.add_record(many, extra)
     assert len(many) == calibration.STORE_LIMIT
 
 
 def test_store_round_trips_as_json_and_sets_aside_what_is_no_store():
-    records = calibration.add_record([], kimi_record())
-    text = json.dumps(calibration.dump_store(records))
+    records = calibration_store.add_record([], kimi_record())
+    text = json.dumps(calibration_store.dump_store(records))
     assert json.loads(text)["schema"] == calibration.STORE_SCHEMA
     for given in (text, json.loads(text), records[0]):  # text, parsed, one bare record
-        read = calibration.read_store(given)
+        read = calibration_store.read_store(given)
         assert (read.records, read.set_aside) == (records, [])
-    assert calibration.read_store("") == calibration.read_store(None)
-    assert calibration.read_store(None).records == []
-    junk = calibration.read_store("42")
+    assert calibration_store.read_store("") == calibration_store.read_store(None)
+    assert calibration_store.read_store(None).records == []
+    junk = calibration_store.read_store("42")
     assert junk.records == []
     assert junk.problems() == "the whole file: a calibration store holds {schema, records: [...]}"
     assert junk.set_aside[0].content == "42"  # kept for the side file as it was
@@ -222,9 +231,9 @@ def _cpu_key() -> dict[str, Any]:
     }
 
 
-def _written_then_read(record: dict[str, Any], store: str = "") -> calibration.StoreRead:
-    update = calibration.store_update(store, record, STORE_PATH, "tiny")
-    return calibration.read_store(json.dumps(update["store"]))
+def _written_then_read(record: dict[str, Any], store: str = "") -> calibration_store.StoreRead:
+    update = calibration_store.store_update(store, record, STORE_PATH, "tiny")
+    return calibration_store.read_store(json.dumps(update["store"]))
 
 
 STORE_PATH = "/var/lib/sglang-fleet/tiny/calibration.json"
@@ -235,7 +244,7 @@ def test_the_real_cpu_engine_start_whose_free_memory_rose_is_kept_and_read_back(
     startup-free-memory-rose.log): host RAM moved during the weight load, so free memory rose
     ("mem usage=-0.0x GB"). main wrote such a record and refused it on the next read."""
     log = (REAL_CPU / "startup-free-memory-rose.log").read_text()
-    record = calibration.build_record(log, None, _cpu_key())
+    record = calibration_record.build_record(log, None, _cpu_key())
     measured = record["measured"]
     assert (measured["pre_gib"], measured["post_gib"]) == (21.38, 21.49)
     assert measured["max_total_num_tokens"] == 4096
@@ -249,13 +258,13 @@ def test_the_real_cpu_engine_start_whose_free_memory_rose_is_kept_and_read_back(
     assert read.records == [record]
     # ... and the next pre-flight plans with the store instead of refusing the host.
     server = {"name": "tiny", "paths": {"calibration_file": STORE_PATH}, "flags": {}}
-    store = json.dumps(calibration.dump_store(read.records))
+    store = json.dumps(calibration_store.dump_store(read.records))
     args = preflight.calibration_args({"store": store, "mode": "enforce"}, server)
-    assert calibration.read_store(args["calibration"]).records == [record]
+    assert calibration_store.read_store(args["calibration"]).records == [record]
 
 
 def test_a_gpu_start_whose_free_memory_rose_within_the_noise_is_kept_and_plans():
-    record = calibration.build_record(LATE_RELEASE_LOG, None, LLAMA_KEY)
+    record = calibration_record.build_record(LATE_RELEASE_LOG, None, LLAMA_KEY)
     measured = record["measured"]
     assert (measured["pre_gib"], measured["post_gib"]) == (79.80, 80.04)
     assert measured["weight_gib"] is None
@@ -263,12 +272,12 @@ def test_a_gpu_start_whose_free_memory_rose_within_the_noise_is_kept_and_plans()
     assert _written_then_read(record).records == [record]
     host = {"gpu_memory_mib": 97887, "gpu_name": LLAMA_KEY["gpu_name"], "sglang_version": "0.5.23"}
     flags_090 = {"tp_size": 1, "mem_fraction_static": 0.90}
-    found, reason = calibration.match([record], flags_090, host, flags_complete=False)
+    found, reason = calibration_match.match([record], flags_090, host, flags_complete=False)
     assert found == record, reason
     # SGLang's own formula at 0.90 from the same two readings.
     rest = kv_cache.rest_gib(79.80, 80.04, 0.90)
     expected = kv_cache.max_total_num_tokens(rest, 131072, 1)
-    predicted = calibration.predict(record, flags_090, host, LLAMA).max_total_num_tokens
+    predicted = calibration_predict.predict(record, flags_090, host, LLAMA).max_total_num_tokens
     assert abs(predicted - expected) <= 0.001 * expected
 
 
@@ -281,20 +290,20 @@ def test_a_gpu_start_whose_free_memory_rose_past_the_noise_is_no_calibration():
     with pytest.raises(
         CalibrationError, match=r"free memory rose 2\.00 GiB during the weight load"
     ):
-        calibration.build_record(log, None, LLAMA_KEY)
+        calibration_record.build_record(log, None, LLAMA_KEY)
     with pytest.raises(CalibrationError, match=r"more than the 0\.40 GiB of measurement noise"):
-        calibration.build_record(log, None, LLAMA_KEY)
+        calibration_record.build_record(log, None, LLAMA_KEY)
 
 
 def test_nothing_is_written_that_the_reader_would_set_aside():
     record = kimi_record()
     damaged = copy.deepcopy(record)
     damaged["measured"]["post_gib"] = damaged["measured"]["pre_gib"] + 1
-    problem = calibration.record_problem(damaged)
+    problem = calibration_rule.record_problem(damaged)
     assert problem and "free memory rose 1.00 GiB" in problem
     with pytest.raises(CalibrationError, match="would not be read back: free memory rose"):
-        calibration.add_record([record], damaged)
-    update = calibration.store_update("", damaged, STORE_PATH, "kimi")
+        calibration_store.add_record([record], damaged)
+    update = calibration_store.store_update("", damaged, STORE_PATH, "kimi")
     assert update["store"]["records"] == []
     assert "this start's record is not kept: the record would not be read back" in update["warning"]
 
@@ -305,8 +314,8 @@ def test_a_store_with_one_bad_entry_keeps_the_good_ones_and_sets_the_bad_one_asi
     bad["recorded_at"] = "2026-11-29T10:00:00Z"
     bad["key"]["mem_fraction_static"] = 0.88
     bad["measured"]["free_after_graph_gib"] = 1e6
-    text = json.dumps(calibration.dump_store([good, bad]))
-    read = calibration.read_store(text)
+    text = json.dumps(calibration_store.dump_store([good, bad]))
+    read = calibration_store.read_store(text)
     assert read.records == [good]
     assert read.problems() == (
         "record 1 (recorded 2026-11-29T10:00:00Z): measured.free_after_graph_gib 1e+06 is "
@@ -331,7 +340,7 @@ def test_a_store_with_one_bad_entry_keeps_the_good_ones_and_sets_the_bad_one_asi
     assert result["errors"] == []
     # The record step of the next healthy start moves it to a side file beside the store.
     newer = kimi_record(recorded_at="2026-12-01T10:00:00Z", flags=flags(chunked_prefill_size=4096))
-    update = calibration.store_update(text, newer, STORE_PATH, "kimi")
+    update = calibration_store.store_update(text, newer, STORE_PATH, "kimi")
     assert [r["recorded_at"] for r in update["store"]["records"]] == [
         "2026-12-01T10:00:00Z",
         "2026-11-30T10:00:00Z",
@@ -358,7 +367,7 @@ def test_a_store_with_one_bad_entry_keeps_the_good_ones_and_sets_the_bad_one_asi
     ],
 )
 def test_changes_a_record_predicts_across(changes: dict[str, Any], predicted: str):
-    record, reason = calibration.match([kimi_record()], flags(**changes), HOST)
+    record, reason = calibration_match.match([kimi_record()], flags(**changes), HOST)
     assert record is not None
     assert predicted in reason
 
@@ -373,7 +382,7 @@ def test_changes_a_record_predicts_across(changes: dict[str, Any], predicted: st
     ],
 )
 def test_flags_without_a_memory_effect_keep_the_record(changes: dict[str, Any]):
-    record, reason = calibration.match([kimi_record()], flags(**changes), HOST)
+    record, reason = calibration_match.match([kimi_record()], flags(**changes), HOST)
     assert record is not None, reason
 
 
@@ -394,19 +403,19 @@ def test_flags_without_a_memory_effect_keep_the_record(changes: dict[str, Any]):
     ],
 )
 def test_differences_that_make_a_record_unusable(changes: dict, host: dict, why: str):
-    record, reason = calibration.match([kimi_record()], flags(**changes), HOST | host)
+    record, reason = calibration_match.match([kimi_record()], flags(**changes), HOST | host)
     assert record is None
     assert why in reason
     assert reason.startswith("no calibration matches")
 
 
 def test_unknown_sides_are_not_verified_rather_than_rejected():
-    log_only = calibration.build_record(KIMI_LOG, None, {})
-    record, reason = calibration.match([log_only], flags(), HOST)
+    log_only = calibration_record.build_record(KIMI_LOG, None, {})
+    record, reason = calibration_match.match([log_only], flags(), HOST)
     assert record is not None
     assert "not verified" in reason and "other flags not recorded" in reason
     # A planner that knows only some flags compares only topology, dtype and identity.
-    record, reason = calibration.match(
+    record, reason = calibration_match.match(
         [kimi_record()], {"tp_size": 8, "attention_backend": "x"}, HOST, flags_complete=False
     )
     assert record is not None
@@ -421,22 +430,22 @@ def test_the_closest_record_wins_then_the_newest():
     newer_085 = copy.deepcopy(at_085)
     newer_085["recorded_at"] = "2026-11-30T10:00:00Z"
     store = [newer_085, at_090, at_085]  # the store keeps the newest first
-    chosen, reason = calibration.match(store, flags(mem_fraction_static=0.90), HOST)
+    chosen, reason = calibration_match.match(store, flags(mem_fraction_static=0.90), HOST)
     assert chosen == at_090
     assert "same flag set" in reason
-    chosen, _ = calibration.match(store, flags(), HOST)
+    chosen, _ = calibration_match.match(store, flags(), HOST)
     assert chosen["recorded_at"] == "2026-11-30T10:00:00Z"
 
 
 def test_nothing_recorded_says_so():
-    assert calibration.match([], flags(), HOST) == (None, "no calibration recorded")
-    assert calibration.match(None, flags(), HOST) == (None, "no calibration recorded")
+    assert calibration_match.match([], flags(), HOST) == (None, "no calibration recorded")
+    assert calibration_match.match(None, flags(), HOST) == (None, "no calibration recorded")
 
 
 # --- predicting -------------------------------------------------------------------------------
-def prediction(**changes: Any) -> calibration.Prediction:
+def prediction(**changes: Any) -> calibration_predict.Prediction:
     record = kimi_record()
-    return calibration.predict(record, flags(**changes), HOST, KIMI)
+    return calibration_predict.predict(record, flags(**changes), HOST, KIMI)
 
 
 def test_same_flag_set_predicts_what_was_measured():
@@ -480,7 +489,7 @@ def test_mha_prefill_graphs_follow_the_chunk():
     record = kimi_record()
     record["key"] |= {"tp_size": 1, "architecture": None, "model_fingerprint": None}
     llama_flags = {"tp_size": 1, "mem_fraction_static": 0.85, "chunked_prefill_size": 4096}
-    p = calibration.predict(record, llama_flags, HOST, LLAMA)
+    p = calibration_predict.predict(record, llama_flags, HOST, LLAMA)
     buckets = len(kv_cache.prefill_graph_token_buckets(4096)) - len(
         kv_cache.prefill_graph_token_buckets(8192)
     )
@@ -499,10 +508,10 @@ def test_a_larger_request_table_costs_memory_a_smaller_one_is_not_credited():
 
 
 def test_margin_grows_with_chunks_above_8192():
-    assert calibration.margin_for(5.0, 8192) == 5.0
-    assert calibration.margin_for(5.0, 4096) == 5.0
-    assert calibration.margin_for(5.0, 16384) == 10.0
-    assert calibration.margin_for(5.0, -1) == 10.0  # no chunking: a 16384-token prefill
+    assert calibration_predict.margin_for(5.0, 8192) == 5.0
+    assert calibration_predict.margin_for(5.0, 4096) == 5.0
+    assert calibration_predict.margin_for(5.0, 16384) == 10.0
+    assert calibration_predict.margin_for(5.0, -1) == 10.0  # no chunking: a 16384-token prefill
     p = prediction(chunked_prefill_size=16384)
     assert p.margin_gib == 10.0
     # MLA prefill graphs do not grow with the chunk: 11.00 GiB free still clears 10 GiB,
@@ -521,7 +530,7 @@ def test_page_size_and_token_cap_round_the_prediction():
 
 # --- the planner's entry point ------------------------------------------------------------
 def test_enforced_oom_risk_is_an_error_with_the_numbers():
-    applied = calibration.apply(
+    applied = calibration_apply.apply(
         [kimi_record()], flags(mem_fraction_static=0.93), HOST, KIMI, margin_gib=5.0
     )
     assert applied.warnings == []
@@ -534,21 +543,21 @@ def test_enforced_oom_risk_is_an_error_with_the_numbers():
 
 
 def test_warn_mode_overrules_and_ignore_mode_skips():
-    warned = calibration.apply(
+    warned = calibration_apply.apply(
         [kimi_record()], flags(mem_fraction_static=0.93), HOST, KIMI, mode="warn"
     )
     assert warned.errors == []
     assert "calibration_mode is 'warn'" in warned.warnings[0]["message"]
-    ignored = calibration.apply(
+    ignored = calibration_apply.apply(
         [kimi_record()], flags(mem_fraction_static=0.93), HOST, KIMI, mode="ignore"
     )
     assert (ignored.prediction, ignored.errors, ignored.warnings) == (None, [], [])
     with pytest.raises(CalibrationError, match="enforce, warn, ignore"):
-        calibration.apply([kimi_record()], flags(), HOST, KIMI, mode="strict")
+        calibration_apply.apply([kimi_record()], flags(), HOST, KIMI, mode="strict")
 
 
 def test_mismatch_is_a_warning_and_no_prediction():
-    applied = calibration.apply([kimi_record()], flags(tp_size=4), HOST, KIMI)
+    applied = calibration_apply.apply([kimi_record()], flags(tp_size=4), HOST, KIMI)
     assert applied.prediction is None and applied.errors == []
     [warning] = applied.warnings
     assert warning["code"] == "calibration_mismatch"
@@ -557,8 +566,8 @@ def test_mismatch_is_a_warning_and_no_prediction():
 
 
 def test_store_text_is_accepted():
-    text = json.dumps(calibration.dump_store([kimi_record()]))
-    applied = calibration.apply(text, flags(mem_fraction_static=0.90), HOST, KIMI)
+    text = json.dumps(calibration_store.dump_store([kimi_record()]))
+    applied = calibration_apply.apply(text, flags(mem_fraction_static=0.90), HOST, KIMI)
     assert applied.prediction is not None
     assert applied.prediction.fits
 
@@ -571,7 +580,7 @@ def test_prediction_matches_the_next_start_of_the_double(tmp_path: Path):
     root = helpers.init_root(tmp_path / "gpusim")
     config, weight_bytes = read_model_dir(helpers.KIMI)
     shape = model_shape(config)
-    host = HOST | {"model_fingerprint": calibration.model_fingerprint(config, weight_bytes)}
+    host = HOST | {"model_fingerprint": calibration_record.model_fingerprint(config, weight_bytes)}
 
     def start(server_flags: dict[str, Any]) -> dict[str, Any]:
         argv = ["--model-path", helpers.KIMI]
@@ -589,7 +598,7 @@ def test_prediction_matches_the_next_start_of_the_double(tmp_path: Path):
                 "gpu_memory_mib": 97887,
                 "flags": server_flags,
             }
-            return calibration.build_record(server.log(), info, key)
+            return calibration_record.build_record(server.log(), info, key)
         finally:
             helpers.stop_server(server)
 
@@ -601,9 +610,9 @@ def test_prediction_matches_the_next_start_of_the_double(tmp_path: Path):
         {"mem_fraction_static": 0.80, "chunked_prefill_size": 4096},
     ):
         candidate = first | changes
-        found, reason = calibration.match([record], candidate, host)
+        found, reason = calibration_match.match([record], candidate, host)
         assert found is not None, reason
-        predicted = calibration.predict(found, candidate, host, shape)
+        predicted = calibration_predict.predict(found, candidate, host, shape)
         measured = start(candidate)["measured"]
         reported = measured["max_total_num_tokens"]
         assert abs(predicted.max_total_num_tokens - reported) <= 0.02 * reported
@@ -618,18 +627,18 @@ def test_prediction_matches_the_next_start_of_the_double(tmp_path: Path):
 # --- the store update and the fingerprint, as the calibrate action uses them ----------------
 def test_store_update_and_fingerprint():
     record = kimi_record()
-    update = calibration.store_update("", record)
+    update = calibration_store.store_update("", record)
     store = update["store"]
-    again = calibration.store_update(json.dumps(store), record)
+    again = calibration_store.store_update(json.dumps(store), record)
     assert again["store"] == store  # the same flag set replaces its older record
     assert update["warning"] is again["warning"] is None
     index = {"metadata": {"total_size": KIMI_WEIGHTS}}
     assert (
-        calibration.model_fingerprint(KIMI_CONFIG, weight_bytes_from_index(index))
+        calibration_record.model_fingerprint(KIMI_CONFIG, weight_bytes_from_index(index))
         == HOST["model_fingerprint"]
     )
     with pytest.raises(CalibrationError, match="pre_gib"):
-        calibration.build_record("no memory lines", None, {})
-    broken = calibration.store_update("{", record)
+        calibration_record.build_record("no memory lines", None, {})
+    broken = calibration_store.store_update("{", record)
     assert broken["store"]["records"] == [record]  # the start's record is kept ...
     assert broken["set_aside"]["entries"][0]["content"] == "{"  # ... and the file set aside

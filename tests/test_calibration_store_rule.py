@@ -20,7 +20,14 @@ from kimi_job import GPU, KIMI_LOG, KIMI_RUN_FLAGS
 from sglang_fleet.module_utils.typed_number import shown
 from test_calibrate_action import ARGS, STORE, FakeCalibrate, kimi_host
 
-from sglang_fleet.capacity import calibration, planner
+from sglang_fleet.capacity import (
+    calibration_apply,
+    calibration_match,
+    calibration_record,
+    calibration_rule,
+    calibration_store,
+    planner,
+)
 from sglang_fleet.capacity.calibration import CalibrationError
 from sglang_fleet.capacity.model_config import model_shape, read_model_dir
 
@@ -38,7 +45,7 @@ KEY = {
     "server": "kimi",
     "recorded_at": "2026-11-29T10:05:00Z",
 }
-GOOD = calibration.build_record(KIMI_LOG, None, KEY)
+GOOD = calibration_record.build_record(KIMI_LOG, None, KEY)
 HOST = {
     "gpu_name": GPU,
     "gpu_memory_mib": 97887,
@@ -104,7 +111,7 @@ def damaged(field: str, value: Any) -> dict[str, Any]:
 
 
 def _store(*records: dict[str, Any]) -> str:
-    return json.dumps(calibration.dump_store(records))
+    return json.dumps(calibration_store.dump_store(records))
 
 
 @pytest.mark.parametrize(
@@ -116,20 +123,22 @@ def test_a_damaged_key_is_set_aside_on_read_and_refused_on_write(
     field: str, value: Any, problem: str
 ) -> None:
     record = damaged(field, value)
-    assert problem in (calibration.record_problem(record) or ""), calibration.record_problem(record)
+    assert problem in (calibration_rule.record_problem(record) or ""), (
+        calibration_rule.record_problem(record)
+    )
     # Read: set aside and named, the good record kept.
-    read = calibration.read_store([GOOD, record])
+    read = calibration_store.read_store([GOOD, record])
     assert read.records == [GOOD]
     assert [s.entry for s in read.set_aside] == [1] and problem in read.problems()
     # Write: refused, and the record step keeps what it had.
     with pytest.raises(CalibrationError, match="would not be read back"):
-        calibration.add_record([GOOD], record)
-    update = calibration.store_update(_store(GOOD), record, "/s/calibration.json", "kimi")
+        calibration_store.add_record([GOOD], record)
+    update = calibration_store.store_update(_store(GOOD), record, "/s/calibration.json", "kimi")
     assert update["store"]["records"] == [GOOD]
     assert "this start's record is not kept" in update["warning"]
     # Planning: never an exception, never a refusal resting on the damaged record.
     for given in ([record], record, _store(record)):
-        applied = calibration.apply(given, AT_088, HOST, KIMI)
+        applied = calibration_apply.apply(given, AT_088, HOST, KIMI)
         assert applied.record is None and applied.errors == [], applied
         assert "no calibration usable" in applied.reason
         # As text, a NaN is no JSON: the whole file is set aside.
@@ -140,8 +149,8 @@ def test_a_damaged_fraction_no_longer_refuses_a_flag_set_the_good_record_passes(
     """0.88 passes on the good record (8.2 GiB predicted free); the same record with its
     fraction damaged to 0.5 predicted a negative free memory and refused it (the issue's 'a
     damaged but accepted record refuses a flag set')."""
-    assert calibration.apply([GOOD], AT_088, HOST, KIMI).errors == []
-    applied = calibration.apply([damaged("mem_fraction_static", 0.5)], AT_088, HOST, KIMI)
+    assert calibration_apply.apply([GOOD], AT_088, HOST, KIMI).errors == []
+    applied = calibration_apply.apply([damaged("mem_fraction_static", 0.5)], AT_088, HOST, KIMI)
     assert applied.errors == [] and applied.prediction is None
 
 
@@ -150,15 +159,15 @@ def test_a_record_handed_over_as_data_passes_the_rule_too() -> None:
     measured figure the reader sets aside (free after graphs 0: 0.88 refused)."""
     bad = copy.deepcopy(GOOD)
     bad["measured"]["free_after_graph_gib"] = True
-    applied = calibration.apply([bad], AT_088, HOST, KIMI)
+    applied = calibration_apply.apply([bad], AT_088, HOST, KIMI)
     assert applied.errors == [] and applied.record is None
     assert "measured.free_after_graph_gib is True, not a finite number" in applied.reason
 
 
 def test_match_names_an_entry_that_is_no_record() -> None:
-    record, reason = calibration.match([5, GOOD], AT_088, HOST)
+    record, reason = calibration_match.match([5, GOOD], AT_088, HOST)
     assert record == GOOD
-    record, reason = calibration.match([5, "x"], AT_088, HOST)
+    record, reason = calibration_match.match([5, "x"], AT_088, HOST)
     assert record is None and "no record (JSON int)" in reason
 
 
@@ -175,22 +184,24 @@ def test_match_names_an_entry_that_is_no_record() -> None:
 def test_measured_figures_are_typed(where: str, value: Any, problem: str) -> None:
     record = copy.deepcopy(GOOD)
     record["measured"][where] = value
-    assert problem in (calibration.record_problem(record) or ""), calibration.record_problem(record)
+    assert problem in (calibration_rule.record_problem(record) or ""), (
+        calibration_rule.record_problem(record)
+    )
 
 
 def test_big_integers_in_the_store_are_named_not_raised() -> None:
     """JSON allows integers of any size; the reader ran float() and math.isfinite() on them
     (OverflowError) in the store, the planner and the record step."""
     text = _store(GOOD).replace('"gpu_memory_mib": 97887.0', f'"gpu_memory_mib": {"9" * 400}')
-    read = calibration.read_store(text)
+    read = calibration_store.read_store(text)
     assert read.records == []
     assert "key.gpu_memory_mib must be a number > 0 and <= " in read.problems()
     assert "a 400-digit integer" in read.problems()
-    update = calibration.store_update(text, GOOD, "/s/calibration.json", "kimi")
+    update = calibration_store.store_update(text, GOOD, "/s/calibration.json", "kimi")
     assert update["store"]["records"] == [GOOD]
     # Past Python's 4,300 digits JSON itself cannot be read: the whole file is set aside.
     text = _store(GOOD).replace('"gpu_memory_mib": 97887.0', f'"gpu_memory_mib": {"9" * 5000}')
-    read = calibration.read_store(text)
+    read = calibration_store.read_store(text)
     assert read.records == [] and read.problems().startswith("the whole file: not JSON")
 
 
@@ -204,10 +215,13 @@ def test_a_log_of_figures_past_any_number_records_nothing_and_says_why() -> None
     ):
         log = KIMI_LOG.replace(old, new)
         if problem is None:
-            assert calibration.record_problem(calibration.build_record(log, None, KEY)) is None
+            assert (
+                calibration_rule.record_problem(calibration_record.build_record(log, None, KEY))
+                is None
+            )
             continue
         with pytest.raises(CalibrationError, match=problem):
-            calibration.build_record(log, None, KEY)
+            calibration_record.build_record(log, None, KEY)
 
 
 @pytest.mark.parametrize(
@@ -221,10 +235,10 @@ def test_a_log_of_figures_past_any_number_records_nothing_and_says_why() -> None
 )
 def test_server_info_of_any_shape_gives_a_record_or_a_calibration_error(info: dict) -> None:
     try:
-        record = calibration.build_record("", info, KEY)
+        record = calibration_record.build_record("", info, KEY)
     except CalibrationError:
         return
-    assert calibration.record_problem(record) is None
+    assert calibration_rule.record_problem(record) is None
 
 
 def test_the_planner_command_line_plans_past_a_damaged_store(
@@ -255,9 +269,9 @@ def test_the_planner_command_line_plans_past_a_damaged_store(
 
 
 def test_a_store_of_more_entries_than_any_store_holds_is_set_aside_whole() -> None:
-    read = calibration.read_store("[" + ", ".join(["1"] * 5000) + "]")
+    read = calibration_store.read_store("[" + ", ".join(["1"] * 5000) + "]")
     assert read.records == [] and "5000 entries, more than a store holds" in read.problems()
-    read = calibration.read_store([1] * 20)
+    read = calibration_store.read_store([1] * 20)
     assert len(read.set_aside) == 20 and read.problems().endswith("; and 12 more")
 
 
@@ -292,7 +306,7 @@ def test_one_calibrate_write_cleans_every_secret_from_the_store() -> None:
     aside["measured"]["pre_gib"] = -1
     aside["key"]["model_path"] = f"/models/{ARGS_KEY}"
     old["key"]["model_path"] = f"/models/{ARGS_KEY}/kimi"
-    host["files"][STORE] = json.dumps(calibration.dump_store([old, aside]))
+    host["files"][STORE] = json.dumps(calibration_store.dump_store([old, aside]))
     action = FakeCalibrate(ARGS | {"api_key": ARGS_KEY}, host)
     result = action.run_it()
     assert result["record"] is not None, result["msg"]
@@ -312,7 +326,7 @@ def test_one_calibrate_write_cleans_every_secret_from_the_store() -> None:
     assert kept["admin_api_key"] == "<redacted>"
     assert kept["key"]["model_path"] == "/models/<redacted>/kimi"
     # The cleaned record still plans: its figures and the rest of its key are untouched.
-    assert calibration.record_problem(kept) is None
+    assert calibration_rule.record_problem(kept) is None
 
 
 ARGS_KEY = "sk-the-servers-own-key"
@@ -327,11 +341,11 @@ def test_a_record_its_cleaning_leaves_unusable_is_not_kept_and_the_step_says_so(
     record = copy.deepcopy(GOOD)
     record["key"]["kv_cache_dtype"] = "fp8_e4m3"
     record["key"]["flags"] = dict(KIMI_RUN_FLAGS, kv_cache_dtype="fp8_e4m3")
-    update = calibration.store_update(_store(GOOD), record, "/s/c.json", "kimi", ["fp8_e4m3"])
+    update = calibration_store.store_update(_store(GOOD), record, "/s/c.json", "kimi", ["fp8_e4m3"])
     assert update["record"] is None and update["store"]["records"] == [GOOD]
     assert "this start's record is not kept" in update["warning"]
     assert "fp8_e4m3" not in json.dumps(update)
-    monkeypatch.setattr(calibration, "store_update", lambda *_a, **_k: update)
+    monkeypatch.setattr(calibration_store, "store_update", lambda *_a, **_k: update)
     result = FakeCalibrate(ARGS, kimi_host()).run_it()
     assert result["record"] is None and not result.get("failed")
     assert result["msg"].startswith("kimi: no calibration recorded: /s/c.json")

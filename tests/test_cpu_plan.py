@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_fleet.capacity import calibration, kv_cache
+from sglang_fleet.capacity import calibration_record, kv_cache
 from sglang_fleet.capacity.planner import main as plan_main
 from sglang_fleet.capacity.planner import plan
 from sglang_fleet.capacity.server_log import parse_log
@@ -60,7 +60,9 @@ def test_a_load_that_freed_memory_meanwhile_still_parses() -> None:
     cal = parse_log(log)
     assert cal.post_gib == 20.96
     assert cal.weight_gib is None  # free memory rose: no weights measured, never a negative one
-    assert calibration.build_record(log, None, {})["measured"]["max_total_num_tokens"] == 4096
+    assert (
+        calibration_record.build_record(log, None, {})["measured"]["max_total_num_tokens"] == 4096
+    )
 
 
 def _load_end_line(log: str) -> str:
@@ -69,7 +71,7 @@ def _load_end_line(log: str) -> str:
 
 
 def test_the_real_cpu_start_up_log_calibrates_rather_than_incomplete() -> None:
-    record = calibration.build_record(STARTUP_LOG, None, {})
+    record = calibration_record.build_record(STARTUP_LOG, None, {})
     assert record["key"]["device"] == "cpu"
     assert record["key"]["max_total_tokens"] == 4096
     assert record["measured"]["max_total_num_tokens"] == 4096

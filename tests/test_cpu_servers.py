@@ -1,4 +1,4 @@
-"""CPU servers (device: cpu) in sglang_fleet/servers/describe.py and validate.py
+"""CPU servers (device: cpu) in sglang_fleet/servers/describe.py (cpu_engine.py) and host_checks.py
 (docs/CPU-SERVERS.md)."""
 
 from __future__ import annotations
@@ -7,8 +7,10 @@ from typing import Any
 
 import pytest
 
-from sglang_fleet.servers.describe import ServerConfigError, cpu_threads_bind, describe_servers
+from sglang_fleet.servers.cpu_engine import cpu_threads_bind
+from sglang_fleet.servers.describe import describe_servers
 from sglang_fleet.servers.host_checks import host_errors, server_errors
+from sglang_fleet.servers.server_values import ServerConfigError
 
 RUNTIME = {
     "python": "/opt/ml-env/bin/python",

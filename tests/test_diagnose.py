@@ -16,7 +16,8 @@ from conftest import load_plugin
 
 from sglang_fleet.capacity.model_config import read_model_dir
 from sglang_fleet.diagnosis import diagnose as diagnose_mod
-from sglang_fleet.diagnosis.diagnose import diagnose, samples_from_log
+from sglang_fleet.diagnosis.evidence import samples_from_log
+from sglang_fleet.diagnosis.run_diagnosis import diagnose
 
 ROOT = Path(__file__).resolve().parent.parent
 KIMI_LOG = ROOT / "tests" / "fixtures" / "logs" / "constructed-kimi-k2.5-tp8-mf085-bf16.log"

@@ -56,15 +56,17 @@ from conftest import load_plugin
 from kimi_job import GPU as KIMI_GPU
 from kimi_job import KIMI_LOG, KIMI_RUN_FLAGS
 
-from sglang_fleet.capacity import calibration, planner
+from sglang_fleet.capacity import calibration, calibration_record, calibration_store, planner
 from sglang_fleet.capacity.model_config import ModelConfigError, read_model_dir
 from sglang_fleet.capacity.planner import plan
 from sglang_fleet.capacity.planner_inputs import PlanInputError
-from sglang_fleet.diagnosis.diagnose import diagnose, diagnose_live
+from sglang_fleet.diagnosis.live_diagnosis import diagnose_live
+from sglang_fleet.diagnosis.run_diagnosis import diagnose
 from sglang_fleet.rollout import preflight_inputs as preflight
 from sglang_fleet.servers import host_checks as validate
 from sglang_fleet.servers import launch_line, nodes
-from sglang_fleet.servers.describe import ServerConfigError, resolve_servers
+from sglang_fleet.servers.describe import resolve_servers
+from sglang_fleet.servers.server_values import ServerConfigError
 from sglang_fleet.tuning import autotune
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -1964,7 +1966,7 @@ def _tune_context(**changes: Any) -> dict[str, Any]:
         "sglang_version": "0.5.23",
         "flags": KIMI_RUN_FLAGS,
     }
-    record = calibration.build_record(KIMI_LOG, None, key)
+    record = calibration_record.build_record(KIMI_LOG, None, key)
     context = {
         "model_config": KIMI_CONFIG,
         "weight_bytes": KIMI_WEIGHTS,
@@ -2023,7 +2025,7 @@ def run_calibration(data: dict[str, Any], _tmp: Path) -> Outcome:
     store = data["store"]() if callable(data["store"]) else data["store"]
     if data.get("record"):
         record = _tune_context()["calibration"][0]
-        update = calibration.store_update(store, record, STORE_FILE, "kimi")
+        update = calibration_store.store_update(store, record, STORE_FILE, "kimi")
         return "handled", json.dumps(update, allow_nan=False)
     server = {"name": "kimi", "paths": {"calibration_file": STORE_FILE}, "flags": {}}
     try:
@@ -2031,7 +2033,7 @@ def run_calibration(data: dict[str, Any], _tmp: Path) -> Outcome:
         args = preflight.calibration_args(given, server)
     except ValueError as exc:
         return "refused", str(exc)
-    read = calibration.read_store(args["calibration"])
+    read = calibration_store.read_store(args["calibration"])
     return "handled", f"set aside: {read.problems()}; kept: " + json.dumps(
         read.records, allow_nan=False
     )

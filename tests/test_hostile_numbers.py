@@ -19,7 +19,7 @@ from sglang_fleet.bench.gate import GateInputError, evaluate
 from sglang_fleet.capacity.planner import plan
 from sglang_fleet.capacity.planner_inputs import PlanInputError
 from sglang_fleet.capacity.server_log import parse_log
-from sglang_fleet.diagnosis.diagnose import diagnose
+from sglang_fleet.diagnosis.run_diagnosis import diagnose
 from sglang_fleet.monitoring.settings import SettingError, check_settings
 from sglang_fleet.rollout import restart
 from sglang_fleet.rollout.fleet_summary import format_rollout_table

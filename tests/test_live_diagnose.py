@@ -44,7 +44,7 @@ from sglang_fleet.bench.smoke_client import prometheus_text
 from sglang_fleet.capacity.model_config import read_model_dir
 from sglang_fleet.diagnosis import diagnose as diagnose_mod
 from sglang_fleet.diagnosis import live_metrics as live
-from sglang_fleet.diagnosis.diagnose import diagnose_live, table_lines
+from sglang_fleet.diagnosis.live_diagnosis import diagnose_live, table_lines
 from sglang_fleet.host_zipapp import build as build_zipapp
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -25,7 +25,7 @@ from sglang_fleet.capacity.model_config import ModelConfigError, read_model_dir
 from sglang_fleet.capacity.planner import plan
 from sglang_fleet.capacity.planner_inputs import PlanInputError
 from sglang_fleet.capacity.server_log import parse_log
-from sglang_fleet.diagnosis import diagnose
+from sglang_fleet.diagnosis import diagnose, run_diagnosis
 from sglang_fleet.diagnosis import live_metrics as live
 from sglang_fleet.tuning import autotune
 
@@ -301,13 +301,13 @@ def test_a_small_pool_full_by_whole_requests_is_kv_bound():
     two ran, ten queued, token usage 0.6. Before it read compute_bound ("the KV cache has
     room"); SGLang admits a request only when its whole output fits."""
     log = "[2026-12-04 15:48:00] server_args={'max_total_tokens': 1024, 'device': 'cpu'}\n"
-    result = diagnose.diagnose(small_pool_run(running=2), log, 12, None)
+    result = run_diagnosis.diagnose(small_pool_run(running=2), log, 12, None)
     assert result["verdict"] == "kv_cache_bound"
     assert result["evidence"]["requests_fitting_kv"] == 2
     assert result["levers"][0]["code"] == "max_total_tokens"
     assert "--max-total-tokens 1024" in result["levers"][0]["message"]
     # One running of the two that fit: the pool had room, so it is not the bound.
-    assert diagnose.diagnose(small_pool_run(running=1), None, 12, None)["verdict"] != (
+    assert run_diagnosis.diagnose(small_pool_run(running=1), None, 12, None)["verdict"] != (
         "kv_cache_bound"
     )
 
@@ -330,7 +330,7 @@ def test_a_log_of_zero_free_memory_is_no_traceback(tmp_path, capsys, tool):
 def test_a_context_without_the_model_still_takes_the_logs_flags():
     """The diagnosis role's live path has the server's flags but not config.json (the deploy
     scenario's diagnose.yml failed on a missing 'model_config')."""
-    ctx = diagnose._with_log_calibration({"args": {}}, KIMI_LOG)
+    ctx = run_diagnosis._with_log_calibration({"args": {}}, KIMI_LOG)
     assert ctx["args"]["tp_size"] == 8
     assert ctx["args"]["mem_fraction_static"] == 0.85
 
@@ -366,8 +366,8 @@ def test_autotune_reads_its_json_bounded(tmp_path, capsys, kind):
 
 
 def test_live_server_info_nested_past_the_stack_is_no_traceback():
-    """live.py runs alone on a host (no bounded_json beside it): a /server_info of 100000
-    nested lists was a RecursionError traceback."""
+    """live_metrics.py runs alone on a host as live.pyz (no bounded_json beside it): a
+    /server_info of 100000 nested lists was a RecursionError traceback."""
     deep = b"[" * 100000 + b"]" * 100000
     info, warnings = live.read_server_info(lambda path: (200, deep), "http://127.0.0.1:1", False)
     assert info is None
@@ -382,7 +382,7 @@ def test_a_logs_deprecated_attention_dp_spelling_keeps_its_layout():
         "[2026-12-04 10:00:00] server_args={'tp_size': 8, 'dp_size': 4, "
         "'enable_dp_attention': True, 'mem_fraction_static': 0.85}\n"
     )
-    args = diagnose._with_log_calibration({"args": {}}, log)["args"]
+    args = run_diagnosis._with_log_calibration({"args": {}}, log)["args"]
     layout = attention_dp.resolve_layout(
         args["tp_size"], args["dp_size"], args.get("attn_dp_size"), args.get("enable_dp_attention")
     )

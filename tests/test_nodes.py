@@ -13,7 +13,8 @@ import pytest
 from conftest import load_plugin
 
 from sglang_fleet.servers import nodes
-from sglang_fleet.servers.describe import ServerConfigError, describe_servers
+from sglang_fleet.servers.describe import describe_servers
+from sglang_fleet.servers.server_values import ServerConfigError
 
 RUNTIME = {
     "python": "/opt/ml-env/bin/python",

@@ -20,7 +20,7 @@ from ansible.errors import AnsibleActionFail
 from conftest import load_plugin
 from kimi_job import GPU
 
-from sglang_fleet.capacity import calibration
+from sglang_fleet.capacity import calibration_record
 from sglang_fleet.capacity.model_config import read_model_dir
 from sglang_fleet.rollout import preflight_inputs as preflight
 from sglang_fleet.servers.describe import describe_servers
@@ -168,7 +168,7 @@ def test_a_clean_host_plans_every_server_and_passes_with_its_bounds_line() -> No
     assert result["lkg_records"] == {"kimi": None}  # no last-known-good record yet
     # What the calibration of the next start is keyed by, read once here.
     assert result["fingerprints"] == {
-        "kimi": calibration.model_fingerprint(KIMI_CONFIG, KIMI_WEIGHTS)
+        "kimi": calibration_record.model_fingerprint(KIMI_CONFIG, KIMI_WEIGHTS)
     }
     assert "ansible_facts" not in result  # registered: facts would be shadowed by set_fact
     assert result["changed"] is False and len(result["steps"]) >= 5

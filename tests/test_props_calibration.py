@@ -25,7 +25,14 @@ from kimi_job import GPU, KIMI_LOG, KIMI_RUN_FLAGS
 from test_calibrate_action import ARGS, START_FACTS, STORE, FakeCalibrate, kimi_host
 from test_calibration_store_rule import GOOD, HOST, KIMI_DIR
 
-from sglang_fleet.capacity import calibration
+from sglang_fleet.capacity import (
+    calibration,
+    calibration_apply,
+    calibration_predict,
+    calibration_record,
+    calibration_rule,
+    calibration_store,
+)
 from sglang_fleet.capacity.model_config import model_shape, read_model_dir
 
 KIMI_CONFIG, _ = read_model_dir(KIMI_DIR)
@@ -72,8 +79,8 @@ def _nest(value: Any, depth: int) -> Any:
     return value
 
 
-KEY_FIELDS = [*calibration._KEY_FIELDS, "extra"]
-MEASURED_FIELDS = [*calibration._MEASURED_FIELDS, "extra"]
+KEY_FIELDS = [*calibration_rule.KEY_FIELDS, "extra"]
+MEASURED_FIELDS = [*calibration_rule.MEASURED_FIELDS, "extra"]
 DELETE = object()
 mutation = st.one_of(
     st.tuples(st.just("key"), st.sampled_from(KEY_FIELDS), st.one_of(values, st.just(DELETE))),
@@ -114,7 +121,7 @@ records = st.builds(
 )
 stores = st.one_of(
     st.lists(records, max_size=3).map(
-        lambda rs: json.dumps(calibration.dump_store(rs), default=str)
+        lambda rs: json.dumps(calibration_store.dump_store(rs), default=str)
     ),
     st.lists(st.one_of(records, values), max_size=3),
     values.map(lambda v: json.dumps(v, default=str)),
@@ -123,7 +130,7 @@ stores = st.one_of(
 )
 
 
-def _finite(prediction: calibration.Prediction) -> bool:
+def _finite(prediction: calibration_predict.Prediction) -> bool:
     return all(
         math.isfinite(value)
         for value in prediction.as_dict().values()
@@ -133,7 +140,7 @@ def _finite(prediction: calibration.Prediction) -> bool:
 
 def _plans(record: dict[str, Any]) -> None:
     for flags in FLAG_SETS:
-        applied = calibration.apply([record], flags, HOST, KIMI)
+        applied = calibration_apply.apply([record], flags, HOST, KIMI)
         if applied.prediction is not None:
             assert _finite(applied.prediction), applied.prediction
 
@@ -143,11 +150,11 @@ def test_the_record_step_never_raises_and_writes_only_what_reads_back_without_se
     store: Any, record: Any
 ) -> None:
     record["recorded_at"] = "this start"
-    update = calibration.store_update(
+    update = calibration_store.store_update(
         store, record, "/var/lib/sglang-fleet/kimi/calibration.json", "kimi", secrets=[SERVER_KEY]
     )
     text = json.dumps(update["store"], allow_nan=False)
-    read = calibration.read_store(text)
+    read = calibration_store.read_store(text)
     assert read.set_aside == [], read.problems()
     assert read.records == update["store"]["records"]
     for kept in read.records:
@@ -160,7 +167,7 @@ def test_the_record_step_never_raises_and_writes_only_what_reads_back_without_se
     event(
         f"records kept: {len(read.records)}, entries set aside: {update['set_aside'] is not None}"
     )
-    if calibration.record_problem(calibration.public_record(record, [SERVER_KEY])):
+    if calibration_rule.record_problem(calibration_record.public_record(record, [SERVER_KEY])):
         assert all(r.get("recorded_at") != "this start" for r in update["store"]["records"])
         assert "this start's record is not kept" in update["warning"]
     else:
@@ -170,9 +177,9 @@ def test_the_record_step_never_raises_and_writes_only_what_reads_back_without_se
 @given(record=records)
 def test_a_record_the_rule_accepts_plans_and_one_it_refuses_is_never_kept(record: Any) -> None:
     record["recorded_at"] = "new"
-    problem = calibration.record_problem(record)
+    problem = calibration_rule.record_problem(record)
     try:
-        kept = calibration.add_record([GOOD], record)
+        kept = calibration_store.add_record([GOOD], record)
     except calibration.CalibrationError as exc:
         event("refused")
         assert problem is not None and problem in str(exc)
@@ -180,7 +187,7 @@ def test_a_record_the_rule_accepts_plans_and_one_it_refuses_is_never_kept(record
         event("kept")
         assert problem is None and kept[0] == record
         _plans(record)
-    applied = calibration.apply([record], FLAG_SETS[0], HOST, KIMI)
+    applied = calibration_apply.apply([record], FLAG_SETS[0], HOST, KIMI)
     if problem is not None:
         assert applied.record is None and applied.errors == []
 
@@ -188,11 +195,11 @@ def test_a_record_the_rule_accepts_plans_and_one_it_refuses_is_never_kept(record
 @given(data=st.one_of(values, st.lists(records, max_size=3)), text=st.booleans())
 def test_the_reader_and_the_planners_use_give_a_result_for_any_json(data: Any, text: bool) -> None:
     given_store = json.dumps(data, default=str) if text else data
-    read = calibration.read_store(given_store)
+    read = calibration_store.read_store(given_store)
     for record in read.records:
-        assert calibration.record_problem(record) is None
+        assert calibration_rule.record_problem(record) is None
     for flags in FLAG_SETS:
-        calibration.apply(given_store, flags, HOST, KIMI, mode="warn")
+        calibration_apply.apply(given_store, flags, HOST, KIMI, mode="warn")
 
 
 # --- building a record from what a start gives -------------------------------------------------
@@ -227,7 +234,7 @@ server_infos = st.one_of(
     st.fixed_dictionaries(
         {},
         optional={
-            **dict.fromkeys(calibration.SERVER_INFO_FIELDS, scalars),
+            **dict.fromkeys(calibration_record.SERVER_INFO_FIELDS, scalars),
             "internal_states": st.one_of(
                 values,
                 st.lists(
@@ -268,13 +275,13 @@ def test_build_record_gives_a_record_the_rule_accepts_or_a_calibration_error(
         "flags": KIMI_RUN_FLAGS,
     }
     try:
-        record = calibration.build_record(journal, info, key)
+        record = calibration_record.build_record(journal, info, key)
     except calibration.CalibrationError as exc:
         event("no record")
         assert str(exc)
         return
     event("a record")
-    assert calibration.record_problem(record) is None
+    assert calibration_rule.record_problem(record) is None
     _plans(record)
 
 
@@ -296,14 +303,14 @@ def test_the_calibrate_step_never_fails_whatever_the_host_answers(
         return
     written = host["files"][STORE]
     assert SERVER_KEY not in written
-    read = calibration.read_store(written)
+    read = calibration_store.read_store(written)
     assert read.set_aside == [] and read.records[0] == result["record"]
 
 
 @given(document=values)
 def test_the_start_facts_module_keeps_only_the_paths_it_is_asked_for(document: Any) -> None:
-    paths = [*calibration.SERVER_INFO_FIELDS, "internal_states.0.memory_usage"]
+    paths = [*calibration_record.SERVER_INFO_FIELDS, "internal_states.0.memory_usage"]
     picked = START_FACTS.pick(document, paths)
     assert set(picked) <= {path.split(".")[0] for path in paths}
-    info = calibration.public_server_info(picked)
+    info = calibration_record.public_server_info(picked)
     assert info is not None

@@ -20,7 +20,7 @@ from sglang_fleet.bench.gate import GateInputError, evaluate
 from sglang_fleet.capacity import logged_flags, planner_inputs
 from sglang_fleet.capacity.planner import plan
 from sglang_fleet.capacity.planner_inputs import PlanInputError
-from sglang_fleet.diagnosis.diagnose import diagnose
+from sglang_fleet.diagnosis.run_diagnosis import diagnose
 from sglang_fleet.monitoring.settings import NUMBERS, SettingError, check_settings
 from sglang_fleet.rollout import restart
 from sglang_fleet.tuning import autotune_inputs

@@ -31,8 +31,9 @@ from test_secrets import FILTERS, JSON_FLAGS, RUNTIME, kimi
 
 from sglang_fleet import server_secrets
 from sglang_fleet.servers import restart_decision
-from sglang_fleet.servers.describe import ServerConfigError, describe_servers
+from sglang_fleet.servers.describe import describe_servers
 from sglang_fleet.servers.router_settings import settings_problems
+from sglang_fleet.servers.server_values import ServerConfigError
 
 # Every generated secret carries this marker, so "not in the output" cannot pass by chance.
 MARK = "Zq7x"

@@ -25,7 +25,7 @@ from sglang_fleet.bench.smoke_client import prometheus_text
 from sglang_fleet.capacity import server_log
 from sglang_fleet.capacity.model_config import read_model_dir
 from sglang_fleet.capacity.planner import plan
-from sglang_fleet.diagnosis.diagnose import diagnose
+from sglang_fleet.diagnosis.run_diagnosis import diagnose
 
 PREFIX = "[2026-11-29 10:00:00 TP0] "
 KIMI_DIR = FIXTURES / "models" / "kimi-k2.5-int4"

@@ -14,7 +14,8 @@ from conftest import load_plugin
 from product_regexes import product_regexes, takes_a_last_newline
 from sglang_fleet.module_utils import fleet_http, gpu_cleanup_ownership, procfs
 
-from sglang_fleet.servers.describe import ServerConfigError, describe_servers
+from sglang_fleet.servers.describe import describe_servers
+from sglang_fleet.servers.server_values import ServerConfigError
 
 RUNTIME = {
     "python": "/opt/ml-env/bin/python",

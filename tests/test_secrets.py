@@ -32,12 +32,10 @@ from test_preflight_action import describe as describe_for_preflight
 
 from sglang_fleet import server_secrets
 from sglang_fleet.servers import restart_decision
-from sglang_fleet.servers.describe import (
-    ServerConfigError,
-    config_hash,
-    describe_servers,
-    secret_files,
-)
+from sglang_fleet.servers.describe import describe_servers
+from sglang_fleet.servers.secret_files import secret_files
+from sglang_fleet.servers.server_values import ServerConfigError
+from sglang_fleet.servers.unit_files import config_hash
 
 ROOT = Path(__file__).resolve().parent.parent
 FLAG_TABLE = ROOT / "gpusim" / "gpusim" / "flags" / "sglang-0.5.23.json"

@@ -15,14 +15,11 @@ import pytest
 from ansible.errors import AnsibleFilterError
 from conftest import load_plugin
 
-from sglang_fleet.servers.describe import (
-    ServerConfigError,
-    api_keys,
-    combine,
-    config_hash,
-    describe_servers,
-    resolve_servers,
-)
+from sglang_fleet.servers.describe import describe_servers, resolve_servers
+from sglang_fleet.servers.flag_layers import combine
+from sglang_fleet.servers.secret_files import api_keys
+from sglang_fleet.servers.server_values import ServerConfigError
+from sglang_fleet.servers.unit_files import config_hash
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -142,7 +139,7 @@ def test_tp_size_default_uses_the_gpu_set(gpus: list[int], flags: dict, tp_size:
 
 def test_no_tp_size_default_when_the_gpus_do_not_divide() -> None:
     [resolved] = resolve_servers([kimi(gpus=[0, 1, 2], flags={"dp_size": 2})], {}, {}, {})
-    assert "tp_size" not in resolved["flags"]  # validate.py reports the mismatch
+    assert "tp_size" not in resolved["flags"]  # host_checks.py reports the mismatch
 
 
 def test_host_defaults_to_loopback_and_served_name_is_a_flag() -> None:

@@ -15,7 +15,8 @@ from kimi_job import GPU
 
 from sglang_fleet.capacity.model_config import read_model_dir
 from sglang_fleet.diagnosis import live_metrics as live
-from sglang_fleet.diagnosis.diagnose import diagnose, diagnose_live
+from sglang_fleet.diagnosis.live_diagnosis import diagnose_live
+from sglang_fleet.diagnosis.run_diagnosis import diagnose
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "tests" / "fixtures" / "models"

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 from kimi_job import GPU
 
-from sglang_fleet.capacity import calibration
+from sglang_fleet.capacity import calibration_record
 from sglang_fleet.capacity.model_config import read_model_dir
 from sglang_fleet.capacity.planner import plan
 from sglang_fleet.capacity.planner_inputs import PlanInputError
@@ -449,7 +449,9 @@ def test_a_calibration_of_the_same_speculation_predicts_with_the_drafts_cell():
         k: v for k, v in EAGLE3.items() if k.startswith("speculative_") and "config" not in k
         and "weight" not in k
     }  # fmt: skip
-    record = calibration.build_record(parse_log(KIMI_LOG.read_text()), None, {"flags": flags})
+    record = calibration_record.build_record(
+        parse_log(KIMI_LOG.read_text()), None, {"flags": flags}
+    )
     args = {"calibration": [record], "server_flags": flags | {"kv_cache_dtype": "fp8_e4m3",
             "max_running_requests": 100}}  # fmt: skip
     result = kimi(mem_fraction_static=0.85, max_running_requests=100, **(EAGLE3 | args))

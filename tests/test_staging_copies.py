@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from sglang_fleet.servers.describe import ServerConfigError, resolve_servers
+from sglang_fleet.servers.describe import resolve_servers
 from sglang_fleet.servers.launch_line import to_argv
 from sglang_fleet.servers.model_source import (
     StageConfigError,
@@ -17,6 +17,7 @@ from sglang_fleet.servers.model_source import (
     protected_paths,
     stage_summary,
 )
+from sglang_fleet.servers.server_values import ServerConfigError
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 

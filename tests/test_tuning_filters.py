@@ -17,7 +17,7 @@ from ansible.errors import AnsibleFilterError
 from conftest import load_plugin
 from kimi_job import GPU, KIMI_LOG, KIMI_RUN_FLAGS
 
-from sglang_fleet.capacity import calibration
+from sglang_fleet.capacity import calibration_record, calibration_store
 from sglang_fleet.capacity.model_config import read_model_dir
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,8 +53,8 @@ def store_text() -> str:
         "flags": FLAGS,
         "server": "kimi",
     }
-    record = calibration.build_record(KIMI_LOG, None, key)
-    return json.dumps(calibration.dump_store([record]))
+    record = calibration_record.build_record(KIMI_LOG, None, key)
+    return json.dumps(calibration_store.dump_store([record]))
 
 
 def server(**flag_changes: Any) -> dict[str, Any]:

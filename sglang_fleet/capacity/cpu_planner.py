@@ -11,14 +11,15 @@ from __future__ import annotations
 from typing import Any
 
 from sglang_fleet.capacity import kv_cache, speculative
-from sglang_fleet.capacity.gpu_planner import GpuPlanner, issue
+from sglang_fleet.capacity.gpu_planner import GpuPlanner
 from sglang_fleet.capacity.model_config import ModelConfigError, model_shape
+from sglang_fleet.capacity.plan_issues import issue
 from sglang_fleet.capacity.planner_inputs import (
     PlanInputError,
     check_inputs,
     check_weight_bytes,
-    log_calibration,
     merge_args,
+    parse_startup_log,
     typed_host,
 )
 
@@ -29,9 +30,9 @@ class CpuPlanner(GpuPlanner):
     def __init__(
         self, config: dict[str, Any], weight_bytes: int, args: dict[str, Any], host: dict[str, Any]
     ):
-        self.a = merge_args(args)
+        self.args = merge_args(args)
         self.host = typed_host(host, "cpu")
-        check_inputs(self.a)
+        check_inputs(self.args)
         try:
             self.shape = model_shape(config)
         except ModelConfigError as exc:
@@ -43,17 +44,17 @@ class CpuPlanner(GpuPlanner):
         self.tp = self.layout.tp_size
         self.dp = self.layout.dp_size
         self.attn_dp = self.layout.attn_dp_size
-        self.dtype = str(self.a["kv_cache_dtype"])
+        self.dtype = str(self.args["kv_cache_dtype"])
         # On CPU only the flags and the 48 reset are planned (NGRAM runs there; a draft's
         # host RAM is not modeled): docs/SPECULATIVE.md.
         self.spec, self.draft = self._cpu_speculation()
-        self.cal = log_calibration(self.a)
+        self.startup_log = parse_startup_log(self.args)
         ram = self.host.get("host_ram_gib")
         self.ram_gib = None if ram is None else float(ram)
 
     def _cpu_speculation(self) -> tuple[speculative.Settings | None, None]:
         try:
-            found = speculative.settings(self.a, self.shape.architecture)
+            found = speculative.settings(self.args, self.shape.architecture)
         except speculative.SpeculationError as exc:
             raise PlanInputError(exc.message, exc.flag) from exc
         if found is not None and found.algorithm != "NGRAM":
@@ -70,7 +71,7 @@ class CpuPlanner(GpuPlanner):
             "settings": self.spec.as_dict(),
             "draft": None,
             "max_running_requests": self.max_running_requests(),
-            "reset_to_48": self.a["max_running_requests"] is None,
+            "reset_to_48": self.args["max_running_requests"] is None,
             "kv_budget_cell_bytes": cell,
             "speedup": None,
             "speedup_reason": "not modeled on the CPU engine",
@@ -78,7 +79,7 @@ class CpuPlanner(GpuPlanner):
 
     def _tokens(self, cell: int) -> tuple[int, int | None]:
         """(tokens planned, the cap that fits host RAM or None when RAM is unknown)."""
-        page = int(self.a["page_size"])
+        page = int(self.args["page_size"])
         fitting = None
         if self.ram_gib is not None:
             budget = self.ram_gib * kv_cache.CPU_RAM_FRACTION
@@ -90,7 +91,7 @@ class CpuPlanner(GpuPlanner):
                 dp_size=self.dp,
                 page_size=page,
             )
-        given = self.a["max_total_tokens"]
+        given = self.args["max_total_tokens"]
         if given is not None:
             return int(given) // page * page, fitting
         hint = f" ({fitting} fit in {kv_cache.CPU_RAM_FRACTION:.0%} of host RAM)" if fitting else ""
@@ -123,8 +124,8 @@ class CpuPlanner(GpuPlanner):
             )
 
     def check_ignored(self) -> None:
-        ignored = [k for k in ("mem_fraction_static", "enable_hierarchical_cache") if self.a[k]]
-        if self.a["calibration"] or self.a["calibration_log"]:
+        ignored = [k for k in ("mem_fraction_static", "enable_hierarchical_cache") if self.args[k]]
+        if self.args["calibration"] or self.args["calibration_log"]:
             ignored.append("calibration (GPU memory records)")
         if ignored:
             self.warnings.append(
@@ -145,7 +146,7 @@ class CpuPlanner(GpuPlanner):
         self.check_dtype()
         self.check_context()
         concurrent = self.concurrency(tokens)
-        if self.spec is not None and self.a["max_running_requests"] is None:
+        if self.spec is not None and self.args["max_running_requests"] is None:
             self._reset_issue(tokens, concurrent)
         speed, speed_source = self.per_request_tok_s()
         headroom = None if self.ram_gib is None else self.ram_gib - needed
@@ -177,7 +178,7 @@ class CpuPlanner(GpuPlanner):
                 "max_total_tokens_fitting": fitting,
                 "calibrated": False,
                 "calibration": None,
-                "tokens_per_request": self.a["avg_input_len"] + self.a["avg_output_len"],
+                "tokens_per_request": self.args["avg_input_len"] + self.args["avg_output_len"],
                 "per_request_tok_s": round(speed, 2),
                 "per_request_tok_s_source": speed_source,
                 "dp_size": self.dp,

@@ -4,9 +4,9 @@ Memory model (SGLang 0.5.23, see kv_cache.py): pre = free GiB before weights loa
 free GiB after; rest = post - pre * (1 - mem_fraction_static); max_total_num_tokens =
 rest / cell_size. Without a calibration pre = GPU total - CUDA_CONTEXT_GIB and
 post = pre - weights / tp. A calibration (args `calibration`: records the deploy stored on
-the host, see sglang_fleet/capacity/calibration.py and docs/CALIBRATION.md; or `calibration_log`:
-the text of an earlier server log) that matches the flag set replaces the estimates with what
-SGLang measured; one that does not match is a `calibration_mismatch` warning.
+the host, see sglang_fleet/capacity/calibration_apply.py and docs/CALIBRATION.md; or
+`calibration_log`: the text of an earlier server log) that matches the flag set replaces the
+estimates with what SGLang measured; one that does not match is a `calibration_mismatch` warning.
 
 Out-of-memory risk of a high mem_fraction_static (the memory left outside the static pool
 must hold CUDA graphs and the activations of the largest prefill):
@@ -19,50 +19,46 @@ must hold CUDA graphs and the activations of the largest prefill):
   fraction that keeps it. `calibration_mode: warn` makes it a warning (the operator overrules
   it), `ignore` plans with estimates only.
 
+Its calibration paths are planner_calibration.py's, its speculative decoding (the draft, the 48
+reset, the speed-up) planner_speculation.py's: both mixins of GpuPlanner.
+
 GpuPlanner is also the CPU planner's base (cpu_planner.py): the layout, dtype, context and
 throughput checks are the same on both devices.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import statistics
 from typing import Any
 
-from sglang_fleet.capacity import attention_dp, calibration, kv_cache, logged_flags
-from sglang_fleet.capacity import speculative as spec
+from sglang_fleet.capacity import attention_dp, kv_cache
 from sglang_fleet.capacity.model_config import ModelConfigError, model_shape
 from sglang_fleet.capacity.noop_flags import noop_flag_issues
+from sglang_fleet.capacity.plan_issues import issue
+from sglang_fleet.capacity.planner_calibration import PlannerCalibration
 from sglang_fleet.capacity.planner_inputs import (
     PlanInputError,
     check_inputs,
     check_weight_bytes,
-    log_calibration,
     merge_args,
+    parse_startup_log,
     typed_host,
 )
-from sglang_fleet.capacity.server_log import Calibration
+from sglang_fleet.capacity.planner_speculation import PlannerSpeculation
 
 # Decode speed of one request when neither the caller nor a calibration log says: the
 # Kimi job's server decoded ~600 tok/s over ~50 running requests. A guess for other models.
 DEFAULT_PER_REQUEST_TOK_S = 12.0
-_FULL_BANDWIDTH = "full bandwidth (the roofline)"
 
 
-def issue(code: str, message: str) -> dict[str, str]:
-    """A plan's warning or error: its code and its message."""
-    return {"code": code, "message": message}
-
-
-class GpuPlanner:
+class GpuPlanner(PlannerCalibration, PlannerSpeculation):
     """One planning run of a GPU server; collects warnings and errors while it computes."""
 
     def __init__(
         self, config: dict[str, Any], weight_bytes: int, args: dict[str, Any], host: dict[str, Any]
     ):
-        self.a = merge_args(args)
+        self.args = merge_args(args)
         self.host = typed_host(host)
-        check_inputs(self.a)
+        check_inputs(self.args)
         try:
             self.shape = model_shape(config)
         except ModelConfigError as exc:
@@ -81,28 +77,28 @@ class GpuPlanner:
         self.attn_dp = self.layout.attn_dp_size
         self.weights = attention_dp.weight_layout(config, self.shape, self.weight_bytes)
         self.extra_weight_gib = attention_dp.extra_weight_gib(self.weights, self.tp, self.attn_dp)
-        self.dtype = str(self.a["kv_cache_dtype"])
+        self.dtype = str(self.args["kv_cache_dtype"])
         self.config = config
         self.target_cell = kv_cache.cell_size_bytes(
             self.shape, self.dtype, self.layout.attn_tp_size
         )
         self.spec, self.draft = self._speculation(config)
         self.gpu_mib = float(self.host["gpu_memory_mib"])
-        self.cal = log_calibration(self.a)
-        if self.cal is not None and (skipped := self.cal.long_lines_note()):
+        self.startup_log = parse_startup_log(self.args)
+        if self.startup_log is not None and (skipped := self.startup_log.long_lines_note()):
             self.warnings.append(issue("calibration_log_long_lines", skipped))
         self.defaults = kv_cache.sglang_default_mem_fraction(
             self.gpu_mib,
             self.shape,
             self.tp,
-            chunked_prefill_size=self.a["chunked_prefill_size"],
-            max_running_requests=self.a["max_running_requests"],
+            chunked_prefill_size=self.args["chunked_prefill_size"],
+            max_running_requests=self.args["max_running_requests"],
             attn_dp_size=self.attn_dp,
-            cuda_graph_max_bs_decode=self.a["cuda_graph_max_bs_decode"]
+            cuda_graph_max_bs_decode=self.args["cuda_graph_max_bs_decode"]
             if self.attn_dp > 1
             else None,
         )
-        given = self.a["mem_fraction_static"]
+        given = self.args["mem_fraction_static"]
         self.fraction = float(given) if given is not None else self.defaults.mem_fraction_static
         self.calibration = self._apply_calibration(config, weight_bytes)
         self.prediction = self.calibration.prediction if self.calibration else None
@@ -110,14 +106,17 @@ class GpuPlanner:
 
     def _layout(self) -> attention_dp.Layout:
         """tp, attention DP and replicas as SGLang resolves them (both flag spellings)."""
-        a = self.a
+        args = self.args
         try:
             layout = attention_dp.resolve_layout(
-                int(a["tp_size"]), int(a["dp_size"]), a["attn_dp_size"], a["enable_dp_attention"]
+                int(args["tp_size"]),
+                int(args["dp_size"]),
+                args["attn_dp_size"],
+                args["enable_dp_attention"],
             )
         except attention_dp.LayoutError as exc:
             raise PlanInputError(str(exc), exc.argument) from exc
-        if layout.attn_dp_size > 1 and a["cuda_graph_max_bs_decode"] is None:
+        if layout.attn_dp_size > 1 and args["cuda_graph_max_bs_decode"] is None:
             self.warnings.append(
                 issue(
                     "attn_dp_graph_batch",
@@ -133,112 +132,6 @@ class GpuPlanner:
             )
         return layout
 
-    # --- calibration -----------------------------------------------------------------
-    def _calibration_flags(self) -> dict[str, Any]:
-        """The flag set as SGLang will see it: the server's flags under the planner's."""
-        flags = dict(self.a["server_flags"] or {})
-        for key in (
-            "tp_size",
-            "dp_size",
-            "kv_cache_dtype",
-            "chunked_prefill_size",
-            "max_running_requests",
-            "context_length",
-            "page_size",
-            "cuda_graph_max_bs_decode",
-            *spec.FLAGS,
-        ):
-            if self.a[key] is not None:
-                flags[key] = self.a[key]
-        flags.pop("enable_dp_attention", None)
-        flags |= {"dp_size": self.dp, "attn_dp_size": self.attn_dp}
-        flags["mem_fraction_static"] = self.fraction
-        return flags
-
-    def _calibration_records(self) -> list[dict]:
-        """Records given as data, plus one built from the calibration log (parsed once, in
-        self.cal); the entries of the store no plan may use are named in
-        calibration_set_aside (calibration.read_store)."""
-        read = calibration.read_store(self.a["calibration"])
-        records = read.records
-        self.calibration_set_aside += [entry.describe() for entry in read.set_aside]
-        if self.cal is not None:
-            logged = {"logged_flags": self._logged_run_flags(self.cal)}
-            try:
-                records.append(calibration.build_record(self.cal, None, logged))
-            except calibration.CalibrationError as exc:
-                self.warnings.append(
-                    issue(
-                        "calibration_incomplete",
-                        f"The calibration log is incomplete: {exc}; using estimates instead.",
-                    )
-                )
-        return records
-
-    def _logged_run_flags(self, cal: Calibration) -> dict[str, Any]:
-        """The logged run's own flags (sglang_fleet.capacity.logged_flags): what the log or the
-        operator
-        states (`calibration_log_flags`), checked against its lines, the rest inferred from
-        them, each named with its source in calibration_log_flags; never the flags being
-        planned. A flag that matters and that nothing fixes refuses the log."""
-        if not cal.has_memory:
-            return {}  # build_record names what is missing
-        stated = self.a["calibration_log_flags"] or {}
-        run = logged_flags.infer(cal, self.shape, self.weights, stated=stated)
-        if run.unknown:
-            names = ", ".join(run.unknown)
-            raise PlanInputError(
-                f"the calibration log does not say which {names} it ran with, and its lines "
-                "cannot fix it: give the logged run's value with --logged-flag NAME=VALUE (the "
-                "planner's own flags describe the plan, not the log)",
-                "calibration_log",
-            )
-        tp, attn = run.flags.get("tp_size"), run.flags.get("attn_dp_size")
-        if isinstance(tp, int) and isinstance(attn, int) and (attn < 1 or tp % attn):
-            # SGLang refuses a start whose attention DP does not divide tp: no log has one.
-            raise PlanInputError(
-                f"the logged run's attn_dp_size {attn} ({run.sources['attn_dp_size']}) does not "
-                f"divide its tp_size {tp} ({run.sources['tp_size']})",
-                "calibration_log_flags",
-            )
-        for problem in run.disagreements:
-            self.warnings.append(
-                issue("calibration_flags_disagree", f"The calibration log disagrees: {problem}.")
-            )
-        self.calibration_log_flags += run.describe()
-        return run.flags
-
-    def _apply_calibration(
-        self, config: dict[str, Any], weight_bytes: int
-    ) -> calibration.Applied | None:
-        records = self._calibration_records()
-        if not records:
-            return None
-        host = {
-            "gpu_memory_mib": self.gpu_mib,
-            "gpu_name": self.host.get("gpu_name"),
-            "sglang_version": self.a["sglang_version"],
-            "model_fingerprint": calibration.model_fingerprint(config, weight_bytes),
-            "architecture": self.shape.architecture,
-        }
-        try:
-            applied = calibration.apply(
-                records,
-                self._calibration_flags(),
-                host,
-                self.shape,
-                margin_gib=float(self.a["min_free_after_graph_gib"]),
-                mode=str(self.a["calibration_mode"]),
-                flags_complete=self.a["server_flags"] is not None,
-                extra_weight_gib=lambda n: attention_dp.extra_weight_gib(self.weights, self.tp, n),
-                draft_budget_layers=self.draft.budget_layers if self.draft else 0,
-            )
-        except calibration.CalibrationError as exc:
-            raise PlanInputError(str(exc)) from exc
-        self.warnings += applied.warnings
-        self.errors += applied.errors
-        return applied
-
     def _free_memory(self) -> tuple[float, float]:
         if self.prediction is not None:
             return self.prediction.pre_gib, self.prediction.post_gib
@@ -248,59 +141,6 @@ class GpuPlanner:
         draft = self.draft.weights_per_gpu_bytes / kv_cache.GIB if self.draft else 0.0
         return pre, post - self.extra_weight_gib - draft
 
-    # --- speculative decoding (sglang_fleet.capacity.speculative) -----------------------
-    def _speculation(
-        self, config: dict[str, Any]
-    ) -> tuple[spec.Settings | None, spec.DraftMemory | None]:
-        """The speculative settings SGLang resolves and the draft's memory; bad flags and a
-        draft SGLang cannot run with this target are PlanInputErrors naming the flag."""
-        try:
-            found = spec.settings(self.a, self.shape.architecture)
-        except spec.SpeculationError as exc:
-            raise PlanInputError(exc.message, exc.flag) from exc
-        if found is None or found.algorithm == "NGRAM":
-            return found, None
-        draft = None
-        if found.draft_path is not None:
-            draft_config = self.a["speculative_draft_config"]
-            draft_bytes = self.a["speculative_draft_weight_bytes"]
-            if draft_config is None or draft_bytes is None:
-                raise PlanInputError(
-                    "the draft model's config.json and checkpoint size are needed to plan its "
-                    "memory (the planner reads them from this directory)",
-                    "speculative_draft_model_path",
-                )
-            problems = spec.draft_problems(found.algorithm, config, draft_config)
-            if problems:
-                raise PlanInputError(
-                    f"{found.draft_path}: " + "; ".join(problems), "speculative_draft_model_path"
-                )
-            draft = (draft_config, draft_bytes)
-        try:
-            memory = spec.draft_memory(
-                found,
-                self.shape,
-                self.target_cell,
-                config,
-                draft,
-                kv_cache_dtype=self.dtype,
-                attn_tp_size=self.layout.attn_tp_size,
-            )
-        except ModelConfigError as exc:
-            raise PlanInputError(str(exc), "speculative_draft_model_path") from exc
-        return found, memory
-
-    def draft_budget_cell(self) -> int:
-        """Bytes per token 0.5.23 adds to the target's KV budget for the draft's pool."""
-        return self.draft.budget_cell_bytes if self.draft else 0
-
-    def max_running_requests(self) -> int | None:
-        """--max-running-requests as SGLang resolves it: 48 when speculation resets it."""
-        given = self.a["max_running_requests"]
-        if given is None and self.spec is not None:
-            return spec.RESET_MAX_RUNNING_REQUESTS
-        return given
-
     # --- KV budget -------------------------------------------------------------------
     def kv_tokens(self, cell: int) -> tuple[float, int]:
         if self.prediction is not None:
@@ -309,10 +149,10 @@ class GpuPlanner:
         else:
             reserve = kv_cache.multimodal_reserve_gib(self.shape)
             rest = kv_cache.rest_gib(self.pre, self.post, self.fraction, reserve)
-            tokens = kv_cache.max_total_num_tokens(rest, cell, int(self.a["page_size"]))
-        if self.a["max_total_tokens"] is not None:
+            tokens = kv_cache.max_total_num_tokens(rest, cell, int(self.args["page_size"]))
+        if self.args["max_total_tokens"] is not None:
             # SGLang caps the pool it computed at --max-total-tokens.
-            tokens = min(tokens, int(self.a["max_total_tokens"]))
+            tokens = min(tokens, int(self.args["max_total_tokens"]))
         if rest <= 0:
             self._not_enough_memory(rest)
         return rest, tokens
@@ -340,7 +180,7 @@ class GpuPlanner:
 
     def check_oom_risk(self) -> None:
         if self.prediction is not None:
-            return  # calibration.apply judged the measured figure (error or warning)
+            return  # calibration_apply.apply judged the measured figure (error or warning)
         default = self.defaults.mem_fraction_static
         if self.fraction > default + 1e-9:
             self.warnings.append(
@@ -358,14 +198,14 @@ class GpuPlanner:
 
     # --- HiCache, GPUs, dtype, context ----------------------------------------------
     def check_hicache(self, device_pool_gib: float) -> float:
-        a = self.a
-        if not a["enable_hierarchical_cache"]:
+        args = self.args
+        if not args["enable_hierarchical_cache"]:
             return 0.0
         host_ram = self.host.get("host_ram_gib")
         ranks = self.tp * self.dp
         per_rank = kv_cache.hicache_host_gib_per_rank(
-            a["hicache_size"] or None,
-            a["hicache_ratio"],
+            args["hicache_size"] or None,
+            args["hicache_ratio"],
             max(device_pool_gib, 0.0),
             float(host_ram or 0),
             ranks,
@@ -389,7 +229,9 @@ class GpuPlanner:
                 )
             )
         elif total + kv_cache.HICACHE_HOST_RESERVE_GIB > float(host_ram):
-            size_note = f"{a['hicache_size']} GB per rank" if a["hicache_size"] else "the pool size"
+            size_note = (
+                f"{args['hicache_size']} GB per rank" if args["hicache_size"] else "the pool size"
+            )
             self.errors.append(
                 issue(
                     "hicache_host_ram",
@@ -450,8 +292,8 @@ class GpuPlanner:
             )
 
     def check_context(self) -> None:
-        context = self.a["context_length"] or self.shape.context_length
-        per_request = self.a["avg_input_len"] + self.a["avg_output_len"]
+        context = self.args["context_length"] or self.shape.context_length
+        per_request = self.args["avg_input_len"] + self.args["avg_output_len"]
         if context and per_request > context:
             self.warnings.append(
                 issue(
@@ -463,19 +305,19 @@ class GpuPlanner:
 
     # --- throughput ------------------------------------------------------------------
     def per_request_tok_s(self) -> tuple[float, str]:
-        if self.a["per_request_tok_s"]:
-            return float(self.a["per_request_tok_s"]), "argument"
-        if self.cal is not None and (speed := self.cal.per_request_tok_s()):
+        if self.args["per_request_tok_s"]:
+            return float(self.args["per_request_tok_s"]), "argument"
+        if self.startup_log is not None and (speed := self.startup_log.per_request_tok_s()):
             return speed, "calibration log"
         return DEFAULT_PER_REQUEST_TOK_S, "default guess"
 
     def concurrency(self, tokens: int, *, reset: bool = True) -> int:
         """Concurrent decodes of the whole server; `tokens` is one rank's pool. reset=False:
         as if speculation's 48 reset did not apply (what the operator should set instead)."""
-        tokens_per_request = self.a["avg_input_len"] + self.a["avg_output_len"]
+        tokens_per_request = self.args["avg_input_len"] + self.args["avg_output_len"]
         fit = tokens // tokens_per_request
-        context = self.a["context_length"] or self.shape.context_length
-        asked = self.max_running_requests() if reset else self.a["max_running_requests"]
+        context = self.args["context_length"] or self.shape.context_length
+        asked = self.max_running_requests() if reset else self.args["max_running_requests"]
         # SGLang divides --max-running-requests over the attention-DP ranks.
         cap = (
             max(1, asked // self.attn_dp)
@@ -488,7 +330,7 @@ class GpuPlanner:
 
     def roofline(self, concurrent: int, cell: int) -> dict[str, Any]:
         """The decode roofline at the planned concurrency (docs/ATTENTION-DP.md)."""
-        given = self.a["gpu_memory_bandwidth_gbs"]
+        given = self.args["gpu_memory_bandwidth_gbs"]
         if given:
             bandwidth, source = float(given), "gpu_memory_bandwidth_gbs"
         else:
@@ -500,7 +342,7 @@ class GpuPlanner:
                 "reason": f"memory bandwidth of GPU {self.host.get('gpu_name')!r} unknown: "
                 "set gpu_memory_bandwidth_gbs (--gpu-memory-bandwidth-gbs)",
             }
-        context = self.a["avg_input_len"] + self.a["avg_output_len"] // 2
+        context = self.args["avg_input_len"] + self.args["avg_output_len"] // 2
         line = attention_dp.decode_roofline(
             self.weights,
             self.layout,
@@ -534,7 +376,7 @@ class GpuPlanner:
             "oom_margin_gib_per_rank": None
             if free is None or margin is None
             else round(free - margin, 2),
-            "cuda_graph_max_bs_decode": self.a["cuda_graph_max_bs_decode"],
+            "cuda_graph_max_bs_decode": self.args["cuda_graph_max_bs_decode"],
             "chunked_prefill_size_per_rank": self.chunk_per_rank(),
         }
 
@@ -544,160 +386,11 @@ class GpuPlanner:
 
     def chunk_per_rank(self) -> int:
         """SGLang divides chunked_prefill_size by the attention-DP size."""
-        chunk = self.a["chunked_prefill_size"] or self.defaults.chunked_prefill_size
+        chunk = self.args["chunked_prefill_size"] or self.defaults.chunked_prefill_size
         return chunk // self.attn_dp if chunk > 0 else chunk
 
-    # --- speculative decoding: the 48 reset, the draft's memory, the speed-up ------------
-    def speculation(self, tokens: int, concurrent: int, speed: float) -> dict[str, Any] | None:
-        """The plan's speculative section (None without speculation); adds its warnings."""
-        if self.spec is None:
-            return None
-        if self.a["max_running_requests"] is None:
-            self._reset_issue(tokens, concurrent)
-        out: dict[str, Any] = {
-            "settings": self.spec.as_dict(),
-            "draft": None if self.draft is None else self.draft.as_dict(),
-            "max_running_requests": self.max_running_requests(),
-            "reset_to_48": self.a["max_running_requests"] is None,
-            # What the pool holds without the reset: the value to set.
-            "max_concurrent_requests_without_reset": self.concurrency(tokens, reset=False),
-            "kv_budget_cell_bytes": self.target_cell + self.draft_budget_cell(),
-        }
-        if self.draft is not None:
-            beyond = self.draft.beyond_budget_bytes(tokens) / kv_cache.GIB
-            out["draft_kv_gib"] = round(self.draft.cell_bytes * tokens / kv_cache.GIB, 3)
-            out["draft_kv_beyond_budget_gib"] = round(beyond, 3)
-            if beyond > 0:
-                self.warnings.append(
-                    issue(
-                        "speculative_draft_kv_beyond_budget",
-                        f"The draft's own KV pool ({self.draft.cell_bytes} B/token: "
-                        f"{self.draft.layers} {self.draft.attention} layer(s)) is larger than the "
-                        "share SGLang 0.5.23 budgets for it in the target's pool "
-                        f"({self.draft.budget_cell_bytes} B/token: the target's per-layer size x "
-                        f"{self.draft.budget_layers}): {beyond:.2f} GiB per GPU comes out of the "
-                        "memory outside the static pool, where CUDA graphs and prefill run.",
-                    )
-                )
-        out |= self.speedup_section(concurrent, speed)
-        return out
-
-    def _reset_issue(self, tokens: int, concurrent: int) -> None:
-        fits = self.concurrency(tokens, reset=False)
-        job = self.a["job_concurrency"]
-        per_rank = (
-            f" ({spec.RESET_MAX_RUNNING_REQUESTS // self.attn_dp} per attention-DP rank)"
-            if self.attn_dp > 1
-            else ""
-        )
-        capped = (
-            f"the job's {job} concurrent requests would run {concurrent} at a time and the rest "
-            "wait in the queue"
-            if job and job > concurrent
-            else f"any load above {concurrent} concurrent requests waits in the queue"
-        )
-        message = (
-            "--max-running-requests is not given: SGLang 0.5.23 resets it to "
-            f"{spec.RESET_MAX_RUNNING_REQUESTS} for speculative decoding ('Max running requests "
-            "is reset to 48 for speculative decoding'), so this server runs at most "
-            f"{concurrent} requests at once{per_rank}: {capped}. Set --max-running-requests "
-            f"{fits} (max_running_requests: {fits}), the plan's max concurrent requests "
-            "without the reset."
-        )
-        mode = self.a["speculation_reset"]
-        (self.errors if mode == "refuse" else self.warnings).append(issue(spec.RESET_CODE, message))
-
-    def accept_length(self) -> tuple[float | None, str]:
-        if self.a["speculative_accept_length"] is not None:
-            return float(self.a["speculative_accept_length"]), "argument"
-        if self.cal is not None and (found := self.cal.accept_length()) is not None:
-            return found, "calibration log (accept len)"
-        return None, ""
-
-    def step_costs(self) -> tuple[spec.StepCosts | None, str]:
-        """The speed-up model's inputs, or why they are missing."""
-        bandwidth, bw_source = self.bandwidth()
-        if bandwidth is None:
-            return None, bw_source
-        if self.a["gpu_bf16_tflops"]:
-            tflops, key = float(self.a["gpu_bf16_tflops"]), "gpu_bf16_tflops"
-        else:
-            tflops, key = spec.gpu_bf16_tflops(self.host.get("gpu_name"))
-        if tflops is None:
-            return None, (
-                f"peak BF16 TFLOPS of GPU {self.host.get('gpu_name')!r} unknown: set "
-                "gpu_bf16_tflops (--gpu-bf16-tflops)"
-            )
-        context = self.a["avg_input_len"] + self.a["avg_output_len"] // 2
-        draft = self.draft
-        costs = spec.StepCosts(
-            weights=self.weights,
-            layout=self.layout,
-            cell_bytes=self.target_cell,
-            context_tokens=context,
-            bandwidth_gbs=bandwidth,
-            tflops=tflops,
-            flops_per_token=spec.flops_per_token(self.config, self.shape, self.layout, context),
-            draft_weights_per_gpu_bytes=draft.weights_per_gpu_bytes if draft else 0.0,
-            draft_cell_bytes=draft.cell_bytes if draft else 0,
-            # A draft's weights are mostly bf16: 2 FLOPs per parameter, 2 bytes each.
-            draft_flops_per_token=draft.weights_per_gpu_bytes if draft else 0.0,
-            efficiency=1.0,
-        )
-        return costs, f"{bw_source}; {tflops:g} TFLOPS BF16 ({key})"
-
-    def _measured_efficiency(self, costs: spec.StepCosts) -> tuple[float, str]:
-        """The memory efficiency a calibration log's plain Decode batch lines show, else 1."""
-        cal = self.cal
-        if cal is None or cal.accept_length() is not None:
-            return 1.0, _FULL_BANDWIDTH
-        running = [s.num_running_reqs for s in cal.decode_samples if s.num_running_reqs > 0]
-        speed = cal.per_request_tok_s()
-        if not running or not speed:
-            return 1.0, _FULL_BANDWIDTH
-        batch = statistics.median(running)
-        found = spec.efficiency_from(costs, batch, speed)
-        if found is None:
-            return 1.0, _FULL_BANDWIDTH
-        return found, (
-            f"{found:.2f} of the bandwidth, as the calibration log's decode measured "
-            f"({speed:.1f} tok/s per request at {batch:g} running)"
-        )
-
-    def speedup_section(self, concurrent: int, speed: float) -> dict[str, Any]:
-        accept, accept_source = self.accept_length()
-        if accept is None:
-            return {
-                "speedup": None,
-                "speedup_reason": "no accept length: give speculative_accept_length "
-                "(--speculative-accept-length), or a calibration log whose Decode batch lines "
-                "carry accept len",
-            }
-        costs, source = self.step_costs()
-        if costs is None:
-            return {"speedup": None, "speedup_reason": source, "accept_length": accept}
-        efficiency, basis = self._measured_efficiency(costs)
-        costs = dataclasses.replace(costs, efficiency=efficiency)
-        job = self.a["job_concurrency"]
-        found = spec.curve(costs, self.spec, accept, [concurrent, job or 0])
-        at_planned = spec.speedup(costs, self.spec, accept, max(concurrent, 1))
-        out = {
-            "accept_length": accept,
-            "accept_length_source": accept_source,
-            "model": f"memory at {basis}; {source}",
-            "speedup": found,
-            "speedup_at_planned_concurrency": round(at_planned, 3),
-            "planned_output_tok_s_without": round(concurrent * speed, 1),
-            "planned_output_tok_s_with": round(concurrent * speed * at_planned, 1),
-        }
-        if job:
-            out["speedup_at_job_concurrency"] = round(
-                spec.speedup(costs, self.spec, accept, job), 3
-            )
-        return out
-
     def bandwidth(self) -> tuple[float | None, str]:
-        given = self.a["gpu_memory_bandwidth_gbs"]
+        given = self.args["gpu_memory_bandwidth_gbs"]
         if given:
             return float(given), "gpu_memory_bandwidth_gbs"
         found, key = attention_dp.gpu_bandwidth_gbs(self.host.get("gpu_name"))
@@ -716,7 +409,7 @@ class GpuPlanner:
         hicache_total = self.check_hicache(rest)
         self.check_dtype()
         self.check_context()
-        self.warnings += noop_flag_issues(self.a["server_flags"], self.a["sglang_version"])
+        self.warnings += noop_flag_issues(self.args["server_flags"], self.args["sglang_version"])
         concurrent = self.concurrency(tokens)
         plain_speed, speed_source = self.per_request_tok_s()
         speculation = self.speculation(tokens, concurrent, plain_speed)
@@ -764,7 +457,7 @@ class GpuPlanner:
                 "free_after_graph_margin_gib": None
                 if self.prediction is None
                 else round(self.prediction.margin_gib, 2),
-                "tokens_per_request": self.a["avg_input_len"] + self.a["avg_output_len"],
+                "tokens_per_request": self.args["avg_input_len"] + self.args["avg_output_len"],
                 "per_request_tok_s": round(plain_speed, 2),
                 "per_request_tok_s_source": speed_source,
                 "speculative_speedup": None if speculation is None else gain,

@@ -27,7 +27,7 @@ from typing import Any
 
 from sglang_fleet.capacity import attention_dp, kv_cache
 from sglang_fleet.capacity.model_config import ModelShape
-from sglang_fleet.capacity.server_log import Calibration
+from sglang_fleet.capacity.server_log import StartupLog
 from sglang_fleet.module_utils.typed_number import finite_or_none
 
 # The flags a calibration's prediction depends on: without them it would describe another run.
@@ -67,8 +67,8 @@ class LoggedRun:
         return [f"{name} {self.flags[name]} ({self.sources[name]})" for name in self.flags]
 
 
-def _tags(cal: Calibration, kind: str) -> list[int]:
-    return sorted(int(tag[2:]) for tag in cal.rank_tags if tag.startswith(kind))
+def _tags(startup: StartupLog, kind: str) -> list[int]:
+    return sorted(int(tag[2:]) for tag in startup.rank_tags if tag.startswith(kind))
 
 
 def _same_dtype(a: Any, b: Any) -> bool:
@@ -81,12 +81,12 @@ def _same_dtype(a: Any, b: Any) -> bool:
 class _Inference:
     def __init__(
         self,
-        cal: Calibration,
+        startup: StartupLog,
         shape: ModelShape | None,
         weights: attention_dp.WeightLayout | None,
         stated: Mapping[str, Any],
     ):
-        self.cal, self.shape, self.weights = cal, shape, weights
+        self.startup_log, self.shape, self.weights = startup, shape, weights
         self.stated = {k: v for k, v in stated.items() if v is not None}
         self.out = LoggedRun()
 
@@ -117,11 +117,11 @@ class _Inference:
         return a == b
 
     def line(self, kind: str) -> str:
-        return "from: " + self.cal.lines.get(kind, kind)
+        return "from: " + self.startup_log.lines.get(kind, kind)
 
     # --- each flag --------------------------------------------------------------------
     def kv_dtype(self) -> None:
-        dtype = TORCH_KV_DTYPES.get(self.cal.kv_torch_dtype or "")
+        dtype = TORCH_KV_DTYPES.get(self.startup_log.kv_torch_dtype or "")
         if dtype is None:  # uint8 (packed fp4) or a dtype not listed: the cell size says
             tp, attn = self.out.flags.get("tp_size"), self.out.flags.get("attn_dp_size")
             dtype = next(
@@ -151,20 +151,24 @@ class _Inference:
 
     def cell_per_token(self) -> float | None:
         """Bytes per token the KV line shows (its GB figure is rounded: None when too small)."""
-        cal = self.cal
-        if not cal.kv_tokens or not cal.kv_size_gib or cal.kv_size_gib < 100 * PRINTED_GIB:
+        startup = self.startup_log
+        if (
+            not startup.kv_tokens
+            or not startup.kv_size_gib
+            or startup.kv_size_gib < 100 * PRINTED_GIB
+        ):
             return None
-        return cal.kv_size_gib * kv_cache.GIB / cal.kv_tokens
+        return startup.kv_size_gib * kv_cache.GIB / startup.kv_tokens
 
     def layout(self) -> None:
-        tp_tags, dp_tags = _tags(self.cal, "TP"), _tags(self.cal, "DP")
+        tp_tags, dp_tags = _tags(self.startup_log, "TP"), _tags(self.startup_log, "DP")
         candidates = self._by_cell(self._layouts(tp_tags, dp_tags))
         picked, source = self._by_weights(candidates)
-        if picked is None and self.cal.prefixed and not tp_tags and not dp_tags:
+        if picked is None and self.startup_log.prefixed and not tp_tags and not dp_tags:
             # SGLang tags no rank at tp 1 without attention DP.
             picked, source = (1, 1), "from: no rank tag in the lines' prefix (tp 1)"
         if picked is None and len(candidates) == 1:
-            tags = " ".join(sorted(self.cal.rank_tags))
+            tags = " ".join(sorted(self.startup_log.rank_tags))
             picked, source = candidates[0], f"from: the lines' rank tags ({tags})"
         tp, attn = picked if picked else (None, None)
         self.take("tp_size", tp, source)
@@ -174,12 +178,12 @@ class _Inference:
         low_tp = tp_tags[-1] + 1 if tp_tags else 1
         out = []
         for tp in (size for size in TP_SIZES if size >= low_tp):
-            if not tp_tags and self.cal.prefixed and tp > 1:
+            if not tp_tags and self.startup_log.prefixed and tp > 1:
                 break  # prefixed lines without a TP tag: tp 1
             for attn in attention_dp.attn_dp_sizes(tp):
                 if dp_tags and attn <= dp_tags[-1]:
                     continue
-                if not dp_tags and self.cal.prefixed and attn > 1:
+                if not dp_tags and self.startup_log.prefixed and attn > 1:
                     continue  # attention DP tags every line with DP<d>
                 out.append((tp, attn))
         return out
@@ -187,12 +191,12 @@ class _Inference:
     def _by_cell(self, candidates: list[tuple[int, int]]) -> list[tuple[int, int]]:
         """The layouts whose cell size is the one the KV line shows; all of them when the
         line cannot tell."""
-        dtype = TORCH_KV_DTYPES.get(self.cal.kv_torch_dtype or "")
+        dtype = TORCH_KV_DTYPES.get(self.startup_log.kv_torch_dtype or "")
         kept = [(tp, attn) for tp, attn in candidates if self._cell_matches(dtype, tp, attn)]
         return kept or candidates
 
     def _by_weights(self, candidates: list[tuple[int, int]]) -> tuple[Any, str]:
-        measured = self.cal.weight_gib
+        measured = self.startup_log.weight_gib
         if self.weights is None or not measured or measured <= 0:
             return None, ""
         per_gpu = attention_dp.weights_per_gpu_bytes
@@ -207,8 +211,8 @@ class _Inference:
         return errors[0][1], self.line("load_end") + f" ({measured:.2f} GiB of weights per GPU)"
 
     def fraction(self) -> None:
-        cal = self.cal
-        if cal.device == "cpu":
+        startup = self.startup_log
+        if startup.device == "cpu":
             # The CPU engine sizes its pool from host RAM or --max-total-tokens, not from the
             # fraction (docs/CPU-SERVERS.md): kept when stated, never inferred nor required.
             if "mem_fraction_static" in self.stated:
@@ -216,33 +220,33 @@ class _Inference:
             return
         value = None
         rest = self._kv_rest_gib()
-        if rest is not None and cal.pre_gib and cal.post_gib is not None:
+        if rest is not None and startup.pre_gib and startup.post_gib is not None:
             reserve = self._reserve_gib()
-            exact = 1 - (cal.post_gib - reserve - rest) / cal.pre_gib
+            exact = 1 - (startup.post_gib - reserve - rest) / startup.pre_gib
             value = self._rounded(exact)
         self.take("mem_fraction_static", value, self.line("kv_alloc") + " and the avail mem lines")
 
     def _kv_rest_gib(self) -> float | None:
         """GiB the pool took: #tokens x the cell size config.json gives for the dtype and tp
         found (exact), else the KV line's rounded size."""
-        cal = self.cal
-        if not cal.kv_tokens:
+        startup = self.startup_log
+        if not startup.kv_tokens:
             return None
         flags = self.out.flags
         dtype, tp = flags.get("kv_cache_dtype"), flags.get("tp_size")
         cell = self._cell(dtype, tp, flags.get("attn_dp_size")) if None not in (dtype, tp) else None
         if cell:
             # The pool is floored to whole tokens: half a cell more on average.
-            return (cal.kv_tokens + 0.5) * cell / kv_cache.GIB
-        return cal.kv_size_gib
+            return (startup.kv_tokens + 0.5) * cell / kv_cache.GIB
+        return startup.kv_size_gib
 
     def _reserve_gib(self) -> float:
-        if self.cal.multimodal_reserve_gib is not None:
-            return self.cal.multimodal_reserve_gib
+        if self.startup_log.multimodal_reserve_gib is not None:
+            return self.startup_log.multimodal_reserve_gib
         return kv_cache.multimodal_reserve_gib(self.shape) if self.shape is not None else 0.0
 
     def fraction_uncertainty(self) -> float:
-        pre = self.cal.pre_gib or 0.0
+        pre = self.startup_log.pre_gib or 0.0
         return (2 * PRINTED_GIB) / pre if pre > 0 else 1.0
 
     def _rounded(self, exact: float) -> float:
@@ -253,11 +257,13 @@ class _Inference:
         return round(exact, 4)
 
     def graph_bs(self) -> None:
-        self.take("cuda_graph_max_bs_decode", self.cal.decode_graph_max_bs, self.line("graph_end"))
+        self.take(
+            "cuda_graph_max_bs_decode", self.startup_log.decode_graph_max_bs, self.line("graph_end")
+        )
 
 
 def infer(
-    cal: Calibration,
+    startup: StartupLog,
     shape: ModelShape | None = None,
     weights: attention_dp.WeightLayout | None = None,
     stated: Mapping[str, Any] | None = None,
@@ -267,11 +273,11 @@ def infer(
     weights per GPU speak; without them only the lines' own figures do."""
     given = dict(stated or {})
     for name in STATABLE:
-        if name in cal.server_args and cal.server_args[name] is not None:
-            given[name] = cal.server_args[name]
-    if cal.server_args.get("enable_dp_attention") and "attn_dp_size" not in cal.server_args:
+        if name in startup.server_args and startup.server_args[name] is not None:
+            given[name] = startup.server_args[name]
+    if startup.server_args.get("enable_dp_attention") and "attn_dp_size" not in startup.server_args:
         given["attn_dp_size"], given["dp_size"] = given.get("dp_size") or 1, 1
-    run = _Inference(cal, shape, weights, given)
+    run = _Inference(startup, shape, weights, given)
     run.layout()
     run.kv_dtype()
     run.fraction()

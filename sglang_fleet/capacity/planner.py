@@ -25,7 +25,13 @@ import sys
 from typing import Any
 
 from sglang_fleet import input_files
-from sglang_fleet.capacity import calibration, kv_cache, layout_table, logged_flags, speculative
+from sglang_fleet.capacity import (
+    calibration_apply,
+    kv_cache,
+    layout_table,
+    logged_flags,
+    speculative,
+)
 from sglang_fleet.capacity.cpu_planner import CpuPlanner
 from sglang_fleet.capacity.gpu_planner import GpuPlanner
 from sglang_fleet.capacity.model_config import ModelConfigError, read_model_dir
@@ -54,7 +60,7 @@ def plan(model_config: dict, weight_bytes: int, args: dict, host: dict) -> dict:
         return CpuPlanner(model_config, weight_bytes, args, host).run()
     planner = GpuPlanner(model_config, weight_bytes, args, host)
     result = planner.run()
-    if planner.a["plan_layouts"] and planner.dp == 1 and planner.tp > 1:
+    if planner.args["plan_layouts"] and planner.dp == 1 and planner.tp > 1:
         rows = layout_table.layout_rows(model_config, weight_bytes, args, host, planner.tp)
         result["attention_dp_layouts"] = rows
         result["recommended_layout"] = layout_table.recommend(rows, planner.attn_dp)
@@ -139,7 +145,7 @@ def add_plan_arguments(parser: argparse.ArgumentParser, *, model_required: bool)
         help="a flag the --calibrate-from run used that its log does not say (repeatable; "
         f"one of {', '.join(logged_flags.STATABLE)}); the flags above describe the plan",
     )
-    parser.add_argument("--calibration-mode", choices=calibration.MODES, default=None)
+    parser.add_argument("--calibration-mode", choices=calibration_apply.MODES, default=None)
     add_speculative_arguments(parser)
     parser.add_argument("--sglang-version", default=None)
     parser.add_argument("--min-free-after-graph-gib", type=_real, default=None)

@@ -11,8 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from sglang_fleet.capacity import calibration, kv_cache, logged_flags, speculative
-from sglang_fleet.capacity.server_log import Calibration, parse_log
+from sglang_fleet.capacity import (
+    calibration_apply,
+    kv_cache,
+    logged_flags,
+    speculative,
+)
+from sglang_fleet.capacity.server_log import StartupLog, parse_log
 from sglang_fleet.module_utils import typed_number
 from sglang_fleet.module_utils.typed_number import Range, shown
 
@@ -203,8 +208,8 @@ def _as_text(key: str, value: Any) -> str:
 
 
 def _as_structure(key: str, value: Any) -> Any:
-    """calibration: a record, a list or the store (as data or JSON text; calibration.py reads
-    it); server_flags: the whole flag mapping."""
+    """calibration: a record, a list or the store (as data or JSON text; calibration_store.py
+    reads it); server_flags: the whole flag mapping."""
     mapping = key in ("server_flags", "speculative_draft_config")
     allowed = (dict,) if mapping else (dict, list, str)
     if not isinstance(value, allowed):
@@ -236,7 +241,7 @@ def _as_logged_flags(value: Any) -> dict[str, Any]:
 
 
 _CHOICES = {
-    "calibration_mode": calibration.MODES,
+    "calibration_mode": calibration_apply.MODES,
     "device": DEVICES,
     "speculation_reset": SPECULATION_RESET_MODES,
 }
@@ -307,15 +312,16 @@ def check_weight_bytes(weight_bytes: Any) -> int:
     return weight_bytes
 
 
-def check_inputs(a: dict[str, Any]) -> None:
-    if a["avg_input_len"] + a["avg_output_len"] <= 0:
+def check_inputs(args: dict[str, Any]) -> None:
+    if args["avg_input_len"] + args["avg_output_len"] <= 0:
         raise PlanInputError("avg_input_len + avg_output_len must be positive", "avg_input_len")
     try:
-        kv_cache.elem_bytes(a["kv_cache_dtype"])
+        kv_cache.elem_bytes(args["kv_cache_dtype"])
     except ValueError as exc:
         raise PlanInputError(str(exc), "kv_cache_dtype") from exc
 
 
-def log_calibration(a: dict[str, Any]) -> Calibration | None:
-    """The calibration log parsed (its Decode batch lines give the per-request speed)."""
-    return parse_log(a["calibration_log"]) if a["calibration_log"] else None
+def parse_startup_log(args: dict[str, Any]) -> StartupLog | None:
+    """The calibration log (`calibration_log`) parsed: a StartupLog (its Decode batch lines
+    give the per-request speed), None without one."""
+    return parse_log(args["calibration_log"]) if args["calibration_log"] else None

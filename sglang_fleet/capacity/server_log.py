@@ -35,7 +35,7 @@ from sglang_fleet.module_utils import typed_number
 from sglang_fleet.module_utils.typed_number import Range
 
 _NUM = r"(\d+(?:\.\d+)?)"
-# A line longer than this is skipped, and counted (Calibration.long_lines): SGLang's longest,
+# A line longer than this is skipped, and counted (StartupLog.long_lines): SGLang's longest,
 # the server_args line, is about 19 KiB; the bound keeps what one line costs small.
 MAX_LINE_CHARS = 64 * 1024
 # "[2026-11-29 10:00:00 DP0 TP3] msg": the bracket's words after the time name the rank.
@@ -106,7 +106,7 @@ class DecodeSample:
 
 
 @dataclass
-class Calibration:
+class StartupLog:
     """What a start-up log measured (GiB, minimum over ranks where ranks differ)."""
 
     pre_gib: float | None = None
@@ -234,7 +234,7 @@ def _count(text: str) -> int:
     return int(typed_number.read(text, "a count", _COUNT))
 
 
-def _server_args(cal: Calibration, msg: str) -> None:
+def _server_args(startup: StartupLog, msg: str) -> None:
     def num(name: str) -> float | None:
         found = re.search(_ARG_NUM.format(name=name), msg)
         return typed_number.finite_or_none(found[1], _GIB) if found else None
@@ -243,16 +243,16 @@ def _server_args(cal: Calibration, msg: str) -> None:
         found = re.search(_ARG_STR.format(name=name), msg)
         return found[1] if found else None
 
-    cal.server_args = _literal_args(msg)
-    cal.mem_fraction_static = num("mem_fraction_static")
+    startup.server_args = _literal_args(msg)
+    startup.mem_fraction_static = num("mem_fraction_static")
     tp, dp = num("tp_size"), num("dp_size")
-    cal.tp_size = int(tp) if tp is not None and tp == int(tp) else None
-    cal.dp_size = int(dp) if dp is not None and dp == int(dp) else None
-    cal.kv_cache_dtype = text("kv_cache_dtype")
-    cal.model_path = text("model_path")
+    startup.tp_size = int(tp) if tp is not None and tp == int(tp) else None
+    startup.dp_size = int(dp) if dp is not None and dp == int(dp) else None
+    startup.kv_cache_dtype = text("kv_cache_dtype")
+    startup.model_path = text("model_path")
     device = text("device")
     if device is not None:
-        cal.device = "cpu" if device == "cpu" else "cuda"
+        startup.device = "cpu" if device == "cpu" else "cuda"
 
 
 def _literal_args(msg: str) -> dict[str, object]:
@@ -278,38 +278,38 @@ MAX_QUOTED_LINE = 200
 _FIRST_PER_RANK = ("load_begin", "kv_alloc")
 
 
-def _memory_line(cal: Calibration, msg: str, rank: str = "") -> bool:
+def _memory_line(startup: StartupLog, msg: str, rank: str = "") -> bool:
     """Record a start-up memory line, and the first line of its kind; False when the line
     is none of them."""
     for kind, record in _MEMORY_LINES:
-        if kind in _FIRST_PER_RANK and (kind, rank) in cal.ranks_seen:
-            if record(Calibration(), msg):  # the draft's line: known, not the start's figure
+        if kind in _FIRST_PER_RANK and (kind, rank) in startup.ranks_seen:
+            if record(StartupLog(), msg):  # the draft's line: known, not the start's figure
                 return True
             continue
-        if record(cal, msg):
-            cal.lines.setdefault(kind, msg[:MAX_QUOTED_LINE])
+        if record(startup, msg):
+            startup.lines.setdefault(kind, msg[:MAX_QUOTED_LINE])
             if kind in _FIRST_PER_RANK:
-                cal.ranks_seen.add((kind, rank))
+                startup.ranks_seen.add((kind, rank))
             return True
     return False
 
 
-def _load_begin(cal: Calibration, msg: str) -> bool:
+def _load_begin(startup: StartupLog, msg: str) -> bool:
     if m := _LOAD_BEGIN.search(msg):
-        cal.pre_gib = _min(cal.pre_gib, _gib(m[1]))
+        startup.pre_gib = _min(startup.pre_gib, _gib(m[1]))
     return m is not None
 
 
-def _load_end(cal: Calibration, msg: str) -> bool:
+def _load_end(startup: StartupLog, msg: str) -> bool:
     if m := _head_then(msg, _LOAD_END, _LOAD_END_MEMORY):
         post, usage = _gib(m[1]), _gib(m[2])
-        cal.post_gib = _min(cal.post_gib, post)
+        startup.post_gib = _min(startup.post_gib, post)
         # A negative usage is free memory that rose during the load (something else freed
         # memory meanwhile): it measures no weights, so the weights stay unknown.
         if usage >= 0:
-            cal.weight_gib = _max(cal.weight_gib, usage)
+            startup.weight_gib = _max(startup.weight_gib, usage)
         if kind := _head_then(msg, _LOAD_END, _LOAD_END_TYPE):
-            cal.architecture = kind[1]
+            startup.architecture = kind[1]
     return m is not None
 
 
@@ -328,27 +328,27 @@ def _kv_allocated(msg: str) -> tuple[str | None, re.Match[str]] | None:
     return None
 
 
-def _kv_alloc(cal: Calibration, msg: str) -> bool:
+def _kv_alloc(startup: StartupLog, msg: str) -> bool:
     found = _kv_allocated(msg)
     if found is not None:
         dtype, m = found
         tokens = _count(m[1])
         size = _gib(m[2]) if m[2] else _gib(m[3]) + _gib(m[4])
-        cal.kv_torch_dtype = dtype or cal.kv_torch_dtype
-        cal.kv_tokens = int(_min(cal.kv_tokens, tokens))
-        cal.kv_size_gib = _min(cal.kv_size_gib, size)
+        startup.kv_torch_dtype = dtype or startup.kv_torch_dtype
+        startup.kv_tokens = int(_min(startup.kv_tokens, tokens))
+        startup.kv_size_gib = _min(startup.kv_size_gib, size)
     return found is not None
 
 
-def _multimodal_reserve(cal: Calibration, msg: str) -> bool:
+def _multimodal_reserve(startup: StartupLog, msg: str) -> bool:
     if m := _MM_RESERVE.search(msg):
-        cal.multimodal_reserve_gib = _gib(m[1])
+        startup.multimodal_reserve_gib = _gib(m[1])
     return m is not None
 
 
-def _pool_end(cal: Calibration, msg: str) -> bool:
+def _pool_end(startup: StartupLog, msg: str) -> bool:
     if m := _POOL_END.search(msg):
-        cal.pool_end_avail_gib = _min(cal.pool_end_avail_gib, _gib(m[1]))
+        startup.pool_end_avail_gib = _min(startup.pool_end_avail_gib, _gib(m[1]))
     return m is not None
 
 
@@ -377,16 +377,16 @@ def _graph_batch_sizes(msg: str) -> re.Match[str] | None:
     return None
 
 
-def _graph_end(cal: Calibration, msg: str) -> bool:
+def _graph_end(startup: StartupLog, msg: str) -> bool:
     if m := _graph_avail(msg):
         # Decode and prefill graphs are captured one after the other: the lowest figure is
         # what is left once every graph is resident.
         avail = _gib(m[1])
         bs = _graph_batch_sizes(msg)
         sizes = [_count(n) for n in bs[1].replace(" ", "").split(",") if n] if bs else []
-        cal.graph_end_avail_gib = _min(cal.graph_end_avail_gib, avail)
+        startup.graph_end_avail_gib = _min(startup.graph_end_avail_gib, avail)
         if sizes:
-            cal.decode_graph_max_bs = max(sizes)
+            startup.decode_graph_max_bs = max(sizes)
     return m is not None
 
 
@@ -400,18 +400,18 @@ _MEMORY_LINES = (
 )
 
 
-def _scheduler_line(cal: Calibration, msg: str) -> bool:
+def _scheduler_line(startup: StartupLog, msg: str) -> bool:
     m = _SCHED.search(msg)
     if not m:
         return False
     figures = _count(m[1]), _count(m[2]), _count(m[4]), _count(m[5])
     avail = _gib(m[7]) if m[7] is not None else None
-    cal.lines.setdefault("scheduler", msg[:MAX_QUOTED_LINE])
-    (cal.max_total_num_tokens, cal.chunked_prefill_size, cal.max_running_requests,
-     cal.context_len) = figures  # fmt: skip
+    startup.lines.setdefault("scheduler", msg[:MAX_QUOTED_LINE])
+    (startup.max_total_num_tokens, startup.chunked_prefill_size, startup.max_running_requests,
+     startup.context_len) = figures  # fmt: skip
     if avail is not None:
-        cal.startup_avail_gib = avail
-        cal.device = "cpu" if m[6] == "cpu" else cal.device or "cuda"
+        startup.startup_avail_gib = avail
+        startup.device = "cpu" if m[6] == "cpu" else startup.device or "cuda"
     return True
 
 
@@ -458,30 +458,30 @@ def parse_decode_lines(lines: Iterable[str]) -> list[DecodeSample]:
     return [s for s in map(parse_decode_line, lines) if s is not None]
 
 
-def parse_log(text: str) -> Calibration:
+def parse_log(text: str) -> StartupLog:
     """Parse a whole server log; a line longer than MAX_LINE_CHARS is skipped (counted in
     long_lines), and so is a memory or scheduler line whose figure is no number SGLang prints
     (counted in unreadable_lines)."""
-    cal = Calibration()
+    startup = StartupLog()
     for line in text.splitlines():
         if len(line) > MAX_LINE_CHARS:
-            cal.long_lines += 1
+            startup.long_lines += 1
             continue
         rank, msg = _split(line)
         if msg != line.strip():
-            cal.prefixed = True
-            cal.rank_tags.update(rank.split())
+            startup.prefixed = True
+            startup.rank_tags.update(rank.split())
         if "server_args=" in msg:
-            _server_args(cal, msg)
+            _server_args(startup, msg)
             continue
         try:
-            if _memory_line(cal, msg, rank) or _scheduler_line(cal, msg):
+            if _memory_line(startup, msg, rank) or _scheduler_line(startup, msg):
                 continue
         except typed_number.NumberError:
-            cal.unreadable_lines += 1
+            startup.unreadable_lines += 1
             continue
         if _POST_CAPTURE.search(msg):
-            cal.post_capture_kv_sizing = True
+            startup.post_capture_kv_sizing = True
         elif sample := parse_decode_line(line):
-            cal.decode_samples.append(sample)
-    return cal
+            startup.decode_samples.append(sample)
+    return startup

@@ -91,7 +91,7 @@ def calibration_args(calibration: Any, server: Mapping[str, Any]) -> dict[str, A
             f"sglang_server_plan: unknown calibration key(s) {', '.join(unknown)}; "
             f"allowed: {', '.join(sorted(CALIBRATION_KEYS))}"
         )
-    # A damaged entry of the store is set aside by the planner (calibration.read_store) and
+    # A damaged entry of the store is set aside by the planner (calibration_store.read_store) and
     # named in the plan's bounds line, never a reason to refuse the host.
     store = given.get("store")
     args: dict[str, Any] = {

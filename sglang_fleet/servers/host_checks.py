@@ -44,7 +44,7 @@ from typing import Any
 
 from sglang_fleet.capacity import speculative
 from sglang_fleet.module_utils import typed_number
-from sglang_fleet.servers.describe import SERVERS_VAR
+from sglang_fleet.servers.server_values import SERVERS_VAR
 
 INTEGER = typed_number.Range(integer=True)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from sglang_fleet import input_files
-from sglang_fleet.capacity import calibration
+from sglang_fleet.capacity import calibration_record, calibration_store
 from sglang_fleet.capacity.planner_inputs import MIN_FREE_AFTER_GRAPH_GIB
 from sglang_fleet.module_utils import bounded_json
 from sglang_fleet.module_utils.typed_number import Range, shown
@@ -92,12 +92,12 @@ def new_state(
     if margin is None:
         raise AutotuneInputError(f"autotune margin_gib: {shown(margin_gib)} is not a number >= 0")
     typed_space = typed["space"]
-    store = calibration.read_store(context.get("calibration"))
+    store = calibration_store.read_store(context.get("calibration"))
     state: dict[str, Any] = {
         "schema": STATE_SCHEMA,
         "started_at": utc_stamp(),
         "server": server,
-        "base_flags": calibration.public_flags(base_flags),
+        "base_flags": calibration_record.public_flags(base_flags),
         "space": typed_space,
         "workload": typed["workload"],
         "slo": typed["slo"],

@@ -10,7 +10,7 @@ import statistics
 from collections.abc import Mapping
 from typing import Any
 
-from sglang_fleet.capacity import calibration, speculative
+from sglang_fleet.capacity import calibration_record, speculative
 from sglang_fleet.capacity.planner import plan
 from sglang_fleet.capacity.planner_inputs import PLANNER_FLAGS, PlanInputError
 from sglang_fleet.tuning.autotune_candidates import candidate_flags, sglang_adjustments
@@ -69,7 +69,7 @@ def _plan_flags(
         "avg_output_len": work["output_len"],
         "calibration": state["calibrations"],
         "calibration_mode": "enforce",
-        "server_flags": calibration.public_flags(flags),
+        "server_flags": calibration_record.public_flags(flags),
         "sglang_version": ctx.get("sglang_version"),
         "min_free_after_graph_gib": state["margin_gib"],
         "plan_layouts": False,

@@ -9,7 +9,7 @@ import statistics
 from collections.abc import Mapping
 from typing import Any
 
-from sglang_fleet.capacity import calibration, speculative
+from sglang_fleet.capacity import calibration, calibration_store, speculative
 from sglang_fleet.module_utils.typed_number import Range, finite_or_none
 from sglang_fleet.tuning.autotune_inputs import AutotuneInputError
 from sglang_fleet.tuning.candidate_planning import replan
@@ -83,7 +83,7 @@ def record_trial(
     record = result.get("calibration")
     if record:
         try:
-            state["calibrations"] = calibration.add_record(state["calibrations"], record)
+            state["calibrations"] = calibration_store.add_record(state["calibrations"], record)
         except calibration.CalibrationError as exc:
             row["calibration_not_kept"] = str(exc)
     state["in_flight"] = None

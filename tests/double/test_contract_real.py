@@ -33,7 +33,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sglang_fleet.bench.smoke_client.benchmark import Benchmark
 from sglang_fleet.bench.smoke_client.workload import Config, vocab_size_of
-from sglang_fleet.capacity import calibration
+from sglang_fleet.capacity import calibration_record
 from sglang_fleet.capacity.server_log import parse_log
 
 REPO = Path(__file__).resolve().parents[2]
@@ -269,7 +269,7 @@ def test_startup_lines_our_parsers_read(both: dict[str, Any]) -> None:
         assert cal.startup_avail_gib is not None, name
         assert cal.graph_end_avail_gib is None, name  # no CUDA graphs with torch_native
         assert cal.tp_size == 1, name
-        record = calibration.build_record(text, None, {})
+        record = calibration_record.build_record(text, None, {})
         assert record["key"]["device"] == "cpu", name
         assert "The server is fired up and ready to roll!" in text, name
 
