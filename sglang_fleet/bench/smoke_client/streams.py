@@ -67,7 +67,7 @@ def _token_counts(block: bytes) -> tuple[int, int, bool] | None:
         rest = pos  # where the error key may still begin
         if startswith(_TEXT_START, pos):
             quote = find(b'"', pos + len(_TEXT_START), end)
-            if startswith(_IDS_START, quote, end):
+            if quote > 0 and startswith(_IDS_START, quote, end):
                 rest = find(b'"', quote + len(_IDS_START), end)
         elif not startswith(_EVENT_START, pos):
             if first >= 0 and pos + len(_DONE_EVENT) == size and startswith(_DONE_EVENT, pos):
@@ -75,7 +75,8 @@ def _token_counts(block: bytes) -> tuple[int, int, bool] | None:
             return None
         if rest < 0 or not startswith(b"\n\n", end) or find(_ERROR_KEY, rest, end) >= 0:
             return None
-        count = _COUNT_AT.match(block, rfind(_COMPLETION_TOKENS_KEY, rest, end), end)
+        key = rfind(_COMPLETION_TOKENS_KEY, rest, end)
+        count = _COUNT_AT.match(block, key, end) if key >= 0 else None
         if count is None:
             return None
         value = int(count[1])
@@ -318,9 +319,14 @@ class GenerateStream(SseStream):
         in the read (the usual case) only its first and last counts matter: the first gives
         the gap since the previous read, the later ones add zero gaps, exactly as handling them
         one by one would. They are counted where they lie (no copy of their text). Anything
-        else (errors, comments, counts that stay or go back) goes one by one."""
+        else (errors, comments, counts that stay or go back, a count past what was asked plus
+        the allowance, whose message names the event that first passed it) goes one by one."""
         found = _token_counts(block)
-        if found is None or found[0] <= self.tokens:
+        if (
+            found is None
+            or found[0] <= self.tokens
+            or found[1] > self.expected + _TOKEN_ALLOWANCE  # the long output's own message
+        ):
             super().on_events(block, t)  # one by one: each event is judged on its own
             return
         first, last, done = found
