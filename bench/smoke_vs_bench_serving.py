@@ -164,6 +164,8 @@ def serve_burst(port: int) -> None:
 
     rendered: dict[tuple[int, int], bytes] = {}
     models = json.dumps({"object": "list", "data": [{"id": str(FIXTURE)}]}).encode()
+    # the smoke client draws its random ids below the vocabulary of the model named here
+    model_info = json.dumps({"model_path": str(FIXTURE)}).encode()
 
     def plain(status: str, body: bytes) -> bytes:
         head = f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\n"
@@ -189,6 +191,8 @@ def serve_burst(port: int) -> None:
                     writer.write(rendered[key])
                 elif path == b"/v1/models":
                     writer.write(plain("200 OK", models))
+                elif path == b"/model_info":
+                    writer.write(plain("200 OK", model_info))
                 else:
                     writer.write(plain("404 Not Found", b"{}"))
                 await writer.drain()
@@ -310,7 +314,8 @@ def run_bench_serving(url: str, n: int, args: argparse.Namespace, out: Path) -> 
 
 def _checked(client: str, n: int, result: dict, cpu: float, wall: float) -> Run:
     if result["completed"] != n:
-        raise RuntimeError(f"{client}: {result['completed']} of {n} requests completed")
+        why = result.get("errors") or result.get("failure_reasons") or "no reason given"
+        raise RuntimeError(f"{client}: {result['completed']} of {n} requests completed: {why}")
     return Run(client, n, result["total_output_tokens"], cpu, wall, result["request_throughput"])
 
 
