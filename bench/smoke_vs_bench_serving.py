@@ -15,8 +15,17 @@ client spends about 10 CPU-seconds importing torch and friends before its first 
 
 Targets: smoke's CPU per token at most half of SGLang's (issue 44; a third in issue 7, before
 the smoke client took on its bounds), its ceiling at least SGLang's. Each figure is the median
-of --rounds rounds (3), the clients taking turns within a round, so that a slow minute of the
-shared machine weighs on both.
+of --rounds rounds (3), the clients taking turns within a round (in reverse order every other
+round), so that a slow minute of the shared machine weighs on all of them.
+
+`--smoke-program NAME=PATH` measures another build of the smoke client in the same rounds, with
+the same harness: a zipapp or a standalone script (e.g. the client of an older commit), run
+with the same arguments by the same interpreter. Its ratios to SGLang's client are printed as
+smoke's are, so a change can be compared with its base in one run:
+
+    git show BASE:sglang_fleet/smoke.py > /tmp/base-smoke.py      # before the package split
+    .venv/bin/python bench/smoke_vs_bench_serving.py --server double \
+        --smoke-program base=/tmp/base-smoke.py
 The server is gpusim's SGLang double with all timings zero (gpusim/ in the repo);
 `--server builtin` uses a minimal aiohttp streaming server in this file instead. SGLang's client
 comes from the reference venv (scripts/sglang-reference-env.sh -> .cache/sglang-ref/venv);
@@ -155,6 +164,8 @@ def serve_burst(port: int) -> None:
 
     rendered: dict[tuple[int, int], bytes] = {}
     models = json.dumps({"object": "list", "data": [{"id": str(FIXTURE)}]}).encode()
+    # the smoke client draws its random ids below the vocabulary of the model named here
+    model_info = json.dumps({"model_path": str(FIXTURE)}).encode()
 
     def plain(status: str, body: bytes) -> bytes:
         head = f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\n"
@@ -180,6 +191,8 @@ def serve_burst(port: int) -> None:
                     writer.write(rendered[key])
                 elif path == b"/v1/models":
                     writer.write(plain("200 OK", models))
+                elif path == b"/model_info":
+                    writer.write(plain("200 OK", model_info))
                 else:
                     writer.write(plain("404 Not Found", b"{}"))
                 await writer.drain()
@@ -232,10 +245,13 @@ def smoke_archive(folder: Path) -> Path:
     return archive
 
 
-def run_smoke(python: str, url: str, n: int, args: argparse.Namespace, out: Path) -> Run:
+def run_smoke(
+    python: str, url: str, n: int, args: argparse.Namespace, out: Path, *, program: str = ""
+) -> Run:
+    """One run of the smoke client: this checkout's zipapp, or ``program`` (a file) if given."""
     cmd = [
         python,
-        str(smoke_archive(out.parent)),
+        program or str(smoke_archive(out.parent)),
         "--url",
         url,
         "--backend",
@@ -256,7 +272,7 @@ def run_smoke(python: str, url: str, n: int, args: argparse.Namespace, out: Path
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     cpu, wall = run_child(cmd, env)
     result = json.loads(out.read_text())
-    return _checked("smoke", n, result, cpu, wall)
+    return _checked(f"smoke@{program}" if program else "smoke", n, result, cpu, wall)
 
 
 def run_bench_serving(url: str, n: int, args: argparse.Namespace, out: Path) -> Run:
@@ -298,7 +314,8 @@ def run_bench_serving(url: str, n: int, args: argparse.Namespace, out: Path) -> 
 
 def _checked(client: str, n: int, result: dict, cpu: float, wall: float) -> Run:
     if result["completed"] != n:
-        raise RuntimeError(f"{client}: {result['completed']} of {n} requests completed")
+        why = result.get("errors") or result.get("failure_reasons") or "no reason given"
+        raise RuntimeError(f"{client}: {result['completed']} of {n} requests completed: {why}")
     return Run(client, n, result["total_output_tokens"], cpu, wall, result["request_throughput"])
 
 
@@ -316,10 +333,11 @@ def measure(client: str, url: str, args: argparse.Namespace, tmp: Path) -> dict[
         pair = []
         for n in counts:
             out = tmp / f"{client}-{output_len}-{n}.json"
-            if client == "smoke":
-                pair.append(run_smoke(args.smoke_python, url, n, settings, out))
-            else:
+            if client == "bench_serving":
                 pair.append(run_bench_serving(url, n, settings, out))
+            else:
+                program = args.programs.get(client, "")
+                pair.append(run_smoke(args.smoke_python, url, n, settings, out, program=program))
             last = pair[-1]
             print(
                 f"  {client:<14} {n:>6} req x {output_len:>3} tok: cpu {last.cpu_s:6.2f} s, "
@@ -359,7 +377,10 @@ def run_server(kind: str, clients: list[str], args: argparse.Namespace) -> list[
         print(f"\nserver: {kind} on {url}; smoke runs on {args.smoke_python}", flush=True)
         for number in range(args.rounds):
             print(f"round {number + 1} of {args.rounds}", flush=True)
-            rounds.append({client: measure(client, url, args, tmp) for client in clients})
+            # turns in reverse every other round: no client always runs first (or last)
+            order = clients if number % 2 == 0 else clients[::-1]
+            figures = {client: measure(client, url, args, tmp) for client in order}
+            rounds.append({client: figures[client] for client in clients})
     finally:
         server.terminate()
         server.wait(30)
@@ -386,17 +407,20 @@ def print_table(kind: str, rounds: list[dict[str, dict]]) -> dict[str, float]:
         )
     if "bench_serving" not in rounds[0]:
         return {}
-    token = [one["smoke"]["cpu_us_per_token"] / one["bench_serving"]["cpu_us_per_token"]
-             for one in rounds]  # fmt: skip
-    ceiling = [one["smoke"]["ceiling_req_s"] / one["bench_serving"]["ceiling_req_s"]
-               for one in rounds]  # fmt: skip
-    shown = ", ".join(f"{r:.3f}" for r in token)
-    print(f"{kind}: CPU per token, smoke / bench_serving: {_median(token):.3f} "
-          f"(rounds: {shown}; target <= 0.5)")  # fmt: skip
-    print(
-        f"{kind}: requests/s ceiling, smoke / bench_serving: {_median(ceiling):.2f} (target >= 1)"
-    )
-    return {"token_ratio": _median(token), "ceiling_ratio": _median(ceiling)}
+    ratios = {}
+    for client in (name for name in rounds[0] if name != "bench_serving"):
+        token = [one[client]["cpu_us_per_token"] / one["bench_serving"]["cpu_us_per_token"]
+                 for one in rounds]  # fmt: skip
+        ceiling = [one[client]["ceiling_req_s"] / one["bench_serving"]["ceiling_req_s"]
+                   for one in rounds]  # fmt: skip
+        shown = ", ".join(f"{r:.3f}" for r in token)
+        print(f"{kind}: CPU per token, {client} / bench_serving: {_median(token):.3f} "
+              f"(rounds: {shown}; target <= 0.5)")  # fmt: skip
+        print(f"{kind}: requests/s ceiling, {client} / bench_serving: {_median(ceiling):.2f} "
+              "(target >= 1)")  # fmt: skip
+        if client == "smoke":
+            ratios = {"token_ratio": _median(token), "ceiling_ratio": _median(ceiling)}
+    return ratios
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -423,12 +447,28 @@ def main(argv: list[str] | None = None) -> int:
         "run on the same Python)",
     )
     parser.add_argument("--skip-reference", action="store_true", help="measure smoke only")
+    parser.add_argument(
+        "--smoke-program",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="another smoke client (a zipapp or standalone script) measured in the same rounds "
+        "as client NAME; repeatable",
+    )
     args = parser.parse_args(argv)
+    args.programs = {}
+    for spec in args.smoke_program:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or name in ("smoke", "bench_serving") or name in args.programs:
+            parser.error(f"--smoke-program {spec!r}: give NAME=PATH, each NAME once, not smoke")
+        if not Path(path).is_file():
+            parser.error(f"--smoke-program {spec!r}: {path} is not a file")
+        args.programs[name] = str(Path(path).resolve())
     if args.serve:
         serve_burst(args.serve)
         return 0
 
-    clients = ["smoke"]
+    clients = ["smoke", *args.programs]
     if args.skip_reference:
         print("measuring the smoke client only")
     elif REFERENCE_PYTHON.exists():

@@ -127,6 +127,8 @@ class _Connection(asyncio.BufferedProtocol):
             return
         exchange.got_bytes = True
         try:
+            if self._state == _CHUNK_SIZE and not self._buf and self._one_chunk(data, t):
+                return  # the usual read of a stream: one whole chunk
             if self._state == _HEAD:
                 data = self._parse_head(data, t)
             if data and self.exchange is not None:
@@ -201,6 +203,23 @@ class _Connection(asyncio.BufferedProtocol):
             self.exchange.on_body(data, t)
         else:
             self._feed_chunked(data, t)
+
+    def _one_chunk(self, data: bytes, t: float) -> bool:
+        """Hand over the body of a read that is exactly one whole chunk (a streamed event, as
+        a server that keeps up sends it), without the general decoder's bookkeeping; False
+        for anything else, left untouched for the decoder, which also raises what a bad size
+        line raises here."""
+        eol = data.find(b"\r\n")
+        size_line = data[:eol]
+        if eol <= 0 or b";" in size_line:
+            return False
+        start = eol + 2
+        end = start + int(size_line, 16)
+        if end <= start or end + 2 != len(data) or not data.endswith(b"\r\n"):
+            return False
+        assert self.exchange is not None
+        self.exchange.on_body(data[start:end], t)
+        return True
 
     def _feed_chunked(self, data: bytes, t: float) -> None:
         buf = self._buf + data if self._buf else data

@@ -35,11 +35,58 @@ _ERROR_TEXT_LIMIT = 300
 # Found with rfind: a quote inside generated text is escaped (\"), so the key cannot match there.
 _COMPLETION_TOKENS_KEY = b'"completion_tokens"'
 _ERROR_KEY = b'"error"'
-# A count as SGLang writes it, or the error key, for a block of events read at once: one
-# linear pass in C (each alternative starts at a quote and has a bounded run of digits) gives
-# every count, and an empty one for each "error". A count written any other way does not match,
-# and the block goes event by event (_number_after).
-_COUNT_OR_ERROR_RE = re.compile(rb'"(?:completion_tokens": ?([0-9]{1,12})[,}]|error")')
+# A count as SGLang writes it, matched where rfind found its key (anchored: a bounded run of
+# digits, no backtracking). A count written any other way does not match, and the read goes
+# event by event (_number_after).
+_COUNT_AT = re.compile(rb'"completion_tokens": ?([0-9]{1,12})[,}]')
+_EVENT_START = b"data: {"
+_DONE_EVENT = b"data: [DONE]\n\n"
+
+
+_TEXT_START = b'data: {"text":"'
+_IDS_START = b'","output_ids":['
+
+
+def _token_counts(block: bytes) -> tuple[int, int, bool] | None:
+    """The completion_tokens of the first and the last event of a read of whole events, and
+    whether [DONE] ends the read; None unless every event is a plain token chunk: one
+    ``data: {`` line without an error key, its count written as SGLang writes it, never lower
+    than the one before. Anything else is left to the event-by-event reader.
+
+    The read is walked once, with memchr (the fastest scan there is) over nearly all of its
+    bytes: an event repeats the text and token ids so far, so bytes, not events, are the
+    cost. Each event's end is its only newline (JSON text holds no raw one). In SGLang's own
+    event, ``data: {"text":"...","output_ids":[...],"meta_info":{...}}``, the error key, like
+    any key, begins at a quote: the text's closing quote is the first one when the text holds
+    none, the ids hold none, so only the short rest from the next quote on is searched for it,
+    and for the count (meta_info is the last member). Any other event is searched whole."""
+    find, rfind, startswith = block.find, block.rfind, block.startswith
+    pos, size, first, last = 0, len(block), -1, 0
+    while pos < size:
+        end = find(b"\n", pos)
+        rest = pos  # where the error key may still begin
+        if startswith(_TEXT_START, pos):
+            quote = find(b'"', pos + len(_TEXT_START), end)
+            if quote > 0 and startswith(_IDS_START, quote, end):
+                rest = find(b'"', quote + len(_IDS_START), end)
+        elif not startswith(_EVENT_START, pos):
+            if first >= 0 and pos + len(_DONE_EVENT) == size and startswith(_DONE_EVENT, pos):
+                return first, last, True
+            return None
+        if rest < 0 or not startswith(b"\n\n", end) or find(_ERROR_KEY, rest, end) >= 0:
+            return None
+        key = rfind(_COMPLETION_TOKENS_KEY, rest, end)
+        count = _COUNT_AT.match(block, key, end) if key >= 0 else None
+        if count is None:
+            return None
+        value = int(count[1])
+        if value < last:
+            return None  # a count that goes back: judged event by event
+        if first < 0:
+            first = value
+        last = value
+        pos = end + 2
+    return (first, last, False) if first >= 0 else None
 
 
 def _number_after(payload: bytes, key: int) -> int:
@@ -269,51 +316,26 @@ class GenerateStream(SseStream):
 
     def on_events(self, block: bytes, t: float) -> None:
         """Events that arrived in one read share one time, so with nothing but token chunks
-        in the block (the usual case) only its first and last counts matter: the first gives
+        in the read (the usual case) only its first and last counts matter: the first gives
         the gap since the previous read, the later ones add zero gaps, exactly as handling them
-        one by one would. Anything else (errors, comments, zero-token chunks) goes one by one.
-        Events start at a line start, and JSON text cannot hold a raw newline.
-
-        Each test below is one pass over the block in C (an event repeats the text so far, so
-        the bytes, not the events, are the cost): the counts and error keys, the events."""
-        if block.startswith(b"data: {") and block.find(b"\n") == len(block) - 2:
-            self._one_event(block, t)  # the usual read of a server that keeps up: one event
-            return
-        counts = _COUNT_OR_ERROR_RE.findall(block)
-        # [DONE] ends a stream: anywhere else it is an event without a count, so the number
-        # of events below differs and the block goes one by one.
-        done = block.endswith(b"\ndata: [DONE]\n\n")
-        events = block.count(b"\ndata:") + block.startswith(b"data:")
-        values = [int(count) for count in counts if count]  # b"": an error key
+        one by one would. They are counted where they lie (no copy of their text). Anything
+        else (errors, comments, counts that stay or go back, a count past what was asked plus
+        the allowance, whose message names the event that first passed it) goes one by one."""
+        found = _token_counts(block)
         if (
-            not values
-            or len(values) != len(counts)
-            or events != len(values) + done
-            or values[0] <= self.tokens
-            or values != sorted(values)  # a count that goes back: judged event by event
+            found is None
+            or found[0] <= self.tokens
+            or found[1] > self.expected + _TOKEN_ALLOWANCE  # the long output's own message
         ):
             super().on_events(block, t)  # one by one: each event is judged on its own
             return
-        first_count, last_count = values[0], values[-1]
-        self.add_tokens(first_count - self.tokens, t)
-        if last_count > first_count:
-            self.add_tokens(last_count - first_count, t)
-        self.last_payload = block
+        first, last, done = found
+        self.add_tokens(first - self.tokens, t)
+        if last > first:
+            self.add_tokens(last - first, t)
+        self.last_payload = block  # final_counts reads the line around the last count
         if done:
             self.end_t = t
-
-    def _one_event(self, block: bytes, t: float) -> None:
-        """One event, ``data: {...}\n\n``, that counts more tokens than the last and carries
-        no error key: counted where it lies (no copy of its text). Anything else goes through
-        on_event, which judges every case."""
-        key = block.rfind(_COMPLETION_TOKENS_KEY)
-        if key >= 0 and block.find(_ERROR_KEY) < 0:
-            new = _number_after(block, key) - self.tokens
-            if new > 0:
-                self.last_payload = block  # final_counts reads the line around the count
-                self.add_tokens(new, t)
-                return
-        self.on_event(block[6:-2], t)
 
     def on_event(self, payload: bytes, t: float) -> None:
         key = payload.rfind(_COMPLETION_TOKENS_KEY)
