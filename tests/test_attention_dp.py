@@ -38,6 +38,11 @@ QKV_A = 7168 * (1536 + 512 + 64)
 SPLIT = 1536 * 64 * (128 + 64) + 512 * 64 * (128 + 128) + 64 * 128 * 7168
 EMBED = 163840 * 7168 * 2
 ATTN_SPLIT_BYTES = SPLIT * LAYERS * 2
+# The MoE router of each of the 60 MoE layers, a plain parameter (replicated): MoEGate.weight
+# (384 experts x 7168, bf16) and its fp32 e_score_correction_bias (noaux_tc).
+ROUTER = (384 * 7168 * 2 + 384 * 4) * 60
+# w_kc + w_vc, which post_load_weights cuts from kv_b_proj and keeps beside it (bf16).
+KV_B_COPY = 512 * 64 * (128 + 128) * LAYERS * 2
 FP8_CELL = (512 + 64) * 61
 BF16_CELL = FP8_CELL * 2
 # The 0.85 bf16 log: 149800 tokens of 70272 B, pre 94.19 GiB.
@@ -46,7 +51,7 @@ PRE = 94.19
 
 
 def extra_gib(attn_dp: int, tp: int = 8) -> float:
-    return (ATTN_SPLIT_BYTES + EMBED) * (attn_dp / tp - 1 / tp) / GIB
+    return (ATTN_SPLIT_BYTES + EMBED + KV_B_COPY) * (attn_dp / tp - 1 / tp) / GIB
 
 
 def kimi(**args: Any) -> dict[str, Any]:
@@ -64,7 +69,8 @@ def kimi(**args: Any) -> dict[str, Any]:
 # --- where the weights go ---------------------------------------------------------------
 def test_weight_layout_of_kimi_from_config():
     w = attention_dp.weight_layout(CONFIG, SHAPE, WEIGHTS)
-    assert w.replicated == QKV_A * LAYERS * 2
+    assert w.replicated == QKV_A * LAYERS * 2 + ROUTER
+    assert w.kv_b_copy == KV_B_COPY
     assert w.attn_split == ATTN_SPLIT_BYTES
     assert w.embedding == EMBED
     assert w.lm_head == EMBED  # untied, same shape
@@ -256,6 +262,7 @@ def test_roofline_at_the_planned_concurrency_by_hand():
     touched = 384 * (1 - (1 - 8 / 384) ** batch)
     weights = (
         QKV_A * LAYERS * 2
+        + ROUTER  # every step reads each MoE layer's whole router
         + (ATTN_SPLIT_BYTES + EMBED + w.lm_head + w.dense_mlp) / 8
         + w.routed_experts * touched / 384 / 8
     )

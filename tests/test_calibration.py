@@ -618,9 +618,13 @@ def test_prediction_matches_the_next_start_of_the_double(tmp_path: Path):
         assert abs(predicted.max_total_num_tokens - reported) <= 0.02 * reported
         # In fact far closer: the double follows SGLang's formula to the token.
         assert abs(predicted.max_total_num_tokens - reported) <= 0.001 * reported
-        # The double prints GiB with two decimals: the free memory agrees to that.
+        # Free memory after graphs: the planner moves the measured graph memory by SGLang's
+        # reserve estimate (memory_hook.py, 2 MiB per decode batch size), the double allocates
+        # its own model of capture (gpusim/memory.py graph_memory_mib, issue 47: no formula
+        # shared). Shrinking the decode graphs from 512 to 128 requests frees 768 MiB by the
+        # estimate and about 580 MiB in the double; within a quarter GiB of each other.
         assert predicted.free_after_graph_gib == pytest.approx(
-            measured["free_after_graph_gib"], abs=0.02
+            measured["free_after_graph_gib"], abs=0.25
         )
 
 

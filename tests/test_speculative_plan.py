@@ -99,11 +99,23 @@ def test_the_draft_fixture_holds_the_tensors_of_its_shape():
     assert DRAFT_WEIGHTS == 2 * params == 6_031_208_448
 
 
+# The target's weights per GPU at tp 8 as SGLang places them (tests/test_plan.py works it out):
+# fused_qkv_a_proj_with_mqa and the MoE router whole, w_kc/w_vc (a copy of kv_b_proj) and the
+# rest of the checkpoint over the 8 GPUs. 71.18 GiB; the checkpoint / 8 would be 69.28.
+TARGET_WHOLE = H * (Q_LORA + KV_LORA + ROPE) * LAYERS * 2 + 60 * (384 * H * 2 + 384 * 4)
+TARGET_PER_GPU = (
+    TARGET_WHOLE
+    + (KIMI_WEIGHTS - TARGET_WHOLE) / 8
+    + KV_LORA * HEADS * (NOPE + V_HEAD) * LAYERS * 2 / 8
+)
+
+
 def _story_pool(fraction: float, draft_gib: float, budget_cell: int) -> int:
     """The planner's uncalibrated estimate of free memory (GPU total less the CUDA context before
-    weights; the target's checkpoint / tp after), with SGLang's placement of the draft."""
+    weights; the target's weights as SGLang places them after), with SGLang's placement of the
+    draft."""
     pre = 97887 / 1024 - 0.75
-    post = pre - KIMI_WEIGHTS / 8 / GIB - draft_gib
+    post = pre - TARGET_PER_GPU / GIB - draft_gib
     rest = post - pre * (1 - fraction) - 100 / 1024  # SGLang's VLM cache reserve (Kimi is VLM)
     return int(rest * GIB) // budget_cell
 
@@ -124,11 +136,11 @@ def test_an_eagle3_draft_of_the_story_model_comes_out_of_the_static_pool():
     assert section["kv_budget_cell_bytes"] == target_cell + budget
     tokens = _story_pool(0.88, per_gpu / GIB, target_cell + budget)
     without = _story_pool(0.88, 0.0, target_cell)
-    assert result["max_total_num_tokens"] == tokens == 400_751
-    assert kimi(max_running_requests=150)["max_total_num_tokens"] == without == 430_286
-    # The same pool holds 7 % fewer tokens: 100 requests of 4000 tokens instead of 107.
-    assert result["max_concurrent_requests"] == tokens // 4000 == 100
-    assert kimi(max_running_requests=150)["max_concurrent_requests"] == without // 4000 == 107
+    assert result["max_total_num_tokens"] == tokens == 343_821
+    assert kimi(max_running_requests=150)["max_total_num_tokens"] == without == 372_422
+    # The same pool holds 8 % fewer tokens: 85 requests of 4000 tokens instead of 93.
+    assert result["max_concurrent_requests"] == tokens // 4000 == 85
+    assert kimi(max_running_requests=150)["max_concurrent_requests"] == without // 4000 == 93
     assert section["draft_kv_beyond_budget_gib"] == 0.0  # an MLA draft: its share is exact
     assert result["cell_size_bytes"] == target_cell  # what the target's own KV costs
 

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from gpusim.model import ModelShape
+from gpusim.placement import RankWeights, tensor_list
+from gpusim.placement import rank_weights as rank_weights_of
 
 if TYPE_CHECKING:
     from gpusim.speculative import DraftPlacement
@@ -29,9 +31,28 @@ CUDA_CONTEXT_MIB = 768
 # Headroom model: what lives outside the static pool (weights + KV) once the server runs.
 RUNTIME_BASE_MIB = 512  # allocator/attention metadata, as SGLang's 512 MiB constant
 RUNTIME_PER_8_RANKS_MIB = 1024  # NCCL/custom all-reduce buffers: tp*pp/8 GiB, as SGLang
-DECODE_GRAPH_MIB_PER_BS = 2  # per captured decode batch size, as SGLang's estimate
-MLA_PREFILL_GRAPH_MIB = 1536  # as SGLang's MLA prefill-graph reserve
-MHA_PREFILL_GRAPH_MIB_PER_BUCKET = 8  # as SGLang's per-bucket MHA prefill-graph reserve
+# What the default fraction reserves for CUDA graphs: arg_groups/memory_hook.py
+# `reserve_for_graph_mb`, an estimate (sglang_graph_reserve_mib below).
+RESERVE_DECODE_MIB_PER_BS = 2
+RESERVE_ATTN_DP_MIB_PER_BS_RANK = 3  # x max_bs x attn_dp ("DP attention needs more padding")
+RESERVE_ATTN_DP_LARGE_BS = 300  # above it, 1.5 MiB more per max_bs x attn_dp
+RESERVE_ATTN_DP_LARGE_MIB = 1.5
+RESERVE_MLA_PREFILL_MIB = 1536  # "MLA backend overhead is much higher than expected"
+RESERVE_PREFILL_MIB_PER_SIZE = 8  # non-MLA: per prefill capture size
+# What capture allocates in the double (captured_graph_mib below): the double's own model of
+# the decode runner's allocations (model_executor/runner/decode_cuda_graph_runner.py), not
+# SGLang's reserve. Per captured batch size one graph (its executable and the attention
+# backend's per-graph metadata); one private pool, shared by every graph, holding the largest
+# batch's live activations; the shared fp32 logits buffer (graph_shared_output.py,
+# max rows x vocab); under attention DP the gather and combine buffers of every rank's tokens
+# (layers/dp_attention.py, rows x hidden).
+GRAPH_MIB_PER_CAPTURED_BS = 8
+DECODE_LIVE_ACTIVATIONS_PER_TOKEN = 16  # hidden-sized tensors alive at once in a decode layer
+DP_GATHER_BUFFERS = 2
+# Prefill graphs (breakable, prefill_cuda_graph_runner.py): torch memory is reused from the
+# activations; what stays is per capture size for a non-MLA backend, a workspace for MLA.
+MLA_PREFILL_GRAPH_MIB = 1536
+MHA_PREFILL_GRAPH_MIB_PER_BUCKET = 8
 # Real activation memory per prefill token. SGLang's reserve estimate uses 1.5 MiB/token,
 # which is deliberately conservative; the double uses 0.5 so a fraction above SGLang's
 # default still works up to a point, then OOMs in a large prefill (as in the Kimi job,
@@ -184,17 +205,24 @@ def cell_size_bytes(
     return kv_heads * (model.head_dim + model.v_head_dim) * layers * elem
 
 
-def weight_gib_per_rank(model: ModelShape, args: MemoryArgs) -> float:
-    """Weights are split over every rank of the group: TP within a stage, PP across them.
+def rank_weights(model: ModelShape, args: MemoryArgs) -> RankWeights:
+    """What one GPU holds of the model, tensor by tensor as SGLang places them
+    (gpusim/placement.py): replicated projections whole, the rest over attn_tp or tp, a
+    pipeline stage's layers. A rank holds the same share whatever node it runs on."""
+    tensors = tensor_list(model.text_config, is_mla=model.is_mla, dtype_bytes=model.dtype_bytes)
+    return rank_weights_of(
+        tensors,
+        model.weight_bytes,
+        tp=args.tp_size,
+        attn_dp=args.attn_dp_size,
+        pp=args.pp_size,
+        stage_layer_share=stage_layers(model.num_layers, args.pp_size) / model.num_layers,
+        multimodal=model.is_multimodal,
+    )
 
-    A rank holds the same share whatever node it runs on, so a node holds
-    (its ranks / tp*pp) of the model: half of it for each of two nodes. Under attention DP
-    the attention projections and embedding are split over attn_tp = tp / attn_dp only."""
-    share = model.weight_bytes / (args.tp_size * args.pp_size)
-    if args.attn_dp_size > 1:
-        attn_tp = args.tp_size // args.attn_dp_size
-        share += model.attn_split_bytes * (1 / attn_tp - 1 / args.tp_size) / args.pp_size
-    return share / GIB
+
+def weight_gib_per_rank(model: ModelShape, args: MemoryArgs) -> float:
+    return rank_weights(model, args).total / GIB
 
 
 def resolve_attn_dp(args: MemoryArgs) -> None:
@@ -203,17 +231,6 @@ def resolve_attn_dp(args: MemoryArgs) -> None:
     if args.enable_dp_attention and args.attn_dp_size == 1:
         args.attn_dp_size, args.dp_size = args.dp_size, 1
     args.enable_dp_attention = False
-
-
-def attn_dp_graph_mib(decode_max_bs: int, attn_dp_size: int) -> float:
-    """`reserve_for_graph_mb` under attention DP: bs x attn_dp x 3 MiB (+1.5 above bs 300);
-    the double's graphs take what SGLang reserves for them."""
-    if attn_dp_size <= 1:
-        return 0.0
-    extra = decode_max_bs * attn_dp_size * 3.0
-    if decode_max_bs > 300:
-        extra += decode_max_bs * attn_dp_size * 1.5
-    return extra
 
 
 def default_chunk_and_graph_bs(gpu_mem_mib: float, tp_size: int) -> tuple[int, int]:
@@ -244,19 +261,71 @@ def prefill_graph_buckets(max_tokens: int) -> list[int]:
     return [s for s in sizes if s <= max_tokens]
 
 
-def graph_memory_mib(
+def decode_capture_sizes(max_bs: int, speculative: bool) -> list[int]:
+    """arg_groups/cuda_graph_hook.py `generate_decode_cuda_graph_batch_sizes`: the batch
+    sizes the decode runner captures up to max_bs (max_bs itself always)."""
+    if speculative:
+        sizes = [
+            *range(1, 9),
+            *range(10, 33, 2),
+            *range(40, 65, 4),
+            *range(72, 257, 8),
+            *range(272, max_bs + 1, 16),
+        ]
+    else:
+        sizes = [1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 512, 16)]
+        sizes += list(range(512, max_bs + 1, 32))
+    sizes = [s for s in sizes if s <= max_bs]
+    if max_bs > 0 and max_bs not in sizes:
+        sizes.append(max_bs)
+    return sizes
+
+
+def sglang_graph_reserve_mib(
     model: ModelShape, chunk: int, decode_max_bs: int, disabled: bool, attn_dp_size: int = 1
+) -> float:
+    """memory_hook.py `reserve_for_graph_mb` with CUDA graphs on (full decode, breakable
+    prefill, no DeepEP): what the default mem_fraction_static keeps out for graphs."""
+    if disabled:
+        return 0.0
+    reserve = float(decode_max_bs * RESERVE_DECODE_MIB_PER_BS)
+    if attn_dp_size > 1:
+        reserve += decode_max_bs * attn_dp_size * RESERVE_ATTN_DP_MIB_PER_BS_RANK
+        if decode_max_bs > RESERVE_ATTN_DP_LARGE_BS:
+            reserve += decode_max_bs * attn_dp_size * RESERVE_ATTN_DP_LARGE_MIB
+    if model.is_mla:
+        return reserve + RESERVE_MLA_PREFILL_MIB
+    return reserve + len(prefill_graph_buckets(chunk)) * RESERVE_PREFILL_MIB_PER_SIZE
+
+
+def graph_memory_mib(
+    model: ModelShape,
+    chunk: int,
+    decode_max_bs: int,
+    disabled: bool,
+    attn_dp_size: int = 1,
+    *,
+    tokens_per_req: int = 1,
+    speculative: bool = False,
 ) -> dict[str, float]:
+    """MiB capture allocates per rank, by phase, in the double's own model (see the
+    constants): decode graphs up to decode_max_bs requests of tokens_per_req tokens each."""
     if disabled:
         return {"decode": 0.0, "prefill": 0.0}
     if model.is_mla:
         prefill = float(MLA_PREFILL_GRAPH_MIB)
     else:
         prefill = float(len(prefill_graph_buckets(chunk)) * MHA_PREFILL_GRAPH_MIB_PER_BUCKET)
-    decode = decode_max_bs * DECODE_GRAPH_MIB_PER_BS + attn_dp_graph_mib(
-        decode_max_bs, attn_dp_size
-    )
-    return {"decode": float(decode), "prefill": prefill}
+    graphs = len(decode_capture_sizes(decode_max_bs, speculative)) * GRAPH_MIB_PER_CAPTURED_BS
+    hidden = int(model.text_config.get("hidden_size") or model.num_heads * model.head_dim)
+    rows = decode_max_bs * tokens_per_req
+    logits = rows * model.vocab_size * 4
+    live = rows * hidden * model.dtype_bytes * DECODE_LIVE_ACTIVATIONS_PER_TOKEN
+    gathered = 0
+    if attn_dp_size > 1:
+        gathered = rows * attn_dp_size * hidden * model.dtype_bytes * DP_GATHER_BUFFERS
+    decode = graphs + (logits + live + gathered) / MIB
+    return {"decode": decode, "prefill": prefill}
 
 
 def default_mem_fraction_static(
@@ -266,10 +335,9 @@ def default_mem_fraction_static(
     activation_tokens = max(chunk, 2048) if chunk > 0 else max(args.max_prefill_tokens, 2048)
     reserved = 512 + activation_tokens * 1.5
     reserved += args.tp_size * args.pp_size / 8 * 1024
-    graphs = graph_memory_mib(
+    reserved += sglang_graph_reserve_mib(
         model, chunk, decode_max_bs, args.disable_cuda_graph, args.attn_dp_size
     )
-    reserved += sum(graphs.values())
     if gpu_mem_mib > 60 * 1024:
         reserved = max(reserved, 10 * 1024)
     fraction = round((gpu_mem_mib - reserved) / gpu_mem_mib, 3)
@@ -456,7 +524,15 @@ def plan_memory(
     # 48 put the slots under the graph size chosen before it; elsewhere it keeps charging the
     # configured size (README, "Speculative decoding").
     captured_bs = min(decode_bs, max_running) if draft is not None else decode_bs
-    graph = graph_memory_mib(model, chunk, captured_bs, args.disable_cuda_graph, args.attn_dp_size)
+    graph = graph_memory_mib(
+        model,
+        chunk,
+        captured_bs,
+        args.disable_cuda_graph,
+        args.attn_dp_size,
+        tokens_per_req=draft.verify_tokens_per_req if draft is not None else 1,
+        speculative=draft is not None,
+    )
     runtime = RUNTIME_BASE_MIB + args.tp_size * args.pp_size / 8 * RUNTIME_PER_8_RANKS_MIB
     headroom = pre_gib * 1024 * (1 - mfs)
     draft_cell = draft.draft_cell_size if draft is not None else 0.0

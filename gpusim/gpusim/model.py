@@ -7,7 +7,7 @@ context length, and total weight bytes from model.safetensors.index.json.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -62,11 +62,10 @@ class ModelShape:
     is_multimodal: bool = False
     vit_layers: int = DEFAULT_VIT_LAYERS
     vit_hidden_size: int = DEFAULT_VIT_HIDDEN_SIZE
-    # Bytes of the attention projections and the input embedding that plain TP splits over
-    # tp and attention DP splits over attn_tp = tp / attn_dp (README, "Attention DP").
-    attn_split_bytes: int = 0
     # `num_nextn_predict_layers` (MTP heads a DeepSeek-style checkpoint carries; 0 or None: none).
     nextn_layers: int | None = None
+    # The text config as read (gpusim/placement.py lays the tensors out from it).
+    text_config: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def is_mla(self) -> bool:
@@ -124,7 +123,6 @@ def load_model(model_path: str, context_length: int | None = None) -> ModelShape
     is_mla = architecture in MLA_ARCHITECTURES or "kv_lora_rank" in cfg
     head_dim = int(cfg.get("head_dim") or hidden // num_heads)
     multimodal, vit_layers, vit_hidden = _vision(raw, architecture)
-    split = _attn_split_bytes(raw, cfg, is_mla, num_heads, head_dim)
     return ModelShape(
         path=str(model_dir),
         architecture=architecture,
@@ -143,31 +141,8 @@ def load_model(model_path: str, context_length: int | None = None) -> ModelShape
         is_multimodal=multimodal,
         vit_layers=vit_layers,
         vit_hidden_size=vit_hidden,
-        attn_split_bytes=split,
         nextn_layers=int(cfg["num_nextn_predict_layers"])
         if cfg.get("num_nextn_predict_layers") is not None
         else None,
+        text_config=cfg,
     )
-
-
-def _attn_split_bytes(
-    raw: dict[str, Any], cfg: dict[str, Any], is_mla: bool, heads: int, head_dim: int
-) -> int:
-    """q_b_proj + kv_b_proj + o_proj (MLA; MHA: q, k, v, o) over all layers, plus the input
-    embedding: the weights SGLang splits over the attention-TP group. Two bytes per weight,
-    one for fp8 checkpoints (int4 recipes keep attention in bf16)."""
-    quant = raw.get("quantization_config") or cfg.get("quantization_config") or {}
-    elem = 1 if isinstance(quant, dict) and quant.get("quant_method") == "fp8" else 2
-    hidden, layers = int(cfg["hidden_size"]), int(cfg["num_hidden_layers"])
-    if is_mla:
-        q_lora = int(cfg.get("q_lora_rank") or 0)
-        nope = int(cfg.get("qk_nope_head_dim") or 128)
-        rope, v_head = int(cfg["qk_rope_head_dim"]), int(cfg.get("v_head_dim") or 128)
-        q_b = (q_lora or hidden) * heads * (nope + rope)
-        per_layer = (
-            q_b + int(cfg["kv_lora_rank"]) * heads * (nope + v_head) + heads * v_head * hidden
-        )
-    else:
-        kv = int(cfg.get("num_key_value_heads") or heads)
-        per_layer = hidden * (heads + 2 * kv) * head_dim + heads * head_dim * hidden
-    return (per_layer * layers + int(cfg.get("vocab_size", 32000)) * hidden) * elem

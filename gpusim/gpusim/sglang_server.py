@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from gpusim import distributed, flags, logs, speculative, state
+from gpusim import distributed, flags, logs, resolved_args, speculative, state
 from gpusim.distributed import GroupConfig, Leader, Member
 from gpusim.engine import AttentionDPSchedulers, Request, Scheduler
 from gpusim.http_api import Metrics, ServerState, build_app
@@ -134,6 +134,8 @@ class Launcher:
         self.member: Member | None = None
         # Speculative decoding (gpusim/speculative.py): the resolved flag set, its decode model.
         self.speculation: Speculation | None = None
+        # server_args as SGLang logs them once its defaults resolved (gpusim/resolved_args.py).
+        self.resolved_args: dict[str, object] = {}
         self.spec_decode: SpecDecode | None = None
 
     # -- process tree ----------------------------------------------------------------------
@@ -528,11 +530,11 @@ class Launcher:
             "context_len": model.context_len,
             "is_mla": model.is_mla,
         }
-        server_args = {k: v for k, v in vars(args).items() if k != "config"}
+        # As SGLang's resolved_dict: the values post-init resolved (the attention-DP spelling
+        # included), what server_args= logged.
+        server_args = dict(self.resolved_args or _server_args_dict(args))
         server_args["served_model_name"] = served
-        if self.attn_dp > 1:
-            # As SGLang's resolved_dict: the deprecated spelling resolved, and
-            # enable_dp_attention reported true whenever attention DP runs.
+        if self.attn_dp > 1:  # enable_dp_attention reported true whenever attention DP runs
             server_args |= {"attn_dp_size": self.attn_dp, "dp_size": 1, "enable_dp_attention": True}
         return ServerState(
             server_args=server_args,
@@ -808,6 +810,24 @@ def _server_args_dict(args: argparse.Namespace) -> dict[str, object]:
     return {key: value for key, value in vars(args).items() if key != "config"}
 
 
+def _resolved_server_args(args: argparse.Namespace, spec: Speculation | None) -> dict[str, object]:
+    """server_args after post-init's defaults, as the real engine logs them."""
+    try:
+        model: ModelShape | None = load_model(
+            args.model_path, getattr(args, "context_length", None)
+        )
+    except (ModelDirError, KeyError, ValueError):
+        model = None  # _prepare reports it right after the line
+    mem_args = _memory_args(args)
+    if spec is not None and spec.placement.max_running_requests is not None:
+        mem_args.max_running_requests = None  # the reset to 48 comes after the defaults
+    gpu_mib = state.load_hardware().gpu_memory_mib
+    try:
+        return resolved_args.resolve(_server_args_dict(args), model, mem_args, gpu_mib)
+    except (StartupFailure, ZeroDivisionError, ValueError):
+        return _server_args_dict(args)  # flags post-init refuses: _prepare reports them
+
+
 def _resolve_speculation(args: argparse.Namespace) -> Speculation | int | None:
     """SGLang resolves `--speculative-*` with the other server arguments, before it logs
     server_args= (its warnings come first); the resolved values replace the flags' in args.
@@ -890,8 +910,9 @@ def _resolve_and_prepare(
     if isinstance(speculation, int):
         return speculation
     launcher.speculation = speculation
+    launcher.resolved_args = _resolved_server_args(args, speculation)
     # As 0.5.23's engine.py, secrets included: a logging config keeps them out of the journal.
-    logs.ENGINE.info(f"server_args={_server_args_dict(args)}")
+    logs.ENGINE.info(f"server_args={launcher.resolved_args}")
     _log_version(launcher)
     return _prepare(args, speculation)
 

@@ -90,6 +90,8 @@ class DraftPlacement:
     draft_cell_size: float = 0.0
     draft_architecture: str = ""
     draft_kv_dtype: str = "auto"
+    # Tokens per request the target's verify graph runs (num_draft_tokens; cuda_graph_setup.py).
+    verify_tokens_per_req: int = 1
 
 
 @dataclass
@@ -243,7 +245,10 @@ def _ngram(args: argparse.Namespace) -> Speculation:
         "speculative_eagle_topk": topk,
         "speculative_num_draft_tokens": draft_tokens,
     }
-    spec.placement = DraftPlacement(max_running_requests=spec.max_running_requests)
+    spec.placement = DraftPlacement(
+        max_running_requests=spec.max_running_requests,
+        verify_tokens_per_req=spec.num_draft_tokens,
+    )
     return spec
 
 
@@ -386,6 +391,7 @@ def _load_draft(args: argparse.Namespace, spec: Speculation, model: ModelShape) 
         draft_cell_size=own_cell,
         draft_architecture=draft.architecture,
         draft_kv_dtype=kv_dtype,
+        verify_tokens_per_req=spec.num_draft_tokens,
     )
 
 

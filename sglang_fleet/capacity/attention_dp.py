@@ -145,7 +145,9 @@ def attn_dp_sizes(tp_size: int) -> list[int]:
 class WeightLayout:
     """Checkpoint bytes by placement (all layers together)."""
 
-    replicated: int  # whole on every GPU under any layout (MLA: fused_qkv_a_proj_with_mqa)
+    # Whole on every GPU under any layout: MLA's fused_qkv_a_proj_with_mqa (ReplicatedLinear)
+    # and the MoE router (MoEGate.weight and its e_score_correction_bias, plain parameters).
+    replicated: int
     attn_split: int  # split over attn_tp: q_b_proj, kv_b_proj, o_proj (MHA: qkv, o)
     embedding: int  # input embedding, split over attn_tp
     lm_head: int  # split over tp (unless --enable-dp-lm-head)
@@ -156,6 +158,13 @@ class WeightLayout:
     n_routed_experts: int
     experts_per_tok: int
     attention_elem_bytes: int
+    # MLA: w_kc and w_vc, which post_load_weights cuts from kv_b_proj's weight (model dtype) and
+    # keeps beside it: split over attn_tp like kv_b_proj, but not in the checkpoint.
+    kv_b_copy: int = 0
+    # The checkpoint's bytes beyond the parts config.json describes (a dense model's norms, an
+    # encoder); negative when the config overstates the checkpoint (a quantization this
+    # layout does not read): the GPUs' share then falls back to checkpoint / tp.
+    unlaid: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -220,20 +229,32 @@ def weight_layout(config: dict[str, Any], shape: ModelShape, weight_bytes: int) 
     )
     embedding = vocab * hidden * elem
     lm_head = 0 if text.get("tie_word_embeddings") else vocab * hidden * elem
+    router = moe_layers * experts * hidden * 2  # MoEGate.weight, the model dtype (bf16)
+    if text.get("topk_method") == "noaux_tc":
+        router += moe_layers * experts * 4  # its fp32 e_score_correction_bias
     counted = (replicated + split) * layers * elem + embedding + lm_head + (dense + shared) * elem
+    counted += router
     routed = max(0, weight_bytes - counted) if experts else 0
+    unlaid = weight_bytes - counted
+    dense_rest = max(0, unlaid) if not experts else 0  # split over tp with the dense MLP
+    kv_b_copy = 0
+    if shape.is_mla:
+        heads, nope = _dim(text, "num_attention_heads", 1), _dim(text, "qk_nope_head_dim", 128)
+        kv_b_copy = shape.kv_lora_rank * heads * (nope + shape.v_head_dim) * layers * 2
     return WeightLayout(
-        replicated=replicated * layers * elem,
+        replicated=replicated * layers * elem + router,
         attn_split=split * layers * elem,
         embedding=embedding,
         lm_head=lm_head,
-        dense_mlp=(dense + shared) * elem,
+        dense_mlp=(dense + shared) * elem + dense_rest,
         routed_experts=routed,
         routed_experts_per_layer=routed // moe_layers if moe_layers else 0,
         moe_layers=moe_layers,
         n_routed_experts=experts,
         experts_per_tok=_dim(text, "num_experts_per_tok", 1) if experts else 0,
         attention_elem_bytes=elem,
+        kv_b_copy=kv_b_copy,
+        unlaid=unlaid,
     )
 
 
@@ -244,11 +265,22 @@ def weights_per_gpu_bytes(w: WeightLayout, tp_size: int, attn_dp_size: int) -> f
     return w.replicated + (w.attn_split + w.embedding) / attn_tp + over_tp / tp_size
 
 
+def resident_bytes_per_gpu(w: WeightLayout, tp_size: int, attn_dp_size: int) -> float:
+    """What one GPU holds once weights are loaded: its weights and the copies SGLang makes of
+    them after loading (MLA's w_kc/w_vc). What "Load weight end ... mem usage" reports."""
+    attn_tp = tp_size // attn_dp_size
+    if w.unlaid < 0:
+        checkpoint = w.replicated + w.attn_split + w.embedding + w.lm_head + w.dense_mlp
+        checkpoint += w.routed_experts + w.unlaid  # the fields count what was laid out
+        return checkpoint / tp_size + extra_weight_gib(w, tp_size, attn_dp_size) * GIB
+    return weights_per_gpu_bytes(w, tp_size, attn_dp_size) + w.kv_b_copy / attn_tp
+
+
 def extra_weight_gib(w: WeightLayout, tp_size: int, attn_dp_size: int) -> float:
     """GiB more per GPU than the same tp holds without attention DP: the attention parts
-    split over attn_tp instead of tp."""
+    (and MLA's w_kc/w_vc copy) split over attn_tp instead of tp."""
     attn_tp = tp_size // attn_dp_size
-    return (w.attn_split + w.embedding) * (1 / attn_tp - 1 / tp_size) / GIB
+    return (w.attn_split + w.embedding + w.kv_b_copy) * (1 / attn_tp - 1 / tp_size) / GIB
 
 
 # --- decode roofline ------------------------------------------------------------------------

@@ -136,10 +136,11 @@ class GpuPlanner(PlannerCalibration, PlannerSpeculation):
         if self.prediction is not None:
             return self.prediction.pre_gib, self.prediction.post_gib
         pre = kv_cache.estimate_pre_gib(self.gpu_mib)
-        post = kv_cache.estimate_post_gib(pre, self.weight_bytes, self.tp)
+        # Each GPU's weights as SGLang places them (replicated projections whole; issue 47).
+        weights = attention_dp.resident_bytes_per_gpu(self.weights, self.tp, self.attn_dp)
         # The draft's weights are loaded before SGLang measures what is left for KV.
         draft = self.draft.weights_per_gpu_bytes / kv_cache.GIB if self.draft else 0.0
-        return pre, post - self.extra_weight_gib - draft
+        return pre, pre - weights / kv_cache.GIB - draft
 
     # --- KV budget -------------------------------------------------------------------
     def kv_tokens(self, cell: int) -> tuple[float, int]:

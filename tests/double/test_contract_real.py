@@ -13,11 +13,13 @@ SGLANG_REF_VENV points elsewhere); without it the real half skips, saying so.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import hashlib
 import itertools
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -31,6 +33,7 @@ import pytest
 from gpusim_helpers import init_root, start_server, stop_server
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpusim import resolved_args
 from sglang_fleet.bench.smoke_client.benchmark import Benchmark
 from sglang_fleet.bench.smoke_client.workload import Config, vocab_size_of
 from sglang_fleet.capacity import calibration_record
@@ -427,6 +430,61 @@ def test_metric_families_and_label_keys(both: dict[str, Any]) -> None:
 
 
 # ------------------------------------------------------------------------------ last: a fatal id
+
+
+# ------------------------------------------------------------------ memory and server_args
+SERVER_ARGS_LINE = re.compile(r"server_args=(\{.*\})")
+LOAD_END = re.compile(r"Load weight end\..*?mem usage=(-?\d+\.\d+) GB")
+KV_ALLOCATED = re.compile(
+    r"KV Cache is allocated\. dtype: (\S+), #tokens: (\d+), K size: (\S+) GB, V size: (\S+) GB"
+)
+# server_args fields the double leaves as the parser set them, and why.
+UNRESOLVED_BY_THE_DOUBLE = {
+    # The capture lists (the CPU engine resolves decode max_bs 32 and its own list even with
+    # graphs disabled); the double models GPU capture in gpusim/memory.py, not this field.
+    "cuda_graph_config",
+}
+
+
+def _logged_server_args(log: str) -> dict[str, Any]:
+    found = SERVER_ARGS_LINE.search(log)
+    assert found is not None
+    return ast.literal_eval(found[1])
+
+
+def test_server_args_are_logged_resolved_on_both(both: dict[str, Any]) -> None:
+    """The real engine logs server_args after post-init resolved its defaults (issue 47:
+    mem_fraction_static, not None); so does the double, with the same keys and, for the
+    defaults that depend on nothing the double models, the same values."""
+    logged = {name: _logged_server_args(server.log()) for name, server in both.items()}
+    for name, args in logged.items():
+        info = json.loads(_get(both[name].url, "/server_info")[1])
+        assert isinstance(args["mem_fraction_static"], float), name
+        assert args["mem_fraction_static"] == info["mem_fraction_static"], name
+        assert args["chunked_prefill_size"] == info["chunked_prefill_size"] > 0, name
+        assert args["page_size"] == 1, name
+        assert args["tokenizer_path"] == args["served_model_name"] == args["model_path"], name
+        assert isinstance(args["random_seed"], int), name
+    real, double = logged["real"], logged["double"]
+    assert set(real) <= set(double)
+    constants = resolved_args.POST_INIT_CONSTANTS | resolved_args.UNFLAGGED_FIELDS
+    assert {key: double[key] for key in constants} == {key: real[key] for key in constants}
+    left = {k for k, v in real.items() if v is not None and double[k] is None}
+    assert left == UNRESOLVED_BY_THE_DOUBLE
+
+
+def test_weight_and_kv_pool_lines_agree(both: dict[str, Any]) -> None:
+    """What the CPU engine can show of memory placement: one rank of the tiny Llama holds the
+    whole checkpoint (a few MB: 0.00 GB on both, the real one's reading moves by +-0.01 with
+    the host), and the KV pool line for the same --max-total-tokens. Replication across ranks
+    (fused_qkv_a_proj_with_mqa, the router, KV heads past tp) needs tp > 1 of an MLA model on
+    GPUs: the CPU engine runs neither, so tests/double/test_gpusim_placement.py holds it to
+    the wheel's code instead."""
+    real_log, double_log = both["real"].log(), both["double"].log()
+    real_load = float(LOAD_END.findall(real_log)[-1])
+    double_load = float(LOAD_END.findall(double_log)[-1])
+    assert abs(real_load - double_load) <= 0.02
+    assert KV_ALLOCATED.findall(real_log) == KV_ALLOCATED.findall(double_log) != []
 
 
 def test_a_token_id_past_the_vocabulary_takes_the_whole_server_down(both: dict[str, Any]) -> None:

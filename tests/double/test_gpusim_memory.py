@@ -18,12 +18,14 @@ from gpusim.memory import (
 )
 from gpusim.model import load_model
 from gpusim_helpers import KIMI, LLAMA
+from test_gpusim_placement import kimi_weights_per_gpu
 
 GPU_MIB = 97887  # RTX PRO 6000 Blackwell (96 GB)
 HOST_RAM = 400 * GIB
 # pre = free GiB before weights = (97887 MiB - 768 MiB CUDA context) / 1024
 PRE_GIB = (97887 - 768) / 1024  # 94.8428...
 MM_RESERVE_GIB = 100 / 1024  # SGLANG_VLM_CACHE_SIZE_MB default, multimodal models only
+KIMI_TP8_GIB = kimi_weights_per_gpu(8) / GIB  # 71.0939, as SGLang places the tensors
 
 
 def plan(model_dir: str, tp: int, **kwargs: object):
@@ -82,24 +84,25 @@ def test_mha_cell_divides_kv_heads_by_tp_but_not_below_one() -> None:
 def test_mla_bf16_worked_example() -> None:
     # Kimi-K2.5 int4 on 8 x 96 GB, TP8, bf16 KV, mem_fraction_static 0.85.
     # cell = (kv_lora_rank 512 + qk_rope_head_dim 64) * 61 layers * 2 = 70272 (not / tp)
-    # weights per GPU = 594231324672 / 8 / 2**30 = 69.1776 GiB
+    # weights per GPU as SGLang places them (test_gpusim_placement.py) = 71.0939 GiB
+    # (checkpoint / 8 would be 69.1776: fused_qkv_a_proj_with_mqa and the router stay whole)
     # multimodal (vision_config): SGLANG_VLM_CACHE_SIZE_MB 100 MiB = 0.0977 GiB kept out
-    # rest = (94.8428 - 69.1776) - 94.8428 * 0.15 - 0.0977 = 11.3411 GiB
-    # tokens = floor(11.3411 * 2**30 / 70272) = 173289
+    # rest = (94.8428 - 71.0939) - 94.8428 * 0.15 - 0.0977 = 9.4248 GiB
+    # tokens = floor(9.4248 * 2**30 / 70272) = 144009 (173289 with checkpoint / 8)
     p = plan(KIMI, 8, mem_fraction_static=0.85)
-    weights = 594231324672 / 8 / GIB
-    rest = PRE_GIB - weights - PRE_GIB * 0.15 - MM_RESERVE_GIB
+    rest = PRE_GIB - KIMI_TP8_GIB - PRE_GIB * 0.15 - MM_RESERVE_GIB
     assert p.cell_size == (512 + 64) * 61 * 2 == 70272
     assert p.multimodal_reserve_gib == MM_RESERVE_GIB
-    assert p.max_total_num_tokens == math.floor(rest * GIB / 70272) == 173289
+    assert p.weight_gib == pytest.approx(71.0939, abs=1e-4)
+    assert p.max_total_num_tokens == math.floor(rest * GIB / 70272) == 144009
 
 
 def test_mla_fp8_doubles_tokens() -> None:
-    # fp8_e4m3: cell 35136 -> floor(11.3411 * 2**30 / 35136) = 346578
+    # fp8_e4m3: cell 35136 -> floor(9.4248 * 2**30 / 35136) = 288018
     p = plan(KIMI, 8, mem_fraction_static=0.85, kv_cache_dtype="fp8_e4m3")
-    rest = PRE_GIB - 594231324672 / 8 / GIB - PRE_GIB * 0.15 - MM_RESERVE_GIB
+    rest = PRE_GIB - KIMI_TP8_GIB - PRE_GIB * 0.15 - MM_RESERVE_GIB
     assert p.cell_size == 35136
-    assert p.max_total_num_tokens == math.floor(rest * GIB / 35136) == 346578
+    assert p.max_total_num_tokens == math.floor(rest * GIB / 35136) == 288018
 
 
 def test_multimodal_reserve_follows_sglang_env_and_language_only(
@@ -109,7 +112,7 @@ def test_multimodal_reserve_follows_sglang_env_and_language_only(
     text_only = plan(KIMI, 8, mem_fraction_static=0.85, language_model_only=True)
     assert text_only.multimodal_reserve_gib == 0
     assert text_only.max_total_num_tokens == math.floor(
-        (PRE_GIB - 594231324672 / 8 / GIB - PRE_GIB * 0.15) * GIB / 70272
+        (PRE_GIB - KIMI_TP8_GIB - PRE_GIB * 0.15) * GIB / 70272
     )
     monkeypatch.setenv("SGLANG_VLM_CACHE_SIZE_MB", "0")
     assert plan(KIMI, 8, mem_fraction_static=0.85).max_total_num_tokens == (
@@ -124,17 +127,18 @@ def test_multimodal_reserve_follows_sglang_env_and_language_only(
 
 
 def test_weights_that_leave_no_kv_room_fail_like_sglang() -> None:
-    # Kimi at 0.70: rest = 25.6652 - 94.8428 * 0.30 = -2.79 GiB <= 0
+    # Kimi at 0.70: rest = 23.7489 - 94.8428 * 0.30 = -4.70 GiB <= 0; the least viable
+    # fraction is 1 - 23.7489 / 94.8428 = 0.7496 (0.7294 were the weights checkpoint / 8)
     with pytest.raises(StartupFailure) as info:
         plan(KIMI, 8, mem_fraction_static=0.70)
     assert info.value.exc_type == "ValueError"
     assert "Loaded weights leave no GPU memory for the KV cache" in info.value.message
-    assert "Raise --mem-fraction-static above 0.730" in info.value.message
+    assert "Raise --mem-fraction-static above 0.750" in info.value.message
 
 
 def test_rest_smaller_than_one_token_is_not_enough_memory() -> None:
     # Choose mem_fraction_static so that rest is positive but below one 70272-byte cell.
-    post = PRE_GIB - 594231324672 / 8 / GIB
+    post = PRE_GIB - KIMI_TP8_GIB
     mfs = 1 - (post - MM_RESERVE_GIB - 1000 / GIB) / PRE_GIB  # rest = 1000 bytes
     with pytest.raises(StartupFailure) as info:
         plan(KIMI, 8, mem_fraction_static=mfs)
@@ -164,14 +168,18 @@ def test_default_mem_fraction_static_mimics_sglang_0_5_23() -> None:
 
 
 def test_headroom_kimi_job_093_ooms_in_large_prefill_088_works() -> None:
-    # Headroom = pre * (1 - mfs); graphs (1024 + 1536 MiB) + runtime (512 + 1024 MiB) = 4 GiB
-    # must fit, then 0.5 MiB per prefill token: an 8192-token chunk needs 4 GiB more.
+    # Headroom = pre * (1 - mfs); graphs + runtime (512 + 1024 MiB) must fit, then 0.5 MiB
+    # per prefill token: an 8192-token chunk needs 4 GiB more. Graphs as the double allocates
+    # them: 52 captured decode sizes (1..512) x 8 MiB + the fp32 logits buffer 512 x 163840
+    # (320 MiB) + 16 live bf16 activations of 512 x 7168 (112 MiB) = 848 MiB, and the MLA
+    # prefill workspace 1536 MiB.
     ok = plan(KIMI, 8, mem_fraction_static=0.88, kv_cache_dtype="fp8_e4m3")
     tight = plan(KIMI, 8, mem_fraction_static=0.93, kv_cache_dtype="fp8_e4m3")
     assert capture_oom(ok) is None and capture_oom(tight) is None  # capture itself succeeds
     assert prefill_oom_message(ok, 8192) is None
-    # 0.93: headroom 94.84 * 0.07 = 6.64 GiB - 4 GiB = 2.64 GiB -> 5404 tokens at most
-    assert tight.max_prefill_activation_tokens == 5404
+    assert tight.graph_mib == {"decode": 52 * 8 + 320 + 112, "prefill": 1536}
+    # 0.93: headroom 94.84 * 0.07 = 6.64 GiB - 3.80 GiB = 2.81 GiB -> 5756 tokens at most
+    assert tight.max_prefill_activation_tokens == 5756
     message = prefill_oom_message(tight, 8192)
     assert message is not None and message.startswith("CUDA out of memory.")
     assert prefill_oom_message(tight, 2000) is None

@@ -26,6 +26,7 @@ from gpusim.speculative import SpecDecode, decode_model, resolve
 from gpusim.state import Hardware, HardwareFileError, Timing
 from gpusim_helpers import FIXTURES, KIMI, LLAMA, Server, init_root, start_server, stop_server
 from prometheus_client.parser import text_string_to_metric_families
+from test_gpusim_placement import kimi_weights_per_gpu
 
 from gpusim import state
 
@@ -206,13 +207,14 @@ def test_eagle3_draft_of_kimi_worked_example() -> None:
       token grow by int(70272 x 1 draft layer / 61 layers) = 1152.
     - kv_cache_configurator.py (draft worker): the draft pool has the target's token count and
       its own cell: max(1, 64 // 8) heads x (128 + 128) x 1 layer x 2 B = 4096 B, of which
-      4096 - 1152 = 2944 B per token were never priced."""
+      4096 - 1152 = 2944 B per token were never priced.
+    The target's weights per GPU as SGLang places them: 71.0939 GiB (test_gpusim_placement)."""
     _, plan = kimi_eagle3_plan(mem_fraction_static=0.85)
-    target_w = 594231324672 / 8 / GIB
+    target_w = kimi_weights_per_gpu(8) / GIB
     draft_w = 2382317568 / 8 / GIB
     rest = PRE_GIB - target_w - draft_w - PRE_GIB * 0.15 - MM_RESERVE_GIB
     tokens = math.floor(rest * GIB / (70272 + 1152))
-    assert plan.max_total_num_tokens == tokens == 166324  # gpusim/README.md's figure
+    assert plan.max_total_num_tokens == tokens == 137517  # gpusim/README.md's figure
     assert plan.draft_weight_gib == pytest.approx(draft_w)
     assert plan.draft_budget_cell_size == 1152
     assert plan.draft_cell_size == 8 * 256 * 2 == 4096
@@ -220,16 +222,16 @@ def test_eagle3_draft_of_kimi_worked_example() -> None:
     assert plan.draft_kv_overrun_mib == pytest.approx(tokens * 2944 / 2**20)
     assert plan.kv_gib == pytest.approx(tokens * 70272 / GIB)
     assert plan.max_running_requests == 48
-    # Without speculation: 173289 tokens (test_gpusim_memory); the draft costs the difference.
+    # Without speculation: 144009 tokens (test_gpusim_memory); the draft costs the difference.
     plain = plan_memory(
         load_model(KIMI), MemoryArgs(tp_size=8, mem_fraction_static=0.85), GPU_MIB,
         [GPU_MIB] * 8, HOST_RAM,
     )  # fmt: skip
-    assert plain.max_total_num_tokens == 173289 > tokens
+    assert plain.max_total_num_tokens == 144009 > tokens
     # nvidia-smi shows the draft's weights and pool too.
     extra = (draft_w + tokens * 4096 / GIB) * 1024
     assert plan.rank_used_mib - plain.rank_used_mib == pytest.approx(
-        extra + (tokens - 173289) * 70272 / 2**20 + plan.graph_total_mib - plain.graph_total_mib,
+        extra + (tokens - 144009) * 70272 / 2**20 + plan.graph_total_mib - plain.graph_total_mib,
         abs=1,
     )
 
@@ -243,7 +245,11 @@ def test_the_reset_leaves_the_default_fraction_and_graph_size_chosen_before_it()
     assert spec_plan.mem_fraction_static == plain.mem_fraction_static
     assert spec_plan.decode_graph_max_bs == plain.decode_graph_max_bs == 512
     assert spec_plan.captured_decode_bs == 48
-    assert spec_plan.graph_mib["decode"] == 48 * 2
+    # 23 speculative capture sizes up to 48 (1..8, 10..32 by 2, 40, 44, 48) x 8 MiB, the fp32
+    # logits of 48 x 4 verified tokens x 163840, 16 live bf16 activations of 192 x 7168.
+    assert spec_plan.graph_mib["decode"] == pytest.approx(
+        23 * 8 + 192 * 163840 * 4 / 2**20 + 16 * 192 * 7168 * 2 / 2**20
+    )
     assert spec_plan.decode_graph_phase == "target_verify"
 
 
@@ -254,7 +260,7 @@ def test_ngram_places_no_draft() -> None:
     plan = plan_memory(
         load_model(KIMI), args, GPU_MIB, [GPU_MIB] * 8, HOST_RAM, draft=spec.placement
     )
-    assert plan.max_total_num_tokens == 173289  # the plain plan's
+    assert plan.max_total_num_tokens == 144009  # the plain plan's
     assert (plan.draft_weight_gib, plan.draft_kv_gib, plan.draft_kv_overrun_mib) == (0, 0, 0)
     assert plan.max_running_requests == 48
 

@@ -54,26 +54,26 @@ async def run_load(scheduler: Scheduler) -> dict[str, float]:
 
 def test_kv_bound_bf16_shows_the_kimi_job_symptoms(caplog: pytest.LogCaptureFixture) -> None:
     scheduler = kimi_scheduler("auto")
-    # 173289 KV tokens / 3000 tokens per request = 57 requests fit at once.
-    assert scheduler.max_total // (PROMPT + OUTPUT) == 57
+    # 144009 KV tokens / 3000 tokens per request = 48 requests fit at once.
+    assert scheduler.max_total // (PROMPT + OUTPUT) == 48
     with caplog.at_level(logging.INFO, logger=METRICS_REPORTER.name):
         seen = asyncio.run(asyncio.wait_for(run_load(scheduler), 30))
-    assert seen["running"] == 57
-    assert seen["queue"] == REQUESTS - 57
+    assert seen["running"] == 48
+    assert seen["queue"] == REQUESTS - 48
     assert seen["token_usage"] > 0.9
     decode_lines = [r.message for r in caplog.records if r.message.startswith("Decode batch")]
     assert len(decode_lines) == DECODE_STEPS // 40
-    assert decode_lines[-1].startswith("Decode batch, #running-req: 57, #token: 171000, ")
-    assert decode_lines[-1].endswith("#queue-req: 93")
+    assert decode_lines[-1].startswith("Decode batch, #running-req: 48, #token: 144000, ")
+    assert decode_lines[-1].endswith("#queue-req: 102")
 
 
 def test_fp8_kv_doubles_concurrency_and_raises_throughput() -> None:
     bf16 = asyncio.run(asyncio.wait_for(run_load(kimi_scheduler("auto")), 30))
     fp8 = asyncio.run(asyncio.wait_for(run_load(kimi_scheduler("fp8_e4m3")), 30))
-    # Twice the KV tokens (346578 vs 173289): 115 vs 57 requests of 3000 tokens.
-    assert (fp8["running"], bf16["running"]) == (346578 // 3000, 173289 // 3000) == (115, 57)
+    # Twice the KV tokens (288018 vs 144009): 96 vs 48 requests of 3000 tokens.
+    assert (fp8["running"], bf16["running"]) == (288018 // 3000, 144009 // 3000) == (96, 48)
     # Per-request speed falls with batch size, so throughput rises, but less than 2x:
-    # step(57) = 0.05 * 1.56, step(115) = 0.05 * 2.14 -> ratio 115 * 1.56 / (57 * 2.14) = 1.47
+    # step(48) = 0.05 * 1.47, step(96) = 0.05 * 1.95 -> ratio 96 * 1.47 / (48 * 1.95) = 1.51
     ratio = fp8["throughput"] / bf16["throughput"]
     assert 1.3 < ratio < 2.0
 
@@ -91,13 +91,13 @@ def test_queued_requests_wait_for_kv_not_for_slots() -> None:
     async def scenario() -> tuple[int, int]:
         scheduler = kimi_scheduler("auto")
         task = asyncio.create_task(scheduler.run())
-        big = Request(rid="big", prompt_tokens=100_000, max_new_tokens=70_000)
+        big = Request(rid="big", prompt_tokens=80_000, max_new_tokens=60_000)
         small = Request(rid="small", prompt_tokens=100, max_new_tokens=10)
         scheduler.submit(big)
-        scheduler.submit(small)  # 170100 + 110 > 173289? no: fits, admitted together
+        scheduler.submit(small)  # 140000 + 110 > 144009? no: fits, admitted together
         late = Request(rid="late", prompt_tokens=5000, max_new_tokens=100)
         await asyncio.sleep(0)
-        scheduler.submit(late)  # 170110 + 5100 > 173289: must wait for the big one
+        scheduler.submit(late)  # 140110 + 5100 > 144009: must wait for the big one
         while scheduler.forward_ct_decode < 20:
             await asyncio.sleep(0)
         waiting = len(scheduler.waiting)
