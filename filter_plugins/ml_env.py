@@ -7,7 +7,7 @@
 {{ python_version | ml_env_python_misses(clauses) }}     the [operator, version] clauses it misses
 
 The role accepts a narrow form (name, name[extras], name==version; its preflight checks each
-string against _ml_env_requirement_re and names the variable); anything else fails here too.
+string against the role's pattern and names the variable); anything else fails here too.
 """
 
 from __future__ import annotations

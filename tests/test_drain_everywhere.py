@@ -17,8 +17,9 @@ import yaml
 ROLES = Path(__file__).resolve().parent.parent / "roles"
 TASKS = ROLES / "sglang_server" / "tasks"
 TRIAL = ROLES / "autotune" / "tasks" / "trial_server.yml"
-# Task files that stop a server (directly, or through replace_server.yml / clean_gpus.yml).
-STOPS = ("replace_server.yml", "rollback_server.yml", "clean_gpus.yml")
+# Task files that stop a server (directly, or through replace_server.yml, the rollback action or
+# the gpu_cleanup role, shown as "gpu_cleanup").
+STOPS = ("replace_server.yml", "rollback_server.yml", "gpu_cleanup")
 
 
 def _flat(tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -45,6 +46,8 @@ def _includes(path: Path) -> list[str]:
         role = task.get("ansible.builtin.include_role") or {}
         if role.get("name") == "sglang_server" and role.get("tasks_from"):
             included.append(f"{role['tasks_from']}.yml")
+        if role.get("name") == "gpu_cleanup":
+            included.append("gpu_cleanup")
     return included
 
 
@@ -52,7 +55,7 @@ def _includes(path: Path) -> list[str]:
     ("entry", "stop"),
     [
         (TASKS / "rollback_replica.yml", "rollback_server.yml"),
-        (TASKS / "clean.yml", "clean_gpus.yml"),
+        (TASKS / "clean.yml", "gpu_cleanup"),
         (TRIAL, "replace_server.yml"),
         # After a driver change (playbooks/driver_upgrade.yml): a replica its router lists again
         # leaves and drains before the restart stops a unit systemd started at boot.
