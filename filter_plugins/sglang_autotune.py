@@ -70,7 +70,7 @@ def sglang_autotune_smoke_workload(workload: Any) -> dict[str, Any]:
 
 def sglang_autotune_trial_result(trial: Any, smoke: Any = None) -> dict[str, Any]:
     """What `autotune record` reads, from a trial's result (the autotune role's
-    _autotune_trial_result, roles/autotune/tasks/trial_server.yml) and the smoke client's JSON
+    trial, roles/autotune/tasks/trial_server.yml) and the smoke client's JSON
     (text or parsed; empty when the benchmark never ran)."""
     trial = plain(trial) or {}
     if not isinstance(trial, Mapping):

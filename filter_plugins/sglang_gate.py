@@ -2,7 +2,9 @@
 action's, action_plugins/sglang_smoke_gate.py).
 
     {{ server | sglang_rollout_row(outcome, smoke_result, restart_result, model_stage_results,
-                                   message) }}   one server's row, as restart.yml notes it
+                                   message) }}   one server's row, as roll_out_server.yml notes it
+    {{ rows | sglang_rollout_outcome(outcome) }}   the rows, the last one's outcome replaced
+                                                 (a rollback after its failure)
     {{ ansible_play_hosts_all | sglang_rollout_table(hostvars, ansible_check_mode) }}
                                                  the fleet summary, as lines
     {{ 'module_utils.nvidia_smi' | sglang_fleet_module_file }}   the installed file of a
@@ -33,7 +35,7 @@ def sglang_rollout_row(  # noqa: PLR0917 (Jinja passes filter arguments by posit
     message: Any = None,
 ) -> dict[str, Any]:
     """sglang_fleet.rollout.fleet_summary.rollout_row(): one server's row of the fleet summary
-    (restart.yml)."""
+    (roll_out_server.yml)."""
     try:
         return rollout_row(
             plain_mapping(server, "server") or {},
@@ -45,6 +47,15 @@ def sglang_rollout_row(  # noqa: PLR0917 (Jinja passes filter arguments by posit
         )
     except ValueError as exc:
         raise AnsibleFilterError(f"sglang_rollout_row: {exc}") from exc
+
+
+def sglang_rollout_outcome(rows: Any, outcome: Any) -> list[dict[str, Any]]:
+    """The fleet summary's rows with the last one's outcome replaced: roll_out_server.yml notes a
+    failed server before its rollback (so a rollback that fails too still reads "failed"), and
+    the rollback's own outcome afterwards (sglang_fleet.rollout.rollback.row_outcome)."""
+    if not isinstance(rows, list) or not rows or not isinstance(rows[-1], Mapping):
+        raise AnsibleFilterError("sglang_rollout_outcome: the rows must end with a server's row")
+    return [*rows[:-1], {**rows[-1], "outcome": str(outcome)}]
 
 
 def _host_entry(host: str, hostvars: Mapping[str, Any], check_mode: bool) -> dict[str, Any]:
@@ -109,6 +120,7 @@ class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
             "sglang_rollout_row": sglang_rollout_row,
+            "sglang_rollout_outcome": sglang_rollout_outcome,
             "sglang_rollout_table": sglang_rollout_table,
             "sglang_fleet_module_file": sglang_fleet_module_file,
         }

@@ -1,6 +1,6 @@
 """The calibrate step never rolls back a healthy start (issue 44, item 3), by construction.
 
-`record_calibration.yml` runs inside the block of `restart.yml` whose rescue restores
+`record_calibration.yml` runs inside the block of `roll_out_server.yml` whose rescue restores
 last-known-good: a failed calibrate task would stop and roll back a server that passed its
 health gate. Two proofs that any failure of reading or recording a start is a warning with the
 reason (record null, an ok result):
@@ -295,7 +295,7 @@ def test_no_hostile_answer_reaches_the_rescue_of_the_real_block(tmp_path: Path) 
     cases = [_case_vars(i, name, case, state) for i, (name, case) in enumerate(CASES.items())]
     (tmp_path / "cases.json").write_text(json.dumps({"cases": cases}), encoding="utf-8")
     task_file = ROOT / "roles" / "sglang_server" / "tasks" / "record_calibration.yml"
-    # The block of restart.yml, reduced to the calibrate step: its rescue marks a rollback.
+    # The block of roll_out_server.yml, reduced to the calibrate step: its rescue marks a rollback.
     one_case = [
         {
             "name": "Restart and gate {{ case.name }}",
@@ -319,7 +319,7 @@ def test_no_hostile_answer_reaches_the_rescue_of_the_real_block(tmp_path: Path) 
                 }
             ],
             "vars": {
-                "_server": "{{ case.server }}",
+                "sglang_server_target": "{{ case.server }}",
                 "sglang_server_preflight": "{{ case.known }}",
                 "__sglang_server_host_ram_mib": "{{ case.host_ram_mib }}",
                 "sglang_server_nvidia_smi": "{{ case.nvidia_smi }}",

@@ -200,13 +200,13 @@ def test_the_action_restores_under_no_log_without_secrets_in_its_result(host) ->
 def test_a_node_of_a_server_across_hosts_records_nothing_another_node_failed_with(host) -> None:
     server = described(host, {"tp_size": 2}) | {"nodes": ["gpu-a", "gpu-b"]}
     hostvars = {
-        "gpu-a": {"_sglang_server_restarted": {"server": "llama"}, "smoke_gate_run": {}},
-        "gpu-b": {"_sglang_server_restarted": {"server": "llama", "failed": True}},
+        "gpu-a": {"sglang_server_restarted": {"server": "llama"}, "smoke_gate_run": {}},
+        "gpu-b": {"sglang_server_restarted": {"server": "llama", "failed": True}},
     }
     action = FakeKeep({"server": server})
     with pytest.raises(ACTION.AnsibleActionFail, match="node gpu-b of llama failed: every node"):
         action.run(task_vars={"hostvars": hostvars})
     assert action.calls == [] and not host["lkg_dir"].exists()
-    hostvars["gpu-b"]["_sglang_server_restarted"] = {"server": "llama"}
+    hostvars["gpu-b"]["sglang_server_restarted"] = {"server": "llama"}
     FakeKeep({"server": server}).run(task_vars={"hostvars": hostvars})
     assert (host["lkg_dir"] / "meta.json").exists()

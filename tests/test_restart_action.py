@@ -255,8 +255,8 @@ BIG = {"name": "big", "nodes": ["gpu-a", "gpu-b"]}
 def test_every_node_that_passed_its_restart_and_node_0_its_gate_passed() -> None:
     ok = {"server": "big", "changed": True}
     hostvars = {
-        "gpu-a": {"_sglang_server_restarted": ok, "smoke_gate_run": {"passed_result": {}}},
-        "gpu-b": {"_sglang_server_restarted": ok},
+        "gpu-a": {"sglang_server_restarted": ok, "smoke_gate_run": {"passed_result": {}}},
+        "gpu-b": {"sglang_server_restarted": ok},
     }
     assert restart.failed_nodes(BIG, hostvars) == []
     assert restart.failed_nodes({"name": "solo", "nodes": []}, {}) == []
@@ -265,27 +265,27 @@ def test_every_node_that_passed_its_restart_and_node_0_its_gate_passed() -> None
 @pytest.mark.parametrize(
     ("change", "failed"),
     [
-        ({"gpu-b": {"_sglang_server_restarted": {"server": "big", "failed": True}}}, ["gpu-b"]),
+        ({"gpu-b": {"sglang_server_restarted": {"server": "big", "failed": True}}}, ["gpu-b"]),
         # Node 0's gate failed; a node's gate result alone never counts for the others.
         (
             {
                 "gpu-a": {
-                    "_sglang_server_restarted": {"server": "big"},
+                    "sglang_server_restarted": {"server": "big"},
                     "smoke_gate_run": {"failed": True},
                 }
             },
             ["gpu-a"],
         ),
         # A result of another server (an earlier one in the loop) is not this restart's.
-        ({"gpu-b": {"_sglang_server_restarted": {"server": "llama"}}}, ["gpu-b"]),
+        ({"gpu-b": {"sglang_server_restarted": {"server": "llama"}}}, ["gpu-b"]),
         ({"gpu-b": {}}, ["gpu-b"]),
     ],
 )
 def test_a_node_that_did_not_pass_is_named(change: dict, failed: list) -> None:
     hostvars = {
-        "gpu-a": {"_sglang_server_restarted": {"server": "big"}, "smoke_gate_run": {}},
+        "gpu-a": {"sglang_server_restarted": {"server": "big"}, "smoke_gate_run": {}},
         "gpu-b": {
-            "_sglang_server_restarted": {"server": "big"},
+            "sglang_server_restarted": {"server": "big"},
             "smoke_gate_run": {"failed": True},
         },
     } | change

@@ -2,7 +2,7 @@
 time with the requests it left running (docs/STAGING.md, docs/ROUTER.md).
 
 The sglang_server role records, per server, `sglang_server_downtimes[name]` =
-{was_running, stop_result, downtime_seconds} (start_and_wait.yml) and, for a replica behind a
+{was_running, stop_result, downtime_seconds} (replace_server.yml) and, for a replica behind a
 router, `sglang_server_drain_results[name]` = {drained, running_reqs, drain_seconds}
 (router_take_out.yml). The fleet summary and the rollback's message read them through these
 functions.

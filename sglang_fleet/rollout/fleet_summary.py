@@ -66,7 +66,7 @@ def rollout_row(
     staged: Mapping[str, Any] | None = None,
     message: str | None = None,
 ) -> dict[str, Any]:
-    """One server's result as restart.yml notes it for the fleet summary (rollout_rows).
+    """One server's result as roll_out_server.yml notes it for the fleet summary (rollout_rows).
 
     smoke: the smoke gate's result (registered, or the failed task's), whose `measured` gives
     the figures; node 0 of a server across hosts alone is benchmarked, so another node's (an

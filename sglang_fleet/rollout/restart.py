@@ -146,16 +146,16 @@ def downtime(before_stop: str, healthy_at: str) -> dict[str, Any]:
     return {"was_running": len(words) > 1 and words[1] == "active", "downtime_seconds": seconds}
 
 
-# What each node of a server across hosts registers in restart.yml: its restart (every node) and
-# its smoke gate (node 0 alone; docs/MULTINODE.md).
-RESTART_RESULT = "_sglang_server_restarted"
+# What each node of a server across hosts registers in roll_out_server.yml: its restart (every
+# node) and its smoke gate (node 0 alone; docs/MULTINODE.md).
+RESTART_RESULT = "sglang_server_restarted"
 GATE_RESULT = "smoke_gate_run"
 
 
 def failed_nodes(server: Mapping[str, Any], hostvars: Mapping[str, Any]) -> list[str]:
     """The nodes of `server` (its `nodes`, node 0 first) that did not pass this restart: a node
     whose restart of this server failed or is missing, and node 0 when its smoke gate failed.
-    Every node runs restart.yml in lockstep (one include for all), so by the time one node
+    Every node runs roll_out_server.yml in lockstep (one include for all), so by the time one node
     records last-known-good, each node's results for this server are registered; a node that
     failed is in the rollback already, and the others must follow it there."""
     failed = []
