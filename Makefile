@@ -38,7 +38,10 @@ help:
 # the install took 65 s instead of 109 s (2026-12-04).
 $(BIN)/.stamp: requirements.txt pyproject.toml gpusim/pyproject.toml scripts/find-python.sh
 	@echo "==> creating $(VENV) (Python >= 3.12) and installing requirements.txt"
-	@py=$$(readlink -f "$$(scripts/find-python.sh)"); rm -rf $(VENV); "$$py" -m venv $(VENV)
+	@# Not the venv's own interpreter, first on PATH here: a venv copied with its files (not its
+	@# links) would be removed below with the only Python named.
+	@py=$$(readlink -f "$$(PATH="$${PATH#$(CURDIR)/$(BIN):}" scripts/find-python.sh)"); \
+	  rm -rf $(VENV); "$$py" -m venv $(VENV)
 	@$(BIN)/pip install --quiet --disable-pip-version-check --no-compile -r requirements.txt 2> >(grep -v 'is ignored: it is neither' >&2)
 	@touch $@
 
@@ -109,7 +112,8 @@ pytest: $(BIN)/.stamp wheelhouse sglang-ref host
 check: $(BIN)/.stamp wheelhouse
 	@$(MAKE) --no-print-directory -j 2 lint check-pytest
 
-check-pytest: $(BIN)/.stamp wheelhouse
+# Run by `check` once its set-up is done (the wheelhouse is built once, not once per job).
+check-pytest:
 	@echo "==> pytest (no containers)"; $(BIN)/pytest -n $(PYTEST_JOBS) -m "not container"
 
 MOLECULE_SETUP := $(BIN)/.stamp image wheelhouse $(if $(filter real_sglang,$(SCENARIOS)),cpu-image) \
