@@ -25,7 +25,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 # source without it (docs/TESTING.md, "Bytecode").
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: help check test test-checks demo lint pytest molecule host image wheelhouse cpu-image double-image monitoring-debs staging-debs driver-debs sglang-ref resolve-gpu-deps bench clean
+.PHONY: help check check-pytest test test-checks demo lint pytest molecule host image wheelhouse cpu-image double-image monitoring-debs staging-debs driver-debs sglang-ref resolve-gpu-deps bench clean
 help:
 	@echo "make check  - the quick loop, no containers: yamllint, ansible-lint, ruff and the unit tests"
 	@echo "make test   - set up, then yamllint, ansible-lint, ruff, pytest and every Molecule scenario"
@@ -38,7 +38,10 @@ help:
 # the install took 65 s instead of 109 s (2026-12-04).
 $(BIN)/.stamp: requirements.txt pyproject.toml gpusim/pyproject.toml scripts/find-python.sh
 	@echo "==> creating $(VENV) (Python >= 3.12) and installing requirements.txt"
-	@py=$$(readlink -f "$$(scripts/find-python.sh)"); rm -rf $(VENV); "$$py" -m venv $(VENV)
+	@# Not the venv's own interpreter, first on PATH here: a venv copied with its files (not its
+	@# links) would be removed below with the only Python named.
+	@py=$$(readlink -f "$$(PATH="$${PATH#$(CURDIR)/$(BIN):}" scripts/find-python.sh)"); \
+	  rm -rf $(VENV); "$$py" -m venv $(VENV)
 	@$(BIN)/pip install --quiet --disable-pip-version-check --no-compile -r requirements.txt 2> >(grep -v 'is ignored: it is neither' >&2)
 	@touch $@
 
@@ -75,10 +78,12 @@ staging-debs: image
 driver-debs: image
 	@scripts/build-debs.sh driver-debs python3-apt
 
+# ansible-lint is skipped when the very files it reads passed it already (scripts/ansible-lint-cached.sh:
+# a fresh clone runs it; ANSIBLE_LINT_CACHE=0 always does).
 lint: $(BIN)/.stamp
-	@echo "==> yamllint"; $(BIN)/yamllint --strict .
-	@echo "==> ansible-lint (production profile)"; $(BIN)/ansible-lint --profile production
 	@echo "==> ruff"; $(BIN)/ruff check . && $(BIN)/ruff format --check .
+	@echo "==> yamllint"; $(BIN)/yamllint --strict .
+	@echo "==> ansible-lint (production profile)"; scripts/ansible-lint-cached.sh
 
 # The SGLang 0.5.23 reference venv (CPU build, ~2.4 GB, gpusim/tools/sglang-0.5.23-cpu.lock):
 # the real parser for tests/double/test_flags_match_real.py and the real server for
@@ -101,8 +106,14 @@ pytest: $(BIN)/.stamp wheelhouse sglang-ref host
 	@$(PYTEST)
 
 # The inner loop: everything that needs no container, no image and no dockerd (and no reference
-# venv: the tests that need it say so and skip until `make sglang-ref` has built it).
-check: lint $(BIN)/.stamp wheelhouse
+# venv: the tests that need it say so and skip until `make sglang-ref` has built it). The linters
+# and pytest share nothing, so they run at once: pytest's workers wait on processes, sockets and
+# leases, and the linters (ansible-lint's syntax checks above all) use that time.
+check: $(BIN)/.stamp wheelhouse
+	@$(MAKE) --no-print-directory -j 2 lint check-pytest
+
+# Run by `check` once its set-up is done (the wheelhouse is built once, not once per job).
+check-pytest:
 	@echo "==> pytest (no containers)"; $(BIN)/pytest -n $(PYTEST_JOBS) -m "not container"
 
 MOLECULE_SETUP := $(BIN)/.stamp image wheelhouse $(if $(filter real_sglang,$(SCENARIOS)),cpu-image) \

@@ -8,11 +8,13 @@ gate.evaluate, gate.compact, run_diagnosis.diagnose):
    sglang_fleet package's smoke client as one zipapp, standard library only, built by
    sglang_fleet.host_zipapp) written where it differs, the
    benchmark run with the server's API key on stdin (never argv, never a result: the run is
-   under no_log), bounded by coreutils' timeout, its result and this start's journal read back;
+   under no_log), bounded by coreutils' timeout, its result and this start's journal read back,
+   and with max_regression_pct the last-known-good record too (no module run of its own);
 2. the result kept on the control node (reports_dir/<host>/<server>/<UTC stamp>.json), with the
-   picture beside it (sglang_fleet.bench.smoke_picture in the controller's Python; a picture that
-   cannot be
-   drawn is said, never gated on);
+   picture beside it (sglang_fleet.bench.smoke_picture in the controller's Python, started as a
+   process of its own that the gate does not wait for: matplotlib's import and drawing took
+   1-2 s of the gate's own time; what it says goes to <stamp>.png.log; a picture that cannot
+   be started is said, and no picture is ever gated on);
 3. the diagnosis of what bounds the server (its /metrics samples in the result, else this
    start's journal), kept beside the result;
 4. the verdict: every threshold, every request's output tokens, and with max_regression_pct the
@@ -35,6 +37,7 @@ from __future__ import annotations
 import base64
 import datetime
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -66,6 +69,8 @@ THRESHOLDS = (
 # A result JSON is a few hundred kB for the smoke workloads; more is not a smoke result.
 MAX_RESULT_BYTES = 64 * 1024 * 1024
 PICTURE_TIMEOUT_S = 120
+# The last-known-good record the relative gate reads: a few kilobytes.
+MAX_BASELINE_BYTES = 1024 * 1024
 
 
 class ActionModule(VerbAction):
@@ -152,6 +157,8 @@ class ActionModule(VerbAction):
                     "max_result_bytes": MAX_RESULT_BYTES,
                     "journal_unit": str(server.get("unit") or ""),
                     "journal_lines": int(args.get("journal_lines") or 0),
+                    "baseline_path": self._baseline_path(server, args),
+                    "max_baseline_bytes": MAX_BASELINE_BYTES,
                 },
             )
         benchmark_s = round(time.monotonic() - started, 2)
@@ -187,32 +194,47 @@ class ActionModule(VerbAction):
             "json": str(json_path),
             "benchmark_s": benchmark_s,
             "journal": str(ran.get("journal") or ""),
+            "baseline": ran.get("baseline"),
         }
 
     def _picture(self, base: str) -> str:
-        """The PNG beside the result ("" when drawn, else why not)."""
+        """Starts drawing the PNG beside the result, off the rollout's path ("" when started,
+        else why not): a process of its own in the controller's Python, in a session of its own
+        (an interrupted playbook does not cut it short), bounded by coreutils' timeout where the
+        controller has it; what it says goes to <base>.png.log."""
         python = str(self._vars.get("ansible_playbook_python") or sys.executable)
+        argv = [python, "-m", "sglang_fleet.bench.smoke_picture", base + ".json", base + ".png"]
+        bound = shutil.which("timeout")
+        if bound:
+            argv = [bound, str(PICTURE_TIMEOUT_S), *argv]
         try:
-            drawn = subprocess.run(
-                [python, "-m", "sglang_fleet.bench.smoke_picture", base + ".json", base + ".png"],
-                capture_output=True,
-                text=True,
-                timeout=PICTURE_TIMEOUT_S,
-                check=False,
-            )
-        except (OSError, subprocess.TimeoutExpired) as exc:
+            with open(base + ".png.log", "wb") as log:
+                subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+        except OSError as exc:
             return str(exc)
-        return "" if drawn.returncode == 0 else (drawn.stderr.strip()[-400:] or "no picture")
+        return ""
 
-    def _baseline(self, server: Mapping[str, Any], args: Mapping[str, Any]) -> Any:
+    @staticmethod
+    def _baseline_path(server: Mapping[str, Any], args: Mapping[str, Any]) -> str:
+        """The last-known-good record the relative gate reads ("" without max_regression_pct)."""
         if (args.get("thresholds") or {}).get("max_regression_pct") is None:
-            return None
-        path = f"{args['state_dir']}/{server['name']}/lkg/meta.json"
-        done = self._module("ansible.legacy.slurp", {"src": path})
-        if done.get("failed") or "content" not in done:
+            return ""
+        return f"{args['state_dir']}/{server['name']}/lkg/meta.json"
+
+    @staticmethod
+    def _baseline(raw: Any, path: str) -> Any:
+        """The result last-known-good passed with, from its record's text (read on the host in
+        the benchmark's module run); None when there is no record or it cannot be read."""
+        if not raw or not isinstance(raw, str):
             return None
         try:
-            record = bounded_loads(base64.b64decode(done["content"]), path)
+            record = bounded_loads(raw, path)
         except ValueError:
             return None
         return record.get("smoke_result") if isinstance(record, dict) else None
@@ -222,16 +244,15 @@ class ActionModule(VerbAction):
     ) -> dict:
         name, measured, base = str(server["name"]), got["result"], got["local_base"]
         no_picture = self._picture(base)
-        self._step("picture drawn" if not no_picture else f"no picture: {no_picture}")
+        self._step("picture being drawn" if not no_picture else f"no picture: {no_picture}")
         journal = got["journal"]
         concurrency = (args.get("workload") or {}).get("max_concurrency")
         diagnosis = diagnose(measured, journal or None, int(concurrency) if concurrency else None)
         Path(base + ".diagnosis.json").write_text(json.dumps(diagnosis, indent=4) + "\n")
         self._step(f"diagnosis: {diagnosis.get('verdict')}")
         try:
-            verdict = gate.evaluate(
-                measured, dict(args.get("thresholds") or {}), self._baseline(server, args)
-            )
+            baseline = self._baseline(got["baseline"], self._baseline_path(server, args))
+            verdict = gate.evaluate(measured, dict(args.get("thresholds") or {}), baseline)
         except gate.GateInputError as exc:
             raise AnsibleActionFail(f"sglang_gate: {exc}") from None
         self._step(verdict["summary"])
@@ -296,7 +317,7 @@ def result_lines(  # noqa: PLR0917 (one line each, as the role shows them)
     lines = [f"{host} {name}: {verdict['summary']}", load, f"diagnosis: {diagnosis.get('verdict')}"]
     lines += [f"  lever: {lever['message']}" for lever in (diagnosis.get("levers") or [])[:2]]
     lines += [
-        "picture: none" if no_picture else f"picture: {base}.png",
+        "picture: none" if no_picture else f"picture: {base}.png (drawn beside the rollout)",
         f"result: {base}.json",
     ]
     return lines

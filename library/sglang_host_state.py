@@ -161,6 +161,15 @@ would_write:
       enablement); units that do not run and records are not writes.
   returned: always
   type: bool
+in_place:
+  description:
+    - What this read proved exactly as wanted, by kind, for a caller that skips the writes of
+      what is in place (roles/sglang_server/tasks/configure.yml): C(files) the paths of
+      C(files) and C(secret_files) with no difference (an absent file's path when it is
+      absent), C(directories) their paths, C(groups) and C(users) their names, C(enabled)
+      the units of C(units) that are enabled. Whatever is not listed was not proven.
+  returned: always
+  type: dict
 """
 
 import grp
@@ -280,24 +289,28 @@ def _systemctl(args: list[str], timeout: int) -> list[str]:
     return done.stdout.splitlines()
 
 
-def check_units(units: list[str], timeout: int) -> tuple[list[str], list[str], list[str]]:
-    """(not enabled, not running, running): one `systemctl is-enabled` and one `is-active`
-    for all units."""
+def check_units(
+    units: list[str], timeout: int
+) -> tuple[list[str], list[str], list[str], list[str]]:
+    """(not enabled, not running, running, enabled): one `systemctl is-enabled` and one
+    `is-active` for all units."""
     if not units:
-        return [], [], []
-    disabled, stopped, running = [], [], []
+        return [], [], [], []
+    disabled, stopped, running, enabled_units = [], [], [], []
     enabled = _systemctl(["is-enabled", *units], timeout)
     active = _systemctl(["is-active", *units], timeout)
     for index, unit in enumerate(units):
         state = enabled[index] if index < len(enabled) else "unknown"
         if state != "enabled":
             disabled.append(f"{unit}: {state or 'unknown'}, wanted enabled")
+        else:
+            enabled_units.append(unit)
         state = active[index] if index < len(active) else "unknown"
         if state != "active":
             stopped.append(f"{unit}: {state or 'unknown'}, wanted running")
         else:
             running.append(unit)
-    return disabled, stopped, running
+    return disabled, stopped, running, enabled_units
 
 
 def check_record(want: dict[str, Any]) -> list[str]:
@@ -339,22 +352,30 @@ def check_router(want: dict[str, Any], key: str | None, timeout: int) -> tuple[l
     return [], []
 
 
+def _sorted(checks: list[tuple[str, list[str]]]) -> tuple[list[str], list[str]]:
+    """(the keys whose every check found nothing, once each; every difference found). A key
+    asked for twice is in place only when both are: a write of either would change it."""
+    differ = {key for key, found in checks if found}
+    in_place = list(dict.fromkeys(key for key, _ in checks if key not in differ))
+    return in_place, [line for _, found in checks for line in found]
+
+
 def run(params: dict[str, Any]) -> dict[str, Any]:
-    differences: list[str] = []
     unknown: list[str] = []
-    changed_paths: list[str] = []
-    for want in params["files"] + params["secret_files"]:
-        found = check_file(want)
-        if found:
-            changed_paths.append(want["path"])
+    files = [(want["path"], check_file(want)) for want in params["files"] + params["secret_files"]]
+    in_place_files, differences = _sorted(files)
+    changed_paths = [path for path, found in files if found]
+    in_place: dict[str, list[str]] = {"files": in_place_files}
+    for kind, checks in (
+        ("directories", [(want["path"], check_directory(want)) for want in params["directories"]]),
+        ("groups", [(name, check_group(name)) for name in params["groups"]]),
+        ("users", [(want["name"], check_user(want)) for want in params["users"]]),
+    ):
+        in_place[kind], found = _sorted(checks)
         differences += found
-    for want in params["directories"]:
-        differences += check_directory(want)
-    for name in params["groups"]:
-        differences += check_group(name)
-    for want in params["users"]:
-        differences += check_user(want)
-    disabled, stopped, running = check_units(params["units"], params["timeout"])
+    disabled, stopped, running, in_place["enabled"] = check_units(
+        params["units"], params["timeout"]
+    )
     differences += disabled
     # What the rollout's own writes (files, directories, group, user, enabled units) would
     # change; units that do not run and records are the restart decision's.
@@ -374,7 +395,8 @@ def run(params: dict[str, Any]) -> dict[str, Any]:
         unknown += missing
     answer = {"changed": False, "differences": differences, "converged": not differences,
               "unknown": unknown, "changed_paths": changed_paths, "would_write": would_write,
-              "running": running, "router_missing": router_missing}  # fmt: skip
+              "running": running, "router_missing": router_missing,
+              "in_place": in_place}  # fmt: skip
     if params.get("read"):
         answer["read"] = read_host(params["read"], params["timeout"])
     return answer

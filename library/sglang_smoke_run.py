@@ -59,6 +59,17 @@ options:
     description: How many of that journal's last lines are read (0 for none).
     type: int
     default: 0
+  baseline_path:
+    description:
+      - A file read back after the run ("" for none), bounded by C(max_baseline_bytes): the
+        last-known-good record whose result the relative gate compares with, read in this run
+        rather than in a module run of its own.
+    type: str
+    default: ""
+  max_baseline_bytes:
+    description: The largest C(baseline_path) read back.
+    type: int
+    default: 1048576
 """
 
 EXAMPLES = r"""
@@ -92,6 +103,12 @@ client_changed:
   description: The client was written (it was missing or differed).
   returned: always
   type: bool
+baseline:
+  description:
+    - The text of C(baseline_path), null when it is missing, or {error} when it cannot be read
+      (not a regular file, larger than C(max_baseline_bytes)).
+  returned: when baseline_path is given, unless in check mode
+  type: raw
 """
 
 import base64
@@ -164,7 +181,7 @@ def run(params: dict, check_mode: bool) -> dict:
         check=False,
     )  # bounded by the command's own `timeout` (smoke_argv)
     key = [params["api_key"]]  # out of what comes back, escaped or not, before any cut
-    return {
+    answer = {
         "changed": True,  # a new result file on the host
         "client_changed": client_changed,
         "rc": done.returncode,
@@ -172,6 +189,18 @@ def run(params: dict, check_mode: bool) -> dict:
         "result": read_bounded(params["result_path"], params["max_result_bytes"]),
         "journal": without_secrets(journal(params["journal_unit"], params["journal_lines"]), key),
     }
+    if params.get("baseline_path"):
+        answer["baseline"] = baseline(params["baseline_path"], params["max_baseline_bytes"])
+    return answer
+
+
+def baseline(path: str, limit: int) -> str | dict | None:
+    """The record the relative gate compares with: its text, None when missing, {error} when it
+    cannot be read (the gate then has no baseline, as with a missing record)."""
+    try:
+        return read_bounded(path, limit)
+    except (OSError, ValueError) as err:
+        return {"error": str(err)}
 
 
 def main() -> None:
@@ -185,6 +214,8 @@ def main() -> None:
             "max_result_bytes": {"type": "int", "default": 64 * 1024 * 1024},
             "journal_unit": {"type": "str", "default": ""},
             "journal_lines": {"type": "int", "default": 0},
+            "baseline_path": {"type": "str", "default": ""},
+            "max_baseline_bytes": {"type": "int", "default": 1 << 20},
         },
         supports_check_mode=True,
     )

@@ -67,9 +67,13 @@ def test_a_host_as_wanted_has_no_difference(tree: Path) -> None:
                       "value": "abc123"}],
         )
     )  # fmt: skip
+    # Everything asked for is proven in place: configure.yml skips each write of it.
+    in_place = {"files": [str(tree / "launch.conf"), str(tree / "gone.yaml")],
+                "directories": [str(tree / "dropin.d")], "groups": [MY_GROUP], "users": [ME],
+                "enabled": []}  # fmt: skip
     assert result == {"changed": False, "differences": [], "converged": True, "unknown": [],
                       "changed_paths": [], "would_write": False, "running": [],
-                      "router_missing": []}  # fmt: skip
+                      "router_missing": [], "in_place": in_place}  # fmt: skip
 
 
 def test_every_file_difference_is_named(tree: Path) -> None:
@@ -105,8 +109,38 @@ def test_every_file_difference_is_named(tree: Path) -> None:
         str(launch), str(tree / "missing.env"), str(tree / "meta.json"), str(launch),
         str(tree / "dropin.d"), str(launch),
     ]  # fmt: skip
+    # A file with any difference is not in place, nor is one listed twice with a difference
+    # in either listing (configure.yml writes it then).
+    assert result["in_place"]["files"] == []
     # The SHA-1 wanted or found is never in the answer.
     assert sha1("x") not in json.dumps(result)
+
+
+def test_in_place_lists_only_what_was_proven(tree: Path) -> None:
+    """configure.yml skips a write only for what this read lists as in place: one difference
+    of a file, directory, group or user leaves it out, and the rest stays listed."""
+    result = state.run(
+        params(
+            files=[want_file(tree / "launch.conf", "ExecStart=/bin/true\n"),
+                   want_file(tree / "missing.env", "A=1\n"),
+                   {**want_file(tree / "launch.conf", "ExecStart=/bin/true\n"), "path":
+                    str(tree / "meta.json")}],
+            secret_files=[{"path": str(tree / "secrets.env"), "absent": True}],
+            directories=[{"path": str(tree / "dropin.d"), "owner": ME, "mode": "0755"},
+                         {"path": str(tree / "dropin.d"), "mode": "0700"},
+                         {"path": str(tree / "nope"), "mode": "0755"}],
+            groups=[MY_GROUP, "no-such-group-x"],
+            users=[{"name": ME, "group": MY_GROUP}, {"name": "no-such-user-x"}],
+        )
+    )  # fmt: skip
+    assert result["in_place"] == {
+        "files": [str(tree / "launch.conf"), str(tree / "secrets.env")],
+        "directories": [],  # dropin.d is asked for twice, once with another mode
+        "groups": [MY_GROUP],
+        "users": [ME],
+        "enabled": [],
+    }
+    assert result["changed_paths"] == [str(tree / "missing.env"), str(tree / "meta.json")]
 
 
 def test_directories_groups_users_and_records(tree: Path) -> None:
@@ -152,6 +186,7 @@ def test_units_must_be_enabled_and_running(monkeypatch: pytest.MonkeyPatch) -> N
         "sglang@b.service: failed, wanted running",
     ]
     assert result["would_write"] is True and result["changed_paths"] == []  # enabling writes
+    assert result["in_place"]["enabled"] == ["sglang@a.service"]  # b gets enabled
     only_stopped = {"is-enabled": ["enabled", "enabled"], "is-active": ["active", "failed"]}
     monkeypatch.setattr(state, "_systemctl", lambda args, timeout: only_stopped[args[0]])
     result = state.run(params(units=["sglang@a.service", "sglang@b.service"]))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import time
 import zipfile
 from pathlib import Path
 from types import SimpleNamespace
@@ -81,19 +82,16 @@ class FakeGate(ACTION.ActionModule):
         self.copied.append(args["client_path"])
         result = json.dumps(self.host["result"])
         assert argv[argv.index("--json") + 1] == args["result_path"]
-        return {
+        answer = {
             "changed": True,
             "rc": self.host.get("rc", 0),
             "stderr_tail": self.host.get("stderr", ""),
             "result": result,
             "journal": self.host.get("journal", ""),
         }
-
-    def host_slurp(self, args: dict) -> dict:
-        text = self.host["files"].get(args["src"])
-        if text is None:
-            return {"failed": True, "msg": "file not found"}
-        return {"content": base64.b64encode(text.encode()).decode()}
+        if args.get("baseline_path"):  # read back in the same run (no slurp of its own)
+            answer["baseline"] = self.host["files"].get(args["baseline_path"])
+        return answer
 
     def _picture(self, base: str) -> str:
         Path(base + ".png").write_bytes(b"png")
@@ -172,9 +170,58 @@ def test_the_relative_gate_reads_the_last_known_good_result(tmp_path: Path) -> N
     meta = "/var/lib/sglang-fleet/llama/lkg/meta.json"
     host = {"files": {meta: json.dumps({"smoke_result": baseline})}, "result": smoke_result()}
     args = gate_args(tmp_path, thresholds={"max_regression_pct": 10})
-    result = FakeGate(args, host).run_it()
+    action = FakeGate(args, host)
+    result = action.run_it()
     assert result["failed"] is True, result["summary"]
     assert "regress" in result["msg"] or "below" in result["msg"], result["msg"]
+    # The record comes back with the benchmark's own module run: one module run on the host.
+    assert [name for name, _, _ in action.calls] == ["sglang_smoke_run"]
+    [(run_args, _)] = [(a, n) for name, a, n in action.calls if name == "sglang_smoke_run"]
+    assert run_args["baseline_path"] == meta
+    # Without a record the relative gate has nothing to compare with, and passes on the rest.
+    result = FakeGate(args, {"files": {}, "result": smoke_result()}).run_it()
+    assert not result.get("failed"), result["msg"]
+
+
+def test_without_the_relative_gate_no_record_is_read(tmp_path: Path) -> None:
+    action = FakeGate(gate_args(tmp_path), {"files": {}, "result": smoke_result()})
+    action.run_it()
+    [(run_args, _)] = [(a, n) for name, a, n in action.calls if name == "sglang_smoke_run"]
+    assert run_args["baseline_path"] == ""
+
+
+def test_the_picture_is_drawn_beside_the_rollout_not_waited_for(tmp_path: Path) -> None:
+    """The gate starts the picture and goes on: the stand-in for the controller's Python draws
+    only once the test says so after the gate returned, so a gate that waited for it would find
+    it giving up (after 20 s, so that the test never hangs). What it says goes to the log."""
+    go, base = tmp_path / "go", tmp_path / "20261205T000000Z"
+    python = tmp_path / "python"
+    python.write_text(
+        "#!/bin/bash\n"
+        'png="${@: -1}"; echo "drawing $png" >&2\n'
+        f'for _ in $(seq 400); do [ -e {go} ] && {{ echo drawn > "$png"; exit 0; }}\n'
+        "sleep 0.05; done\n"
+        'echo "gave up" > "$png"\n'
+    )
+    python.chmod(0o755)
+    action = FakeGate(gate_args(tmp_path), {})
+    action.begin({"ansible_playbook_python": str(python)})
+    assert ACTION.ActionModule._picture(action, str(base)) == ""
+    go.touch()
+    png = Path(str(base) + ".png")
+    for _ in range(400):
+        if png.exists() and png.read_text():
+            break
+        time.sleep(0.05)
+    assert png.read_text() == "drawn\n"
+    assert f"drawing {png}" in Path(str(base) + ".png.log").read_text()
+
+
+def test_a_picture_that_cannot_be_started_is_said(tmp_path: Path) -> None:
+    action = FakeGate(gate_args(tmp_path), {})
+    action.begin({"ansible_playbook_python": str(tmp_path / "no-such-python")})
+    said = ACTION.ActionModule._picture(action, str(tmp_path / "no-such-folder" / "stamp"))
+    assert "no-such-folder" in said
 
 
 def test_a_benchmark_past_its_timeout_says_so(tmp_path: Path) -> None:

@@ -72,3 +72,20 @@ def test_check_mode_writes_and_runs_nothing(tmp_path: Path) -> None:
     assert smoke_run.run(given, check_mode=True) == {"changed": False, "client_changed": False}
     assert not Path(given["client_path"]).exists()
     assert not Path(given["result_path"]).exists()
+
+
+def test_the_baseline_record_comes_back_in_the_same_run(tmp_path: Path) -> None:
+    """The relative gate's last-known-good record is read in the benchmark's own module run (no
+    slurp of its own): its text, None when there is none, an error past the bound."""
+    record = tmp_path / "state" / "llama" / "lkg" / "meta.json"
+    record.parent.mkdir(parents=True)
+    record.write_text('{"smoke_result": {"output_throughput": 100.0}}')
+    given = params(tmp_path, baseline_path=str(record), max_baseline_bytes=1024)
+    assert smoke_run.run(given, check_mode=False)["baseline"] == record.read_text()
+    assert "baseline" not in smoke_run.run(params(tmp_path), check_mode=False)
+    missing = params(
+        tmp_path, baseline_path=str(record.with_name("no.json")), max_baseline_bytes=1024
+    )
+    assert smoke_run.run(missing, check_mode=False)["baseline"] is None
+    small = params(tmp_path, baseline_path=str(record), max_baseline_bytes=8)
+    assert "error" in smoke_run.run(small, check_mode=False)["baseline"]
