@@ -11,7 +11,7 @@ gate.evaluate, gate.compact, run_diagnosis.diagnose):
    under no_log), bounded by coreutils' timeout, its result and this start's journal read back,
    and with max_regression_pct the last-known-good record too (no module run of its own);
 2. the result kept on the control node (reports_dir/<host>/<server>/<UTC stamp>.json), with the
-   picture beside it (sglang_fleet.bench.smoke_picture in the controller's Python, started as a
+   picture beside it (sglang_fleet.smoke.smoke_picture in the controller's Python, started as a
    process of its own that the gate does not wait for: matplotlib's import and drawing took
    1-2 s of the gate's own time; what it says goes to <stamp>.png.log; a picture that cannot
    be started is said, and no picture is ever gated on);
@@ -48,14 +48,14 @@ from typing import Any
 from ansible.errors import AnsibleActionFail
 from sglang_fleet.module_utils.bounded_json import loads as bounded_loads
 
-from sglang_fleet.bench import gate
-from sglang_fleet.bench.smoke_argv import smoke_argv
 from sglang_fleet.diagnosis.run_diagnosis import diagnose
 from sglang_fleet.host_zipapp import build as build_zipapp
 from sglang_fleet.rollout.verb_action import StepFailed, VerbAction
+from sglang_fleet.smoke import gate
+from sglang_fleet.smoke.smoke_argv import smoke_argv
 
 # The client's entry module: the host gets it and what it imports as one zipapp.
-SMOKE_CLIENT = "sglang_fleet.bench.smoke_client.command_line"
+SMOKE_CLIENT = "sglang_fleet.smoke.smoke_client.command_line"
 REQUIRED = ("server", "workload", "python", "client_path", "state_dir", "reports_dir")
 OPTIONAL = ("api_key", "timeout", "journal_lines", "thresholds", "lock")
 THRESHOLDS = (
@@ -203,7 +203,7 @@ class ActionModule(VerbAction):
         (an interrupted playbook does not cut it short), bounded by coreutils' timeout where the
         controller has it; what it says goes to <base>.png.log."""
         python = str(self._vars.get("ansible_playbook_python") or sys.executable)
-        argv = [python, "-m", "sglang_fleet.bench.smoke_picture", base + ".json", base + ".png"]
+        argv = [python, "-m", "sglang_fleet.smoke.smoke_picture", base + ".json", base + ".png"]
         bound = shutil.which("timeout")
         if bound:
             argv = [bound, str(PICTURE_TIMEOUT_S), *argv]

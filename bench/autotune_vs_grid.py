@@ -7,7 +7,7 @@
 Each trial is what the playbook does on a canary, on a simulated 8 x 96 GB host: start the
 server with the candidate's flags (`python -m gpusim.sglang_server`), wait for /health,
 build the calibration record from the start-up log and /server_info, run the smoke client
-(`python -m sglang_fleet.bench.smoke_client`) with the Kimi job, stop the server.
+(`python -m sglang_fleet.smoke.smoke_client`) with the Kimi job, stop the server.
 
 The story's job is 150 concurrent requests of 2000 + 2000 tokens on Kimi-K2.5 int4, tp 8.
 Scaled down in time (--scale S, default 20): requests of 2000/S + 2000/S tokens on a copy of
@@ -200,7 +200,7 @@ def smoke(url: str, workload: dict[str, int], out: Path) -> dict[str, Any] | Non
     argv = [
         sys.executable,
         "-m",
-        "sglang_fleet.bench.smoke_client",
+        "sglang_fleet.smoke.smoke_client",
         f"--url={url}",
         f"--num-prompts={workload['num_prompts']}",
         f"--max-concurrency={workload['concurrency']}",

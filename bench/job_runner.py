@@ -7,7 +7,7 @@
 
 One gpusim SGLang double, started here, serves both clients in turn with the same workload:
 the same requests, prompt and output lengths, concurrency and sampling (temperature 0):
-- the smoke benchmark (`python -m sglang_fleet.bench.smoke_client`, the smoke gate's client):
+- the smoke benchmark (`python -m sglang_fleet.smoke.smoke_client`, the smoke gate's client):
   `--num-prompts N --max-concurrency C --random-input-len I --random-output-len O`;
 - the job runner (`python -m sglang_fleet.job run`): N SpecForge rows of one user turn, sent to
   /v1/chat/completions with `--concurrency C --max-tokens O`, each prompt I tokens as the
@@ -222,7 +222,7 @@ def env_with_repo() -> dict[str, str]:
 def smoke(url: str, n: int, args: argparse.Namespace, folder: Path) -> Run:
     out = folder / f"smoke-{n}.json"
     cmd = [
-        sys.executable, "-m", "sglang_fleet.bench.smoke_client", "--url", url,
+        sys.executable, "-m", "sglang_fleet.smoke.smoke_client", "--url", url,
         "--backend", args.smoke_backend, "--num-prompts", str(n),
         "--max-concurrency", str(args.concurrency), "--random-input-len", str(args.input_len),
         "--random-output-len", str(args.output_len), "--warmup-requests", "0",

@@ -331,7 +331,7 @@ def kv_bound_run(model: Path, workdir: Path, cap: int) -> dict[str, Any]:
         watcher = threading.Thread(target=peak_running, args=(server.url, done, seen))
         watcher.start()
         result_path = workdir / f"kv-bound-smoke-{cap}.json"
-        argv = [sys.executable, "-m", "sglang_fleet.bench.smoke_client", f"--url={server.url}"]
+        argv = [sys.executable, "-m", "sglang_fleet.smoke.smoke_client", f"--url={server.url}"]
         argv += [f"--num-prompts={KV_BOUND_CLIENTS * 2}", f"--max-concurrency={KV_BOUND_CLIENTS}"]
         argv += [f"--random-input-len={KV_BOUND_IN}", f"--random-output-len={KV_BOUND_OUT}"]
         vocab = json.loads((model / "config.json").read_text())["vocab_size"]

@@ -241,7 +241,7 @@ def smoke_archive(folder: Path) -> Path:
 
     archive = folder / "smoke.pyz"
     if not archive.exists():
-        archive.write_bytes(build("sglang_fleet.bench.smoke_client.command_line"))
+        archive.write_bytes(build("sglang_fleet.smoke.smoke_client.command_line"))
     return archive
 
 

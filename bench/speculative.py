@@ -46,9 +46,9 @@ import autotune_vs_grid as trials
 from gpusim.state import Hardware
 
 from gpusim import state as gpusim_state
-from sglang_fleet.bench.smoke_client.prometheus_text import parse_series
 from sglang_fleet.capacity.model_config import read_model_dir
 from sglang_fleet.capacity.speculative import algorithm_of
+from sglang_fleet.smoke.smoke_client.prometheus_text import parse_series
 from sglang_fleet.tuning import autotune_state, trial_choice, trial_outcome
 
 REPO = Path(__file__).resolve().parent.parent

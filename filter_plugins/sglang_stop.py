@@ -1,4 +1,4 @@
-"""Ansible filters for what a stop cost (thin wrappers over sglang_fleet.bench.downtime; tested
+"""Ansible filters for what a stop cost (thin wrappers over sglang_fleet.smoke.downtime; tested
 there).
 
 {{ names | sglang_stop_notes(sglang_server_downtimes, sglang_server_drain_results) }}  lines
@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from sglang_fleet.ansible_values import plain_mapping
-from sglang_fleet.bench.downtime import downtime_seconds, drain_note, stop_notes
+from sglang_fleet.smoke.downtime import downtime_seconds, drain_note, stop_notes
 
 
 def sglang_stop_notes(names: Any, downtimes: Any = None, drains: Any = None) -> list[str]:

@@ -15,7 +15,7 @@ description:
     given base64-encoded; written only when it differs, atomically, root only writable) and
     makes the result folder.
   - Runs the client's command (C(argv), built on the control node by
-  sglang_fleet.bench.smoke_argv:
+  sglang_fleet.smoke.smoke_argv:
     bounded by coreutils' timeout, the key read from stdin) with the API key on stdin, never in
     argv or in the environment of this module's caller.
   - Returns the result file's text (bounded by C(max_result_bytes)), how the client ended, the
@@ -26,7 +26,7 @@ version_added: "0.4.0"
 author: sglang-fleet
 options:
   client_zipapp:
-    description: The client, a zipapp (the package sglang_fleet/bench/smoke_client/ of the control
+    description: The client, a zipapp (the package sglang_fleet/smoke/smoke_client/ of the control
       node in one file), base64-encoded.
     type: str
     required: true

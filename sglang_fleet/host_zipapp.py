@@ -24,7 +24,7 @@ beside its name and renamed over it, and only where the name is a regular file o
 folder, a link, a FIFO or a missing folder is refused, naming -o). Every refusal is a usage
 error (exit 2), never a traceback.
 
-    python -m sglang_fleet.host_zipapp sglang_fleet.bench.smoke_client.command_line -o smoke.pyz
+    python -m sglang_fleet.host_zipapp sglang_fleet.smoke.smoke_client.command_line -o smoke.pyz
     python -m sglang_fleet.host_zipapp sglang_fleet.job.command_line --requires prometheus_client \
         -o job.pyz
 """

@@ -1,12 +1,12 @@
 """What a stop cost: downtime (stop to healthy), drains that ran out of time, and the fleet
-summary's columns for them (sglang_fleet/bench/downtime.py, sglang_fleet/bench/gate.py)."""
+summary's columns for them (sglang_fleet/smoke/downtime.py, sglang_fleet/smoke/gate.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from sglang_fleet.bench.downtime import downtime_seconds, drain_note, killed_at_stop, stop_notes
 from sglang_fleet.rollout.fleet_summary import format_rollout_table, rollout_rows
+from sglang_fleet.smoke.downtime import downtime_seconds, drain_note, killed_at_stop, stop_notes
 
 RUNNING = {"was_running": True, "stop_result": "success", "downtime_seconds": 21.34}
 

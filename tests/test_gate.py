@@ -1,4 +1,4 @@
-"""The smoke gate's verdict (sglang_fleet.bench.gate) and its Ansible filter wrapper.
+"""The smoke gate's verdict (sglang_fleet.smoke.gate) and its Ansible filter wrapper.
 
 Results follow docs/CONTRACTS.md (smoke result JSON); each test changes one figure of a
 passing result and checks the failure names the threshold, the measured value and the gap.
@@ -13,17 +13,17 @@ import pytest
 from ansible.errors import AnsibleFilterError
 from conftest import load_plugin
 
-from sglang_fleet.bench import gate
-from sglang_fleet.bench.gate import (
+from sglang_fleet.rollout.fleet_summary import format_rollout_table, rollout_rows
+from sglang_fleet.smoke import gate
+from sglang_fleet.smoke.gate import (
     GateInputError,
     compact,
     evaluate,
     failure_rate,
     same_workload,
 )
-from sglang_fleet.bench.smoke_argv import smoke_argv
-from sglang_fleet.bench.smoke_client.command_line import build_parser
-from sglang_fleet.rollout.fleet_summary import format_rollout_table, rollout_rows
+from sglang_fleet.smoke.smoke_argv import smoke_argv
+from sglang_fleet.smoke.smoke_client.command_line import build_parser
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -20,7 +20,7 @@ import pytest
 import sglang_fleet
 from sglang_fleet.host_zipapp import ZipappError, build, closure, main, scan
 
-SMOKE = "sglang_fleet.bench.smoke_client.command_line"
+SMOKE = "sglang_fleet.smoke.smoke_client.command_line"
 SAMPLER = "sglang_fleet.diagnosis.live_metrics"
 
 
@@ -47,7 +47,7 @@ def test_building_runs_none_of_the_modules_it_packs() -> None:
     """The sources are read, not run: only the packages on the way are imported."""
     probe = (
         "import sys; from sglang_fleet.host_zipapp import build; build(sys.argv[1]);"
-        "print(sorted(m for m in sys.modules if m.startswith('sglang_fleet.bench.smoke_client.')))"
+        "print(sorted(m for m in sys.modules if m.startswith('sglang_fleet.smoke.smoke_client.')))"
     )
     ran = subprocess.run(
         [sys.executable, "-c", probe, SMOKE], capture_output=True, text=True, check=False
@@ -59,16 +59,16 @@ def test_building_runs_none_of_the_modules_it_packs() -> None:
 def test_the_smoke_client_archive_holds_its_package_and_nothing_else() -> None:
     names = zipfile.ZipFile(io.BytesIO(build(SMOKE))).namelist()
     assert names == sorted(names)
-    others = [n for n in names if not n.startswith("sglang_fleet/bench/smoke_client/")]
+    others = [n for n in names if not n.startswith("sglang_fleet/smoke/smoke_client/")]
     assert others == [
         "__main__.py",
         "sglang_fleet/__init__.py",
-        "sglang_fleet/bench/__init__.py",
+        "sglang_fleet/smoke/__init__.py",
         "sglang_fleet/module_utils/__init__.py",
         "sglang_fleet/module_utils/fleet_http.py",  # the one URL rule (check_url)
     ]
     # every module of the package the entry reaches, none of the bench's control-node modules
-    assert "sglang_fleet/bench/smoke_client/streams.py" in names
+    assert "sglang_fleet/smoke/smoke_client/streams.py" in names
     assert not any(n.endswith(("gate.py", "smoke_picture.py")) for n in names)
 
 
@@ -92,7 +92,7 @@ def test_the_smoke_client_runs_from_its_archive_alone(python: str, tmp_path: Pat
 def test_a_module_that_imports_beyond_the_standard_library_is_refused() -> None:
     """The report picture needs matplotlib: a GPU host has none, so it cannot be a host program."""
     with pytest.raises(ZipappError, match=r"smoke_picture.py imports matplotlib"):
-        closure("sglang_fleet.bench.smoke_picture")
+        closure("sglang_fleet.smoke.smoke_picture")
 
 
 def test_an_entry_outside_the_package_is_refused() -> None:

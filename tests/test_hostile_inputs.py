@@ -14,7 +14,7 @@ Targets: server (resolve + validate + render, as the role's pre-flight and templ
 plan (plan() as the Ansible filter calls it), model_dir (a model directory on disk, read and
 planned), plan_cli (`python -m sglang_fleet.capacity.planner` argv), flags_check (the Ansible
 module, run
-as Ansible runs it), smoke (the smoke client, `python -m sglang_fleet.bench.smoke_client` in its
+as Ansible runs it), smoke (the smoke client, `python -m sglang_fleet.smoke.smoke_client` in its
 own process,
 against a loopback server that writes the row's bytes and closes the connection: "refused" is
 exit 2 before any request; "handled" is a result whose keys have the row's values; every request
@@ -1679,7 +1679,7 @@ def run_smoke(data: dict[str, Any], tmp_path: Path) -> Outcome:
     env.update(given.get("env", {}))
     try:
         proc = subprocess.run(
-            [SMOKE_PYTHON, "-m", "sglang_fleet.bench.smoke_client", *argv],
+            [SMOKE_PYTHON, "-m", "sglang_fleet.smoke.smoke_client", *argv],
             env=env,
             cwd=tmp_path,
             capture_output=True,

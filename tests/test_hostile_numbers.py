@@ -15,7 +15,6 @@ import pytest
 from test_gate import smoke_result
 from test_plan import KIMI_CONFIG, KIMI_HOST, KIMI_LOG, KIMI_WEIGHTS
 
-from sglang_fleet.bench.gate import GateInputError, evaluate
 from sglang_fleet.capacity.planner import plan
 from sglang_fleet.capacity.planner_inputs import PlanInputError
 from sglang_fleet.capacity.server_log import parse_log
@@ -24,6 +23,7 @@ from sglang_fleet.monitoring.settings import SettingError, check_settings
 from sglang_fleet.rollout import restart
 from sglang_fleet.rollout.fleet_summary import format_rollout_table
 from sglang_fleet.servers.host_checks import server_errors
+from sglang_fleet.smoke.gate import GateInputError, evaluate
 from sglang_fleet.tuning import autotune_inputs, trial_outcome
 from sglang_fleet.tuning.autotune_inputs import AutotuneInputError
 

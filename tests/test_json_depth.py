@@ -15,7 +15,7 @@ import pytest
 from conftest import load_plugin
 
 from sglang_fleet import ansible_values as plain_mod
-from sglang_fleet.bench import smoke_picture as report
+from sglang_fleet.smoke import smoke_picture as report
 
 bounded = load_plugin("module_utils/bounded_json.py")
 DEEP = "[" * 100_000 + "]" * 100_000

@@ -40,12 +40,12 @@ from gpusim_helpers import (
     stop_server,
 )
 
-from sglang_fleet.bench.smoke_client import prometheus_text
 from sglang_fleet.capacity.model_config import read_model_dir
 from sglang_fleet.diagnosis import diagnose as diagnose_mod
 from sglang_fleet.diagnosis import live_metrics as live
 from sglang_fleet.diagnosis.live_diagnosis import diagnose_live, table_lines
 from sglang_fleet.host_zipapp import build as build_zipapp
+from sglang_fleet.smoke.smoke_client import prometheus_text
 
 ROOT = Path(__file__).resolve().parent.parent
 LIVE_PY = ROOT / "sglang_fleet" / "diagnosis" / "live_metrics.py"
@@ -331,9 +331,9 @@ def test_the_sampler_zipapp_holds_the_sampler_its_reader_and_its_parser_only():
         "__main__.py",
         "sglang_fleet/__init__.py",
         "sglang_fleet/server_secrets.py",
-        "sglang_fleet/bench/__init__.py",
-        "sglang_fleet/bench/smoke_client/__init__.py",
-        "sglang_fleet/bench/smoke_client/prometheus_text.py",
+        "sglang_fleet/smoke/__init__.py",
+        "sglang_fleet/smoke/smoke_client/__init__.py",
+        "sglang_fleet/smoke/smoke_client/prometheus_text.py",
         "sglang_fleet/diagnosis/__init__.py",
         "sglang_fleet/diagnosis/live_metrics.py",
         "sglang_fleet/module_utils/__init__.py",

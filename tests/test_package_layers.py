@@ -1,7 +1,7 @@
 """sglang_fleet's layers (docs/ARCHITECTURE.md, "Package map"): each subpackage imports only from
 the floor (the package's own top-level modules and module_utils) and from subpackages of a lower
 layer, never upward or sideways; no import circle between modules; every module is listed in the
-map with one line. A module of a nested package (bench/smoke_client/) counts as its subpackage's
+map with one line. A module of a nested package (smoke/smoke_client/) counts as its subpackage's
 and is listed by its own path; a package's __init__.py is left out (it holds the package's
 docstring), a __main__.py is a module like any other and is listed. Run it alone:
 .venv/bin/pytest -q tests/test_package_layers.py
@@ -19,7 +19,7 @@ PACKAGE = ROOT / "sglang_fleet"
 LAYERS = {
     "capacity": 1,
     "servers": 2,
-    "bench": 2,
+    "smoke": 2,
     "monitoring": 2,
     "diagnosis": 3,
     "tuning": 3,
@@ -31,7 +31,7 @@ MAP_START = "## Package map"
 
 def modules() -> dict[str, Path]:
     """{dotted name below sglang_fleet: file}, package __init__ files left out (nested packages'
-    modules included, __main__.py too: bench.smoke_client.__main__)."""
+    modules included, __main__.py too: smoke.smoke_client.__main__)."""
     found = {}
     for path in sorted(PACKAGE.rglob("*.py")):
         if path.name == "__init__.py" or "__pycache__" in path.parts:
@@ -131,8 +131,8 @@ def test_the_checks_find_what_they_look_for(tmp_path: Path) -> None:
         "from sglang_fleet.servers.describe import SERVERS_VAR\n"
         "from sglang_fleet import ansible_values\n"
         "def late():\n"
-        "    from sglang_fleet.bench.smoke_client.prometheus_text import parse_series\n"
-        "from sglang_fleet.bench.smoke_client import server_json\n"
+        "    from sglang_fleet.smoke.smoke_client.prometheus_text import parse_series\n"
+        "from sglang_fleet.smoke.smoke_client import server_json\n"
         "from sglang_fleet.module_utils import fleet_http\n",
         encoding="utf-8",
     )
@@ -140,9 +140,9 @@ def test_the_checks_find_what_they_look_for(tmp_path: Path) -> None:
         "capacity.planner",
         "servers.describe",
         "ansible_values",
-        "bench.smoke_client.prometheus_text",
-        "bench.smoke_client.server_json",
+        "smoke.smoke_client.prometheus_text",
+        "smoke.smoke_client.server_json",
     }
     assert layer("rollout.restart") == ("rollout", 4) and layer("ansible_values") == ("", 0)
     # A nested package's __main__.py is a module (listed in the map); its __init__.py is not.
-    assert "bench.smoke_client.__main__" in modules() and "bench.smoke_client" not in modules()
+    assert "smoke.smoke_client.__main__" in modules() and "smoke.smoke_client" not in modules()

@@ -16,13 +16,13 @@ from sglang_fleet.module_utils.typed_number import finite_or_none
 from test_gate import smoke_result
 from test_plan import KIMI_CONFIG, KIMI_HOST, KIMI_LOG, KIMI_WEIGHTS
 
-from sglang_fleet.bench.gate import GateInputError, evaluate
 from sglang_fleet.capacity import logged_flags, planner_inputs
 from sglang_fleet.capacity.planner import plan
 from sglang_fleet.capacity.planner_inputs import PlanInputError
 from sglang_fleet.diagnosis.run_diagnosis import diagnose
 from sglang_fleet.monitoring.settings import NUMBERS, SettingError, check_settings
 from sglang_fleet.rollout import restart
+from sglang_fleet.smoke.gate import GateInputError, evaluate
 from sglang_fleet.tuning import autotune_inputs
 from sglang_fleet.tuning.autotune_inputs import AutotuneInputError
 

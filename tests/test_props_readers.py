@@ -26,10 +26,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from sglang_fleet.module_utils.fleet_http import HttpError, check_url
 
-from sglang_fleet.bench.smoke_client.http_client import HttpClient, split_url
 from sglang_fleet.host_zipapp import build
 from sglang_fleet.host_zipapp import main as zipapp_main
 from sglang_fleet.rollout import driver_upgrade
+from sglang_fleet.smoke.smoke_client.http_client import HttpClient, split_url
 
 mod = load_plugin("library/sglang_router_workers.py")
 state = load_plugin("library/sglang_host_state.py")
@@ -250,9 +250,9 @@ def test_the_smoke_clients_url_answers_or_refuses_by_name(
 
 _entries = st.one_of(
     st.sampled_from([
-        "sglang_fleet.bench.smoke_client.command_line", "sglang_fleet.diagnosis.live_metrics",
-        "sglang_fleet.bench.smoke_client.streams", "sglang_fleet", "sglang_fleet.nope.deeper",
-        "sglang_fleet..x", "sglang_fleet.bench.smoke_picture", "json", "../etc/passwd", "",
+        "sglang_fleet.smoke.smoke_client.command_line", "sglang_fleet.diagnosis.live_metrics",
+        "sglang_fleet.smoke.smoke_client.streams", "sglang_fleet", "sglang_fleet.nope.deeper",
+        "sglang_fleet..x", "sglang_fleet.smoke.smoke_picture", "json", "../etc/passwd", "",
     ]),
     st.from_regex(r"sglang_fleet(\.[a-z_.]{0,12}){0,3}", fullmatch=True),
     st.text(max_size=20),
@@ -341,8 +341,8 @@ def _stream(kinds: list[str], expected: int) -> bytes:
 
 
 def _judged(data: bytes, cuts: list[int], expected: int) -> tuple[Any, ...]:
-    from sglang_fleet.bench.smoke_client.failures import MALFORMED, PARSE_ERRORS  # noqa: PLC0415
-    from sglang_fleet.bench.smoke_client.streams import (  # noqa: PLC0415
+    from sglang_fleet.smoke.smoke_client.failures import MALFORMED, PARSE_ERRORS  # noqa: PLC0415
+    from sglang_fleet.smoke.smoke_client.streams import (  # noqa: PLC0415
         GenerateStream,
         RequestRecord,
         Timeline,

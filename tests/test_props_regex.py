@@ -36,10 +36,10 @@ from hypothesis import strategies as st
 from product_regexes import adversarial_units, literal_pieces, product_regexes, repeated
 from sglang_fleet.module_utils import fleet_http, nvidia_smi
 
-from sglang_fleet.bench.smoke_client import prometheus_text
 from sglang_fleet.capacity import logged_flags, server_log
 from sglang_fleet.diagnosis import live_metrics
 from sglang_fleet.monitoring import settings as monitoring_settings
+from sglang_fleet.smoke.smoke_client import prometheus_text
 
 flags_check = load_plugin("library/sglang_flags_check.py")
 router_workers = load_plugin("library/sglang_router_workers.py")
@@ -70,7 +70,7 @@ def assert_bounded(call: Callable[[], Any], chars: int, ms_per_kib: float, what:
 # --------------------------------------------------------------------------- entry points
 
 SERVER_LOG = "sglang_fleet/capacity/server_log.py"
-PROMETHEUS = "sglang_fleet/bench/smoke_client/prometheus_text.py"
+PROMETHEUS = "sglang_fleet/smoke/smoke_client/prometheus_text.py"
 ROUTER_WORKERS = "library/sglang_router_workers.py"
 LOG = [
     "[2026-11-29 10:00:00 TP0] ", "[", "]", " DP1", " TP3", "Load weight begin. ",

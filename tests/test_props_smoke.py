@@ -19,9 +19,9 @@ from unittest import mock
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sglang_fleet.bench.smoke_client import server_json, streams
-from sglang_fleet.bench.smoke_client.command_line import build_parser, config_from_args
-from sglang_fleet.bench.smoke_client.failures import (
+from sglang_fleet.smoke.smoke_client import server_json, streams
+from sglang_fleet.smoke.smoke_client.command_line import build_parser, config_from_args
+from sglang_fleet.smoke.smoke_client.failures import (
     LONG_OUTPUT,
     MALFORMED,
     NO_FINAL_RECORD,
@@ -29,15 +29,15 @@ from sglang_fleet.bench.smoke_client.failures import (
     SERVER_ERROR,
     SHORT_OUTPUT,
 )
-from sglang_fleet.bench.smoke_client.prometheus_text import parse_prometheus
-from sglang_fleet.bench.smoke_client.server_metrics import MetricsSampler, server_summary
-from sglang_fleet.bench.smoke_client.streams import (
+from sglang_fleet.smoke.smoke_client.prometheus_text import parse_prometheus
+from sglang_fleet.smoke.smoke_client.server_metrics import MetricsSampler, server_summary
+from sglang_fleet.smoke.smoke_client.streams import (
     CompletionsStream,
     GenerateStream,
     RequestRecord,
     Timeline,
 )
-from sglang_fleet.bench.smoke_client.workload import Config
+from sglang_fleet.smoke.smoke_client.workload import Config
 
 REASONS = {SHORT_OUTPUT, LONG_OUTPUT, NO_FINAL_RECORD, MALFORMED, SERVER_ERROR}
 counts = st.one_of(

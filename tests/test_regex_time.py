@@ -21,11 +21,11 @@ from conftest import load_plugin
 from kimi_job import FIXTURES, GPU, KIMI_LOG
 from sglang_fleet.module_utils import fleet_http, nvidia_smi
 
-from sglang_fleet.bench.smoke_client import prometheus_text
 from sglang_fleet.capacity import server_log
 from sglang_fleet.capacity.model_config import read_model_dir
 from sglang_fleet.capacity.planner import plan
 from sglang_fleet.diagnosis.run_diagnosis import diagnose
+from sglang_fleet.smoke.smoke_client import prometheus_text
 
 PREFIX = "[2026-11-29 10:00:00 TP0] "
 KIMI_DIR = FIXTURES / "models" / "kimi-k2.5-int4"

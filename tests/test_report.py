@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from sglang_fleet.bench import smoke_picture as report
+from sglang_fleet.smoke import smoke_picture as report
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

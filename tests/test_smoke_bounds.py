@@ -31,17 +31,17 @@ from test_smoke_client import (
     sse,
 )
 
-from sglang_fleet.bench.smoke_client import streams
-from sglang_fleet.bench.smoke_client.failures import LONG_OUTPUT
-from sglang_fleet.bench.smoke_client.server_metrics import MetricsSampler, server_summary
-from sglang_fleet.bench.smoke_client.streams import (
+from sglang_fleet.smoke.smoke_client import streams
+from sglang_fleet.smoke.smoke_client.failures import LONG_OUTPUT
+from sglang_fleet.smoke.smoke_client.server_metrics import MetricsSampler, server_summary
+from sglang_fleet.smoke.smoke_client.streams import (
     CompletionsStream,
     GenerateStream,
     RequestRecord,
     Timeline,
 )
-from sglang_fleet.bench.smoke_client.summary import format_summary
-from sglang_fleet.bench.smoke_client.workload import vocab_size_of
+from sglang_fleet.smoke.smoke_client.summary import format_summary
+from sglang_fleet.smoke.smoke_client.workload import vocab_size_of
 
 
 def _feed(stream_class: type, expected: int, events: list[bytes]) -> tuple[Any, int]:

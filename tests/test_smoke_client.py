@@ -21,12 +21,12 @@ from typing import Any
 
 import pytest
 
-from sglang_fleet.bench.smoke_client import command_line
-from sglang_fleet.bench.smoke_client.benchmark import Benchmark
-from sglang_fleet.bench.smoke_client.prometheus_text import parse_prometheus, parse_series
-from sglang_fleet.bench.smoke_client.streams import GenerateStream, RequestRecord
-from sglang_fleet.bench.smoke_client.summary import percentile
-from sglang_fleet.bench.smoke_client.workload import (
+from sglang_fleet.smoke.smoke_client import command_line
+from sglang_fleet.smoke.smoke_client.benchmark import Benchmark
+from sglang_fleet.smoke.smoke_client.prometheus_text import parse_prometheus, parse_series
+from sglang_fleet.smoke.smoke_client.streams import GenerateStream, RequestRecord
+from sglang_fleet.smoke.smoke_client.summary import percentile
+from sglang_fleet.smoke.smoke_client.workload import (
     Config,
     lengths_digest,
     parse_lengths,

@@ -1,8 +1,8 @@
-"""The smoke client package (sglang_fleet/bench/smoke_client/) runs on GPU hosts with the host's
+"""The smoke client package (sglang_fleet/smoke/smoke_client/) runs on GPU hosts with the host's
 python3 as one zipapp built from its files: every file imports only the standard library, the
 package's own modules (absolute imports) and the project's one URL rule (module_utils/
 fleet_http.py, standard library only, packed beside them), importing the package imports none
-of them, and `python -m sglang_fleet.bench.smoke_client` still runs. Run it alone:
+of them, and `python -m sglang_fleet.smoke.smoke_client` still runs. Run it alone:
 .venv/bin/pytest -q tests/test_smoke_client_package.py
 """
 
@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGE = ROOT / "sglang_fleet" / "bench" / "smoke_client"
-NAME = "sglang_fleet.bench.smoke_client"
+PACKAGE = ROOT / "sglang_fleet" / "smoke" / "smoke_client"
+NAME = "sglang_fleet.smoke.smoke_client"
 # One job per module; other code imports them by these names.
 MODULES = {
     "__init__",

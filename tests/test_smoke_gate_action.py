@@ -76,7 +76,7 @@ class FakeGate(ACTION.ActionModule):
         """The host's part: the client's command run, its result and the journal read back."""
         argv = args["argv"]
         client = zipfile.ZipFile(io.BytesIO(base64.b64decode(args["client_zipapp"])))
-        assert b"from sglang_fleet.bench.smoke_client.command_line import main" in client.read(
+        assert b"from sglang_fleet.smoke.smoke_client.command_line import main" in client.read(
             "__main__.py"
         )
         self.copied.append(args["client_path"])

@@ -15,10 +15,10 @@ from unittest import mock
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from sglang_fleet.bench.smoke_client import http_client, streams
-from sglang_fleet.bench.smoke_client.failures import MALFORMED, PARSE_ERRORS
-from sglang_fleet.bench.smoke_client.http_client import Exchange
-from sglang_fleet.bench.smoke_client.streams import GenerateStream, RequestRecord, Timeline
+from sglang_fleet.smoke.smoke_client import http_client, streams
+from sglang_fleet.smoke.smoke_client.failures import MALFORMED, PARSE_ERRORS
+from sglang_fleet.smoke.smoke_client.http_client import Exchange
+from sglang_fleet.smoke.smoke_client.streams import GenerateStream, RequestRecord, Timeline
 
 # Text pieces that put quotes, backslashes and the error key where they can mislead a scan.
 _TEXT_PIECES = ["w", " ", '"', "\\", '"error"', "error", '\\"error', ":", ",", "}", "\u00e9"]

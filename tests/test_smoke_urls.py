@@ -17,8 +17,8 @@ from collections.abc import Iterator
 import pytest
 from sglang_fleet.module_utils.fleet_http import HttpError, check_url
 
-from sglang_fleet.bench.smoke_client.command_line import build_parser, config_from_args
-from sglang_fleet.bench.smoke_client.http_client import HttpClient
+from sglang_fleet.smoke.smoke_client.command_line import build_parser, config_from_args
+from sglang_fleet.smoke.smoke_client.http_client import HttpClient
 
 PASSWORD = "hunter2-url-secret"
 LONG_LABEL = "a" * 64

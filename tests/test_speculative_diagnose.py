@@ -146,7 +146,7 @@ def test_the_sampler_reads_the_accept_gauges_as_the_mean_of_the_schedulers():
             'sglang:spec_accept_rate{tp_rank="0",dp_rank="1"} 0.6',
         ]
     )
-    from sglang_fleet.bench.smoke_client.prometheus_text import parse_series  # noqa: PLC0415
+    from sglang_fleet.smoke.smoke_client.prometheus_text import parse_series  # noqa: PLC0415
 
     values = live.aggregate(parse_series(text))
     assert values[live.M_RUNNING] == 48
@@ -277,7 +277,7 @@ def test_the_smoke_clients_samples_carry_the_accept_figures():
     """The gate's benchmark samples /metrics too: the accept gauges as the schedulers' mean."""
     import asyncio  # noqa: PLC0415
 
-    from sglang_fleet.bench.smoke_client.server_metrics import MetricsSampler  # noqa: PLC0415
+    from sglang_fleet.smoke.smoke_client.server_metrics import MetricsSampler  # noqa: PLC0415
 
     text = (
         'sglang:num_running_reqs{dp_rank="0"} 20\nsglang:num_running_reqs{dp_rank="1"} 28\n'

@@ -22,7 +22,7 @@ import pytest
 import sglang_fleet
 from sglang_fleet.host_zipapp import ZipappError, build, closure, main
 
-SMOKE = "sglang_fleet.bench.smoke_client.command_line"
+SMOKE = "sglang_fleet.smoke.smoke_client.command_line"
 
 
 def _run(*argv: str) -> tuple[int, str]:
@@ -42,16 +42,16 @@ def _run(*argv: str) -> tuple[int, str]:
         ("sglang_fleet.nope.deeper", "is not a module of plain Python source"),
         ("sglang_fleet..x", "is not a module of sglang_fleet"),
         ("sglang_fleet.", "is not a module of sglang_fleet"),
-        ("sglang_fleet.bench\n", "is not a module of sglang_fleet"),
-        ("sglang_fleet/bench/smoke_client/command_line.py", "is not a module of sglang_fleet"),
+        ("sglang_fleet.smoke\n", "is not a module of sglang_fleet"),
+        ("sglang_fleet/smoke/smoke_client/command_line.py", "is not a module of sglang_fleet"),
         ("../../etc/passwd", "is not a module of sglang_fleet"),
         ("/etc/passwd", "is not a module of sglang_fleet"),
-        ("sglang_fleet.bench.smoke_client.command_line.main", "not a module of plain Python"),
+        ("sglang_fleet.smoke.smoke_client.command_line.main", "not a module of plain Python"),
         ("sglang_fleet", "has no main() at its top level"),
-        ("sglang_fleet.bench", "has no main() at its top level"),
-        ("sglang_fleet.bench.smoke_client.streams", "has no main() at its top level"),
+        ("sglang_fleet.smoke", "has no main() at its top level"),
+        ("sglang_fleet.smoke.smoke_client.streams", "has no main() at its top level"),
         ("sglang_fleet.module_utils.fleet_http", "has no main() at its top level"),
-        ("sglang_fleet.bench.smoke_picture", "imports matplotlib"),
+        ("sglang_fleet.smoke.smoke_picture", "imports matplotlib"),
         ("s" * 10_000, "is not a module of sglang_fleet"),
         ("sglang_fleet.\u0431", "is not a module of sglang_fleet"),
     ],

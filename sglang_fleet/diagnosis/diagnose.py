@@ -75,7 +75,7 @@ def _build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log", help="SGLang server log (Decode batch lines, start-up lines)")
     parser.add_argument(
         "--smoke-result",
-        help="smoke benchmark result JSON (sglang_fleet.bench.smoke_client --json)",
+        help="smoke benchmark result JSON (sglang_fleet.smoke.smoke_client --json)",
     )
     live_metrics.add_sampling_arguments(parser)
     parser.add_argument(

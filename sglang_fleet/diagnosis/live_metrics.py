@@ -5,7 +5,7 @@ Standard library only, Python >= 3.9: it runs on a GPU host (servers listen on l
 with the host's python3, as one file: the diagnosis role ships it as a zipapp
 (sglang_fleet/host_zipapp.py) holding this module, the one HTTP reader
 (module_utils/fleet_http.py) and the one Prometheus text parser
-(sglang_fleet/bench/smoke_client/prometheus_text.py). On the host, and from the repo:
+(sglang_fleet/smoke/smoke_client/prometheus_text.py). On the host, and from the repo:
 
     python3 live.pyz --url http://127.0.0.1:30000 [--window 30] [--interval 1] \\
         [--api-key-file FILE] [--json OUT]
@@ -38,9 +38,9 @@ import time
 from typing import Any, Callable
 
 from sglang_fleet import server_secrets
-from sglang_fleet.bench.smoke_client.prometheus_text import parse_series
 from sglang_fleet.module_utils import fleet_http, typed_number
 from sglang_fleet.module_utils.typed_number import Range
+from sglang_fleet.smoke.smoke_client.prometheus_text import parse_series
 
 HttpError, redact_url, request = fleet_http.HttpError, fleet_http.redact_url, fleet_http.request
 check_http_url = fleet_http.check_url

@@ -1,7 +1,7 @@
 """One call of a server for a row, and what its answer means (docs/JOB.md, "Retries").
 
 A call is a POST of JSON through the project's bounded HTTP client
-(sglang_fleet/bench/smoke_client/http_client.py: keep-alive, a size bound on every answer).
+(sglang_fleet/smoke/smoke_client/http_client.py: keep-alive, a size bound on every answer).
 Its outcome falls in one class, and the class decides what happens next:
 - ok: the answer is the JSON the endpoint promises, with the text it generated;
 - row: the row's own fault (a 4xx other than 408 and 429: a prompt over the model's context,
@@ -18,9 +18,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from sglang_fleet.bench.smoke_client.failures import CONNECT_FAILED, TIMEOUT
-from sglang_fleet.bench.smoke_client.http_client import Exchange, HttpClient
 from sglang_fleet.module_utils.bounded_json import loads as bounded_loads
+from sglang_fleet.smoke.smoke_client.failures import CONNECT_FAILED, TIMEOUT
+from sglang_fleet.smoke.smoke_client.http_client import Exchange, HttpClient
 
 OK, ROW, RATE_LIMITED, SERVER, TIMEOUT_CLASS, CONNECTION = (
     "ok",

@@ -25,8 +25,6 @@ import time
 from typing import Any
 
 from sglang_fleet import server_secrets
-from sglang_fleet.bench.smoke_client.http_client import HttpClient, api_key_problem, shown_url
-from sglang_fleet.bench.smoke_client.workload import MAX_LENGTH_PAIRS, format_lengths
 from sglang_fleet.job import ledger as ledger_mod
 from sglang_fleet.job import progress as progress_mod
 from sglang_fleet.job import rows
@@ -37,6 +35,8 @@ from sglang_fleet.job.servers import Pool, Server
 from sglang_fleet.module_utils import typed_number
 from sglang_fleet.module_utils.bounded_json import loads as bounded_loads
 from sglang_fleet.module_utils.typed_number import Range
+from sglang_fleet.smoke.smoke_client.http_client import HttpClient, api_key_problem, shown_url
+from sglang_fleet.smoke.smoke_client.workload import MAX_LENGTH_PAIRS, format_lengths
 
 EXIT = {"finished": 0, "failed": 1, "stopped": 3}
 USAGE = 2

@@ -16,8 +16,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from sglang_fleet.bench.smoke_client.http_client import HttpClient
 from sglang_fleet.job.calls import OK, SERVER_FAULTS
+from sglang_fleet.smoke.smoke_client.http_client import HttpClient
 
 # Calls failed as a server's in a row before it is taken out; one success resets the count.
 TAKE_OUT_AFTER = 3

@@ -19,9 +19,9 @@ import math
 import random
 from typing import Any
 
-from sglang_fleet.bench.smoke_client.workload import MAX_LENGTH_PAIRS, MAX_TOKENS_PER_REQUEST
 from sglang_fleet.job import ledger as ledger_mod
 from sglang_fleet.job import rows
+from sglang_fleet.smoke.smoke_client.workload import MAX_LENGTH_PAIRS, MAX_TOKENS_PER_REQUEST
 
 CHARS_PER_TOKEN = 4
 DEFAULT_SAMPLE = 256

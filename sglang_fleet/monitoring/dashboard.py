@@ -6,7 +6,7 @@
 For operators without a Grafana (it is not in Debian): the dashboard JSON the monitoring role
 provisions (roles/monitoring/files/sglang-fleet-dashboard.json) is the one source of queries;
 this module reads them, asks Prometheus for each over a time range (/api/v1/query_range) and
-draws the main panels with matplotlib, like sglang_fleet.bench.smoke_picture draws a smoke run. The
+draws the main panels with matplotlib, like sglang_fleet.smoke.smoke_picture draws a smoke run. The
 same
 queries are what the tests check: each parses (promtool) and returns data in the monitoring
 scenario (docs/MONITORING.md).

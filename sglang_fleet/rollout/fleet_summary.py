@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sglang_fleet.bench import downtime as stops
-from sglang_fleet.bench.gate import figure
 from sglang_fleet.module_utils.typed_number import Range, finite_or_none
+from sglang_fleet.smoke import downtime as stops
+from sglang_fleet.smoke.gate import figure
 
 # "refused (calibrated)": the pre-flight refused the flag set on the host's calibration
 # (docs/CALIBRATION.md); the running server was not touched.

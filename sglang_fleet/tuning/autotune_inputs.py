@@ -12,11 +12,11 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from sglang_fleet.bench.smoke_client.workload import format_lengths, parse_lengths
 from sglang_fleet.capacity import kv_cache, speculative
 from sglang_fleet.capacity.noop_flags import NOOP_FLAGS
 from sglang_fleet.module_utils import typed_number
 from sglang_fleet.module_utils.typed_number import Range, shown
+from sglang_fleet.smoke.smoke_client.workload import format_lengths, parse_lengths
 
 SPACE_FLAGS = (
     "mem_fraction_static",

@@ -34,10 +34,10 @@ from gpusim_helpers import init_root, start_server, stop_server
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpusim import resolved_args
-from sglang_fleet.bench.smoke_client.benchmark import Benchmark
-from sglang_fleet.bench.smoke_client.workload import Config, vocab_size_of
 from sglang_fleet.capacity import calibration_record
 from sglang_fleet.capacity.server_log import parse_log
+from sglang_fleet.smoke.smoke_client.benchmark import Benchmark
+from sglang_fleet.smoke.smoke_client.workload import Config, vocab_size_of
 
 REPO = Path(__file__).resolve().parents[2]
 REF_VENV = Path(os.environ.get("SGLANG_REF_VENV", REPO / ".cache" / "sglang-ref" / "venv"))

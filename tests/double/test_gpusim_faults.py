@@ -24,9 +24,9 @@ from gpusim.faults import FaultFileError, parse_faults
 from gpusim_helpers import LLAMA, Server, init_root, start_server, stop_server
 
 from gpusim import state
-from sglang_fleet.bench import gate
-from sglang_fleet.bench.smoke_client.benchmark import Benchmark
-from sglang_fleet.bench.smoke_client.workload import Config
+from sglang_fleet.smoke import gate
+from sglang_fleet.smoke.smoke_client.benchmark import Benchmark
+from sglang_fleet.smoke.smoke_client.workload import Config
 
 ARGS = {"port": 30000, "chunked_prefill_size": None, "served_model_name": "llama"}
 

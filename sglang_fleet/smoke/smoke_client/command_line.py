@@ -12,11 +12,11 @@ import os
 import sys
 from typing import Any
 
-from sglang_fleet.bench.smoke_client.benchmark import Benchmark
-from sglang_fleet.bench.smoke_client.failures import ServerUnreachable, os_reason
-from sglang_fleet.bench.smoke_client.http_client import api_key_problem, split_url
-from sglang_fleet.bench.smoke_client.summary import format_summary
-from sglang_fleet.bench.smoke_client.workload import (
+from sglang_fleet.smoke.smoke_client.benchmark import Benchmark
+from sglang_fleet.smoke.smoke_client.failures import ServerUnreachable, os_reason
+from sglang_fleet.smoke.smoke_client.http_client import api_key_problem, split_url
+from sglang_fleet.smoke.smoke_client.summary import format_summary
+from sglang_fleet.smoke.smoke_client.workload import (
     MAX_TOKENS_PER_REQUEST,
     Config,
     VocabularyUnknown,

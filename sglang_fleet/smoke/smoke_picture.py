@@ -1,8 +1,8 @@
 """One picture of a smoke benchmark result, for the operator who has to judge a rollout.
 
-    python -m sglang_fleet.bench.smoke_picture RESULT.json OUT.png
+    python -m sglang_fleet.smoke.smoke_picture RESULT.json OUT.png
 
-Four panels from the result JSON that ``sglang_fleet.bench.smoke_client`` writes
+Four panels from the result JSON that ``sglang_fleet.smoke.smoke_client`` writes
 (docs/CONTRACTS.md):
 output tokens/s over the run (client count, server's own figure beside it), running and queued
 requests with KV token usage sampled from /metrics, and the TTFT and ITL distributions with
@@ -221,7 +221,7 @@ def _empty(ax: Axes, message: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Draw a smoke benchmark result as a PNG.")
     parser.add_argument(
-        "result", type=Path, help="result JSON from sglang_fleet.bench.smoke_client --json"
+        "result", type=Path, help="result JSON from sglang_fleet.smoke.smoke_client --json"
     )
     parser.add_argument("png", type=Path, help="where to write the picture")
     args = parser.parse_args(argv)

@@ -8,8 +8,8 @@ import contextlib
 import math
 from typing import Any
 
-from sglang_fleet.bench.smoke_client.http_client import Clock, HttpClient
-from sglang_fleet.bench.smoke_client.prometheus_text import parse_prometheus, parse_series
+from sglang_fleet.smoke.smoke_client.http_client import Clock, HttpClient
+from sglang_fleet.smoke.smoke_client.prometheus_text import parse_prometheus, parse_series
 
 # /metrics names (SGLang's collector); values are summed over label sets (tp/dp ranks).
 _M_RUNNING = "sglang:num_running_reqs"

@@ -4,7 +4,7 @@ The smoke_gate role runs it on a GPU host with the host's python3 (>= 3.9), so n
 package imports anything outside the standard library and the package itself. The host gets one
 zipapp built from these files by ``sglang_fleet/host_zipapp.py``. From the repo:
 
-    python3 -m sglang_fleet.bench.smoke_client --url http://127.0.0.1:30000 --num-prompts 200 \\
+    python3 -m sglang_fleet.smoke.smoke_client --url http://127.0.0.1:30000 --num-prompts 200 \\
         --max-concurrency 32 --random-input-len 512 --random-output-len 128 --json out.json
 
 Flags and metric names follow SGLang's own benchmark client (``sglang.bench_serving``) where they

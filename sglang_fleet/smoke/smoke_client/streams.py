@@ -8,15 +8,15 @@ import json
 import re
 from typing import Any
 
-from sglang_fleet.bench.smoke_client import server_json
-from sglang_fleet.bench.smoke_client.failures import (
+from sglang_fleet.smoke.smoke_client import server_json
+from sglang_fleet.smoke.smoke_client.failures import (
     LONG_OUTPUT,
     MALFORMED,
     NO_FINAL_RECORD,
     SERVER_ERROR,
     SHORT_OUTPUT,
 )
-from sglang_fleet.bench.smoke_client.http_client import Exchange
+from sglang_fleet.smoke.smoke_client.http_client import Exchange
 
 # Bounds on what a server can make this client hold in a stream: one SSE event (a long
 # /generate answer repeats its cumulative text in every event: megabytes, not gigabytes),

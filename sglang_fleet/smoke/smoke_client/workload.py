@@ -14,7 +14,7 @@ import stat
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from sglang_fleet.bench.smoke_client import server_json
+from sglang_fleet.smoke.smoke_client import server_json
 
 # Token ids drawn for random prompts start above the ids tokenizers reserve for special tokens
 # and stay below the model's vocabulary size (package docstring).

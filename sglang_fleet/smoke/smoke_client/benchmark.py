@@ -11,23 +11,23 @@ import time
 from collections.abc import Awaitable, Iterator
 from typing import Any, TypeVar
 
-from sglang_fleet.bench.smoke_client import server_json
-from sglang_fleet.bench.smoke_client.failures import PARSE_ERRORS, ServerUnreachable, os_reason
-from sglang_fleet.bench.smoke_client.http_client import Clock, HttpClient, shown_url
-from sglang_fleet.bench.smoke_client.server_metrics import (
+from sglang_fleet.smoke.smoke_client import server_json
+from sglang_fleet.smoke.smoke_client.failures import PARSE_ERRORS, ServerUnreachable, os_reason
+from sglang_fleet.smoke.smoke_client.http_client import Clock, HttpClient, shown_url
+from sglang_fleet.smoke.smoke_client.server_metrics import (
     MetricsSampler,
     read_metrics,
     server_summary,
 )
-from sglang_fleet.bench.smoke_client.streams import (
+from sglang_fleet.smoke.smoke_client.streams import (
     CompletionsStream,
     GenerateStream,
     RequestRecord,
     SseStream,
     Timeline,
 )
-from sglang_fleet.bench.smoke_client.summary import summarize
-from sglang_fleet.bench.smoke_client.workload import (
+from sglang_fleet.smoke.smoke_client.summary import summarize
+from sglang_fleet.smoke.smoke_client.workload import (
     Config,
     VocabularyUnknown,
     request_bodies,

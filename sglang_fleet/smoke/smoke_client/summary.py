@@ -7,9 +7,9 @@ import math
 import statistics
 from typing import Any
 
-from sglang_fleet.bench.smoke_client.failures import MALFORMED
-from sglang_fleet.bench.smoke_client.streams import RequestRecord, Timeline
-from sglang_fleet.bench.smoke_client.workload import Config, lengths_digest
+from sglang_fleet.smoke.smoke_client.failures import MALFORMED
+from sglang_fleet.smoke.smoke_client.streams import RequestRecord, Timeline
+from sglang_fleet.smoke.smoke_client.workload import Config, lengths_digest
 
 _MAX_DISTRIBUTION_SAMPLES = 10000
 _MAX_ERRORS = 10

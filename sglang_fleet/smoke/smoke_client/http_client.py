@@ -10,7 +10,8 @@ import ssl
 from typing import Any, Callable
 from urllib.parse import urlsplit
 
-from sglang_fleet.bench.smoke_client.failures import (
+from sglang_fleet.module_utils.fleet_http import HttpError, check_url, redact_url
+from sglang_fleet.smoke.smoke_client.failures import (
     CONNECT_FAILED,
     CONNECTION_CLOSED,
     MALFORMED,
@@ -18,7 +19,6 @@ from sglang_fleet.bench.smoke_client.failures import (
     TIMEOUT,
     os_reason,
 )
-from sglang_fleet.module_utils.fleet_http import HttpError, check_url, redact_url
 
 Clock = Callable[[], float]
 

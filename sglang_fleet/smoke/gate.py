@@ -1,10 +1,10 @@
 """The smoke gate's verdict: does one benchmark result meet the inventory's thresholds?
 The fleet summary's rows are sglang_fleet/rollout/fleet_summary.py; the client's command line
-is sglang_fleet/bench/smoke_argv.py.
+is sglang_fleet/smoke/smoke_argv.py.
 
     evaluate(result, thresholds, baseline) -> {passed, failures, summary}
 
-Pure: `result` is the JSON of ``sglang_fleet.bench.smoke_client --json``
+Pure: `result` is the JSON of ``sglang_fleet.smoke.smoke_client --json``
 (docs/CONTRACTS.md), `thresholds` the inventory's limits (a missing or null limit is not
 checked), and `baseline` the compact result the last-known-good configuration passed with (see
 `compact`), or None. Each failure

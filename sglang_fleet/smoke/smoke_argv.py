@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sglang_fleet.bench.gate import GateInputError
+from sglang_fleet.smoke.gate import GateInputError
 
 # The client reads the API key from stdin into its environment: never on its command line,
 # where every user of the host sees it (ps). exec keeps timeout's exit status (124/137).
@@ -28,7 +28,7 @@ def smoke_argv(
     """The smoke client's whole command on the host (roles/smoke_gate/tasks/run.yml): bounded by
     coreutils' timeout, the key read from stdin, the workload as the client's flags (a key with
     a null value is left out). A key the client does not take is refused, naming it."""
-    from sglang_fleet.bench.smoke_client.command_line import build_parser  # noqa: PLC0415 (the client is only read here)
+    from sglang_fleet.smoke.smoke_client.command_line import build_parser  # noqa: PLC0415 (the client is only read here)
 
     flags = {
         option
