@@ -63,11 +63,11 @@ def test_the_smoke_client_archive_holds_its_package_and_nothing_else() -> None:
     assert others == [
         "__main__.py",
         "sglang_fleet/__init__.py",
-        "sglang_fleet/smoke/__init__.py",
         "sglang_fleet/module_utils/__init__.py",
         "sglang_fleet/module_utils/fleet_http.py",  # the one URL rule (check_url)
+        "sglang_fleet/smoke/__init__.py",
     ]
-    # every module of the package the entry reaches, none of the bench's control-node modules
+    # every module of the package the entry reaches, none of the smoke package's control-node modules
     assert "sglang_fleet/smoke/smoke_client/streams.py" in names
     assert not any(n.endswith(("gate.py", "smoke_picture.py")) for n in names)
 
