@@ -67,7 +67,7 @@ def test_the_smoke_client_archive_holds_its_package_and_nothing_else() -> None:
         "sglang_fleet/module_utils/fleet_http.py",  # the one URL rule (check_url)
         "sglang_fleet/smoke/__init__.py",
     ]
-    # every module of the package the entry reaches, none of the smoke package's control-node modules
+    # every module of the package the entry reaches, none of the control-node modules
     assert "sglang_fleet/smoke/smoke_client/streams.py" in names
     assert not any(n.endswith(("gate.py", "smoke_picture.py")) for n in names)
 
