@@ -51,7 +51,10 @@ class ActionModule(VerbAction):
         failure = args.get("failure")
         if failure is not None and not isinstance(failure, Mapping):
             raise AnsibleActionFail(f"{self.VERB}: failure must be the failed step's result")
-        decision = rollback.decide(failure)
+        try:
+            decision = rollback.decide(failure)
+        except ValueError as exc:  # nothing is stopped or restarted on a result it cannot read
+            raise AnsibleActionFail(f"{self.VERB}: {exc}") from None
         result.update(server=server["name"], decision=decision, found=False, record=None,
                       restarted=None, rolled_back=False)  # fmt: skip
         if self._play_context.check_mode:

@@ -39,7 +39,10 @@ class ActionModule(VerbAction):
         result = super().run(tmp, task_vars)
         args = self.task_args(("server",), ("name", "router"))
         server, router = args["server"], args["server"]["router"]
-        taken_out = rollback.flag(args.get("taken_out"))
+        try:
+            taken_out = rollback.flag(args.get("taken_out"), "taken_out")
+        except ValueError as exc:
+            raise AnsibleActionFail(f"{self.VERB}: {exc}") from None
         result.update(server=server["name"], joined=False, router_out=taken_out)
         if not router:
             result.update(skipped=True, msg=f"{server['name']} has no router")

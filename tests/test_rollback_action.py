@@ -130,6 +130,24 @@ def test_an_entry_point_rollback_says_what_it_did() -> None:
     assert result["msg"].startswith("llama: Rolled back to the last-known-good configuration")
 
 
+@pytest.mark.parametrize("value", ["maybe", "lost", 2, 0.0, [], {"x": 1}, "true-ish"])
+def test_a_flag_it_cannot_read_refuses_and_nothing_runs(value: Any) -> None:
+    """Fail closed: a lock_lost/untouched/taken_out that is neither true nor false stops the
+    verb before any step (a guess either way stops a server or skips a rejoin)."""
+    with pytest.raises(ValueError, match=r"failure\.lock_lost must be true or false"):
+        rollback.decide({"lock_lost": value})
+    action = FakeRollback({"server": SERVER, "restart": RESTART,
+                           "failure": {"untouched": value}}, {}, False)  # fmt: skip
+    with pytest.raises(AnsibleActionFail, match=r"failure\.untouched must be true or false"):
+        action.run(task_vars={"inventory_hostname": "gpu-a"})
+    assert action.calls == []
+    join = FakeJoin({"server": SERVER, "api_key": "sk-secret", "timeout": 60,
+                     "taken_out": value}, {}, False)  # fmt: skip
+    with pytest.raises(AnsibleActionFail, match="taken_out must be true or false"):
+        join.run(task_vars={"inventory_hostname": "gpu-a"})
+    assert join.calls == []
+
+
 def test_rollback_check_mode_and_bad_arguments_touch_nothing() -> None:
     action, result = run_rollback(check_mode=True, failure={"msg": "x"})
     assert action.calls == [] and result["skipped"] is True

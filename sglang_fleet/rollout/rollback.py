@@ -28,20 +28,32 @@ NO_LKG_NOTE = (
 )
 
 
-def flag(value: Any) -> bool:
-    """A result's boolean as Ansible may hand it over (a bool, or its text after templating)."""
-    if isinstance(value, str):
-        return value.strip().lower() in ("true", "yes", "on", "1")
-    return bool(value)
+TRUE_WORDS = frozenset(("true", "yes", "on", "1"))
+FALSE_WORDS = frozenset(("false", "no", "off", "0", ""))
+
+
+def flag(value: Any, name: str = "value") -> bool:
+    """A result's boolean as Ansible may hand it over (a bool, absent, or its text after
+    templating). Anything else is refused by name, never guessed: each of these flags decides
+    whether a server is stopped or a replica rejoins its router."""
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, str) and len(value) <= 8:
+        word = value.strip().lower()
+        if word in TRUE_WORDS:
+            return True
+        if word in FALSE_WORDS:
+            return False
+    raise ValueError(f"{name} must be true or false, got {type(value).__name__} {value!r:.40}")
 
 
 def decide(failure: Mapping[str, Any] | None) -> str:
     """GO_BACK, LOCK_LOST or UNTOUCHED from the failed step's result (its lock_lost and
     untouched); no failure given (an entry point that rolls back on purpose) goes back."""
     failure = failure or {}
-    if flag(failure.get("lock_lost")):
+    if flag(failure.get("lock_lost"), "failure.lock_lost"):
         return LOCK_LOST
-    if flag(failure.get("untouched")):
+    if flag(failure.get("untouched"), "failure.untouched"):
         return UNTOUCHED
     return GO_BACK
 
