@@ -26,7 +26,7 @@ case "$layer" in
     settings="$repo/molecule/shared/inventory/group_vars/all/simulated_host.yml"
     playbook="$repo/molecule/shared/testhost_layer.yml"
     inputs=("$repo/molecule/shared/install_double.yml" "$repo"/roles/ml_env/*/*.yml
-            "$repo/library/ml_env_versions.py")
+            "$repo/plugins/modules/ml_env_versions.py")
     copy_in=false  # install_double.yml unpacks them, as on a plain test host
     ;;
   cpu)
@@ -38,7 +38,7 @@ case "$layer" in
     # skips the download (docs/TESTING.md, "The suite's order").
     inputs=("$repo/gpusim/tools/sglang-0.5.23-cpu.lock"
             "$repo/roles/ml_env/defaults/main.yml" "$repo/roles/ml_env/vars/main.yml"
-            "$repo/library/ml_env_versions.py")
+            "$repo/plugins/modules/ml_env_versions.py")
     copy_in=true
     ;;
   *) echo "usage: $0 double|cpu" >&2; exit 2 ;;

@@ -3,7 +3,7 @@
 Ansible hands filters lazy or tagged containers, or JSON text where a registered result was
 templated; the sglang_fleet functions take plain dicts and lists. A ValueError names what was
 wrong; each filter plugin turns it into AnsibleFilterError where it calls the package.
-(A recorded figure is read by module_utils/typed_number.py's finite_or_none.)
+(A recorded figure is read by plugins/module_utils/typed_number.py's finite_or_none.)
 """
 
 from __future__ import annotations

@@ -2,10 +2,10 @@
 "Bounded readers").
 
 A path on the command line may name anything: a FIFO that never ends, a device that never
-stops, a log of many GiB. read_text() takes a regular file only (module_utils/bounded_file.py's
-open_regular, following the operator's links: opened without blocking, so a FIFO is refused
-rather than waited on) and at most `limit` bytes of it; anything else is a
-ValueError whose message names the option, for the tool to print as a usage error.
+stops, a log of many GiB. read_text() takes a regular file only
+(plugins/module_utils/bounded_file.py's open_regular, following the operator's links: opened without
+blocking, so a FIFO is refused rather than waited on) and at most `limit` bytes of it; anything else
+is a ValueError whose message names the option, for the tool to print as a usage error.
 """
 
 from __future__ import annotations

@@ -2,11 +2,11 @@
 tests that run the GPU-less double (helpers in gpusim_helpers.py).
 
 Ansible loads modules, action plugins and filter plugins by path, not as a package; tests do
-the same through load_plugin(), which also registers module_utils/ the way Ansible packages it
-(ansible.module_utils.<name>), so a module's own imports work unchanged:
+the same through load_plugin(), which also registers plugins/module_utils/ the way Ansible packages
+it (ansible.module_utils.<name>), so a module's own imports work unchanged:
 
     from conftest import load_plugin
-    gpu_cleanup = load_plugin("library/gpu_cleanup.py")
+    gpu_cleanup = load_plugin("plugins/modules/gpu_cleanup.py")
 """
 
 from __future__ import annotations
@@ -63,9 +63,10 @@ def _load(name: str, path: Path) -> ModuleType:
 
 
 def load_plugin(relative_path: str) -> ModuleType:
-    """A plugin file of this repository (library/x.py, filter_plugins/y.py, ...), loaded once.
+    """A plugin file of this repository (plugins/modules/x.py, plugins/filter/y.py, ...), loaded
+    once.
 
-    Registered as `<folder>.<name>` (for example `library.gpu_cleanup`), so a test that patches
+    Registered as `<folder>.<name>` (for example `modules.gpu_cleanup`), so a test that patches
     it and the code under test see the same module.
     """
     path = ROOT / relative_path
@@ -79,12 +80,13 @@ _UTIL_IMPORT = re.compile(r"^from ansible\.module_utils\.(\w+) import", re.MULTI
 
 
 def module_utils_in_import_order() -> list[Path]:
-    """module_utils/*.py, each after the module_utils files it imports.
+    """plugins/module_utils/*.py, each after the module_utils files it imports.
 
     AnsiballZ finds a module's module_utils by reading their import lines; reading them the
     same way here lets one part import another (gpu_cleanup_plan imports procfs).
     """
-    files = {path.stem: path for path in sorted((ROOT / "module_utils").glob("[!_]*.py"))}
+    folder = ROOT / "plugins" / "module_utils"
+    files = {path.stem: path for path in sorted(folder.glob("[!_]*.py"))}
     ordered: list[Path] = []
 
     def visit(name: str) -> None:
@@ -101,14 +103,15 @@ def module_utils_in_import_order() -> list[Path]:
     return ordered
 
 
-# What Ansible ships to the host beside a module: module_utils/<name>.py as
+# What Ansible ships to the host beside a module: plugins/module_utils/<name>.py as
 # ansible.module_utils.<name>.
 for _util in module_utils_in_import_order():
-    load_plugin(f"module_utils/{_util.name}")
+    load_plugin(f"plugins/module_utils/{_util.name}")
     sys.modules[f"ansible.module_utils.{_util.stem}"] = sys.modules[f"module_utils.{_util.stem}"]
 
 # The same in a process of its own, for a module run as Ansible runs it (an arguments file):
-# module_utils/<name>.py registered as ansible.module_utils.<name>, then the module as __main__.
+# plugins/module_utils/<name>.py registered as ansible.module_utils.<name>, then the module as
+# __main__.
 _MODULE_BOOT = """
 import importlib.util, os, pathlib, runpy, sys
 for path in map(pathlib.Path, sys.argv[1].split(os.pathsep)):
@@ -122,7 +125,8 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 
 
 def module_argv(relative_path: str, *args: str) -> list[str]:
-    """argv that runs library/<module>.py as Ansible would, its module_utils imports working."""
+    """argv that runs plugins/modules/<module>.py as Ansible would, its module_utils imports
+    working."""
     return [
         sys.executable,
         "-c",
@@ -143,7 +147,7 @@ def run_local_play(
         **os.environ,
         "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
         "ANSIBLE_ROLES_PATH": str(ROOT / "roles"),
-        "ANSIBLE_LIBRARY": str(ROOT / "library"),
+        "ANSIBLE_LIBRARY": str(ROOT / "plugins" / "modules"),
         "ANSIBLE_LOCALHOST_WARNING": "false",
         "ANSIBLE_CONNECTION": "local",
     }

@@ -2,7 +2,8 @@
 strings built from its own literal pieces: what tests/test_props_regex.py times (a cheap
 detector of backtracking) and tests/test_regex_validators.py reads for a `$`.
 
-The product is sglang_fleet/, module_utils/, library/, action_plugins/ and filter_plugins/.
+The product is sglang_fleet/, plugins/module_utils/, plugins/modules/, plugins/action/ and
+plugins/filter/.
 """
 
 from __future__ import annotations
@@ -17,7 +18,13 @@ from functools import cache
 
 from conftest import ROOT, load_plugin
 
-PRODUCT = ("sglang_fleet", "module_utils", "library", "action_plugins", "filter_plugins")
+PRODUCT = (
+    "sglang_fleet",
+    "plugins/module_utils",
+    "plugins/modules",
+    "plugins/action",
+    "plugins/filter",
+)
 # How an expression is called -> the call a test times: whatever scans the whole string
 # (findall, finditer, sub, split) costs what findall costs.
 _CALLS = {
@@ -49,14 +56,14 @@ def _modules() -> list[tuple[str, object]]:
     for folder in PRODUCT:
         for path in sorted((ROOT / folder).rglob("*.py")):
             relative = path.relative_to(ROOT).as_posix()
-            if folder not in ("sglang_fleet", "module_utils"):
+            if folder not in ("sglang_fleet", "plugins/module_utils"):
                 found.append((relative, load_plugin(relative)))
                 continue
             name = relative.removesuffix(".py").replace("/", ".")
             if name.endswith((".__init__", ".__main__")):
                 continue
-            # pyproject.toml maps module_utils/ as sglang_fleet.module_utils.
-            name = name if folder == "sglang_fleet" else f"sglang_fleet.{name}"
+            # pyproject.toml maps plugins/module_utils/ as sglang_fleet.module_utils.
+            name = name if folder == "sglang_fleet" else f"sglang_fleet.module_utils.{path.stem}"
             found.append((relative, importlib.import_module(name)))
     return found
 

@@ -1,4 +1,4 @@
-"""action_plugins/sglang_calibrate.py: one start's calibration, sequenced on the controller.
+"""plugins/action/sglang_calibrate.py: one start's calibration, sequenced on the controller.
 
 The host is replaced by a fake `_execute_module` that answers each module from a dict (the
 journal's lines, /server_info, the installed version, nvidia-smi, the model files, the store),
@@ -24,8 +24,8 @@ from kimi_job import GPU, KIMI_LOG, KIMI_RUN_FLAGS
 from sglang_fleet.capacity import calibration_record, calibration_store
 from sglang_fleet.capacity.model_config import read_model_dir
 
-ACTION = load_plugin("action_plugins/sglang_calibrate.py")
-START_FACTS = load_plugin("library/sglang_start_facts.py")
+ACTION = load_plugin("plugins/action/sglang_calibrate.py")
+START_FACTS = load_plugin("plugins/modules/sglang_start_facts.py")
 MODEL = Path(__file__).resolve().parent / "fixtures" / "models" / "kimi-k2.5-int4"
 KIMI_CONFIG, KIMI_WEIGHTS = read_model_dir(MODEL)
 STATE = "/var/lib/sglang-fleet/kimi"

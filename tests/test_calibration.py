@@ -322,7 +322,7 @@ def test_a_store_with_one_bad_entry_keeps_the_good_ones_and_sets_the_bad_one_asi
         "outside -1..4096"
     )
     # The pre-flight plans with the good record and names the bad one; nothing blocks.
-    plan_filter = load_plugin("filter_plugins/sglang_plan.py").sglang_server_plan
+    plan_filter = load_plugin("plugins/filter/sglang_plan.py").sglang_server_plan
     server = {
         "name": "kimi",
         "paths": {"calibration_file": STORE_PATH},

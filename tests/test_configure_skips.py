@@ -4,7 +4,7 @@ place, and only for that (issue 47: a change costs what it changes).
 The task file's own `when:` conditions and its block's variable are evaluated with Ansible's
 templar against the read's answers: all in place skips every write; a read that failed (no
 `in_place`) skips none (fail closed); one file that differs is the one file written. The read
-itself is library/sglang_host_state.py (tests/test_sglang_host_state.py).
+itself is plugins/modules/sglang_host_state.py (tests/test_sglang_host_state.py).
 """
 
 from __future__ import annotations

@@ -183,7 +183,7 @@ def test_the_role_filter_plans_a_described_cpu_server_without_gpus() -> None:
     [server] = describe_servers([tiny], {}, {}, {}, runtime=runtime)
     assert server["plan_args"]["device"] == "cpu"
     index = json.dumps({"metadata": {"total_size": TINY_WEIGHTS}})
-    filters = load_plugin("filter_plugins/sglang_plan.py")
+    filters = load_plugin("plugins/filter/sglang_plan.py")
     result = filters.sglang_server_plan(server, json.dumps(TINY_CONFIG), index, [], 24 * 1024)
     assert result["errors"] == []
     assert result["max_total_num_tokens"] == 4096

@@ -330,7 +330,7 @@ def test_cli_bad_usage(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
 
 
 def test_filter_wraps_diagnose():
-    module = load_plugin("filter_plugins/sglang_diagnose.py")
+    module = load_plugin("plugins/filter/sglang_diagnose.py")
     sglang_diagnose = module.FilterModule().filters()["sglang_diagnose"]
     as_text = json.dumps(smoke_result("kv_cache_bound"))  # slurped result file
     assert sglang_diagnose(as_text)["verdict"] == "kv_cache_bound"

@@ -393,7 +393,7 @@ def test_the_down_report_names_what_stays_down() -> None:
 
 
 def test_the_filter_reads_what_the_first_play_left_on_each_host() -> None:
-    plugin = load_plugin("filter_plugins/sglang_driver.py")
+    plugin = load_plugin("plugins/filter/sglang_driver.py")
     described = [
         {
             "name": "kimi",

@@ -1,7 +1,7 @@
 """molecule/shared/driver_standin.yml, the stand-in driver branch a driver-change scenario installs
 on the double: its scripts and package, run here on a private gpusim state directory, against
-the real nvidia_driver_check probe (library/) and gpusim's nvidia-smi. Before the package the
-probe sees branch 580 and nothing to reboot for; after its postinst, a module installed but not
+the real nvidia_driver_check probe (plugins/modules/) and gpusim's nvidia-smi. Before the package
+the probe sees branch 580 and nothing to reboot for; after its postinst, a module installed but not
 loaded (reboot needed); after the reboot stand-in, branch 590 loaded and healthy."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from conftest import load_plugin
 ROOT = Path(__file__).resolve().parent.parent
 STANDIN = ROOT / "molecule" / "shared" / "driver_standin.yml"
 NVIDIA_SMI = ROOT / ".venv" / "bin" / "nvidia-smi"
-ndc = load_plugin("library/nvidia_driver_check.py")
+ndc = load_plugin("plugins/modules/nvidia_driver_check.py")
 VARS = {
     "_driver_standin_branch": "590",
     "_driver_standin_version": "590.10.01",

@@ -1,8 +1,8 @@
 """Who uses a SGLang version or a model revision is proven, never guessed (issue 44, item 1):
-module_utils/server_configs.py reads `ExecStart=` as systemd does or says it does not
-understand it; library/ml_env_versions.py places interpreter paths after the same
+plugins/module_utils/server_configs.py reads `ExecStart=` as systemd does or says it does not
+understand it; plugins/modules/ml_env_versions.py places interpreter paths after the same
 normalisation on both sides, and refuses to remove anything when something could not be read;
-module_utils/model_in_use.py does the same for model pruning.
+plugins/module_utils/model_in_use.py does the same for model pruning.
 
 Each test here failed on a8010cc (the fault it names in its docstring) and passes now.
 """
@@ -22,10 +22,10 @@ from test_flags import HOSTILE
 
 from sglang_fleet.servers.launch_line import exec_start
 
-configs = load_plugin("module_utils/server_configs.py")
-versions = load_plugin("library/ml_env_versions.py")
-in_use = load_plugin("module_utils/model_in_use.py")
-stage_mod = load_plugin("library/model_stage.py")
+configs = load_plugin("plugins/module_utils/server_configs.py")
+versions = load_plugin("plugins/modules/ml_env_versions.py")
+in_use = load_plugin("plugins/module_utils/model_in_use.py")
+stage_mod = load_plugin("plugins/modules/model_stage.py")
 
 
 # --------------------------------------------------------------------------- a host
@@ -482,7 +482,7 @@ def test_a_process_mapping_more_than_the_old_bound_still_keeps_its_model(tmp_pat
 
 
 def _revisions(tmp_path: Path) -> tuple[Path, dict[str, Any]]:
-    ms = load_plugin("module_utils/model_stage.py")
+    ms = load_plugin("plugins/module_utils/model_stage.py")
     parent = tmp_path / "models" / "llama"
     for index, name in enumerate(("rev-0", "rev-1", "rev-new")):
         folder = parent / name
@@ -513,7 +513,7 @@ def test_model_pruning_keeps_what_every_exec_start_form_loads(
     parent, params = _revisions(tmp_path)
     write_dropin(tmp_path / "systemd", "sglang@a.service", text.format(rev=parent / "rev-0"))
     monkeypatch.setattr(stage_mod, "process_references", list)
-    owned = load_plugin("module_utils/owned_folder.py")
+    owned = load_plugin("plugins/module_utils/owned_folder.py")
     with owned.OwnedFolder(str(parent)) as folder:
         pruned, skipped = stage_mod.prune(params, folder)
     assert skipped is None
@@ -532,7 +532,7 @@ def test_model_pruning_refuses_a_launch_line_it_cannot_resolve(
     parent, params = _revisions(tmp_path)
     write_dropin(tmp_path / "systemd", "sglang@a.service", text)
     monkeypatch.setattr(stage_mod, "process_references", list)
-    owned = load_plugin("module_utils/owned_folder.py")
+    owned = load_plugin("plugins/module_utils/owned_folder.py")
     with owned.OwnedFolder(str(parent)) as folder:
         pruned, skipped = stage_mod.prune(params, folder)
     assert pruned == [] and skipped and "10-launch.conf" in skipped
@@ -548,7 +548,7 @@ def test_model_pruning_refuses_when_a_process_cannot_be_read(
         raise in_use.Unreadable(["process 9 (/proc/9) cannot be read (Permission denied)"])
 
     monkeypatch.setattr(stage_mod, "process_references", unreadable)
-    owned = load_plugin("module_utils/owned_folder.py")
+    owned = load_plugin("plugins/module_utils/owned_folder.py")
     with owned.OwnedFolder(str(parent)) as folder:
         pruned, skipped = stage_mod.prune(params, folder)
     assert pruned == [] and "process 9" in skipped

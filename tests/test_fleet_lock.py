@@ -1,5 +1,5 @@
-"""Tests for the rollout lock: library/fleet_lock.py (host side, the file) and
-action_plugins/fleet_lock.py (controller side, whose run it is and whether that run is alive).
+"""Tests for the rollout lock: plugins/modules/fleet_lock.py (host side, the file) and
+plugins/action/fleet_lock.py (controller side, whose run it is and whether that run is alive).
 
 The file logic runs on tmp paths with injected clocks; liveness runs on real processes (a fake
 ansible-playbook that forks a worker the way Ansible does, killed with SIGKILL); the whole thing
@@ -30,9 +30,9 @@ from conftest import load_plugin
 ROOT = Path(__file__).resolve().parent.parent
 
 
-mod = load_plugin("library/fleet_lock.py")
-act = load_plugin("action_plugins/fleet_lock.py")
-wait = load_plugin("action_plugins/sglang_wait_healthy.py")
+mod = load_plugin("plugins/modules/fleet_lock.py")
+act = load_plugin("plugins/action/fleet_lock.py")
+wait = load_plugin("plugins/action/sglang_wait_healthy.py")
 
 BOOT = "11111111-2222-3333-4444-555555555555"
 OWNER = {

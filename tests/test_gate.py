@@ -265,7 +265,7 @@ def test_compact_keeps_metrics_workload_verdict_and_report() -> None:
 
 
 def _filter_module() -> Any:
-    return load_plugin("filter_plugins/sglang_gate.py")
+    return load_plugin("plugins/filter/sglang_gate.py")
 
 
 def test_a_restart_row_carries_its_figures_downtime_and_copy() -> None:
@@ -357,7 +357,7 @@ def test_rollout_table_aligns_columns_and_counts_outcomes() -> None:
 
 
 def test_fleet_summary_reads_hosts_the_check_play_grouped_but_the_rollout_never_reached() -> None:
-    gate = load_plugin("filter_plugins/sglang_gate.py")
+    gate = load_plugin("plugins/filter/sglang_gate.py")
     servers = [{"name": "llama", "config_hash": "c"}]
     hostvars = {
         # checked, nothing to do
@@ -380,7 +380,7 @@ def test_fleet_summary_reads_hosts_the_check_play_grouped_but_the_rollout_never_
 
 
 def test_under_check_the_fleet_summary_says_which_servers_would_restart() -> None:
-    gate = load_plugin("filter_plugins/sglang_gate.py")
+    gate = load_plugin("plugins/filter/sglang_gate.py")
     servers = [{"name": "a", "config_hash": "h-a"}, {"name": "b", "config_hash": "h-b"}]
     hostvars = {
         "gpu1": {
@@ -428,7 +428,7 @@ def test_a_calibrated_refusal_is_its_own_outcome_without_a_second_failure_row() 
 
 
 def test_the_fleet_summary_filter_reads_the_preflights_refusal() -> None:
-    table = load_plugin("filter_plugins/sglang_gate.py").FilterModule().filters()
+    table = load_plugin("plugins/filter/sglang_gate.py").FilterModule().filters()
     hostvars = {
         "gpu1": {
             "sglang_server_servers": [{"name": "a", "config_hash": "h-a"}],

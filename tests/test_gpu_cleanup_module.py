@@ -1,5 +1,5 @@
-"""Tests for library/gpu_cleanup.py, its parts (module_utils/gpu_cleanup_*.py, procfs.py) and
-module_utils/nvidia_smi.py.
+"""Tests for plugins/modules/gpu_cleanup.py, its parts (plugins/module_utils/gpu_cleanup_*.py,
+procfs.py) and plugins/module_utils/nvidia_smi.py.
 
 Parsing is tested on real nvidia-smi output (tests/fixtures/nvidia_smi/, sources in SOURCES.md),
 classification and the kill decision on fake /proc trees built from real /proc samples
@@ -31,15 +31,15 @@ PROC_FIXTURES = ROOT / "tests" / "fixtures" / "proc"
 
 # The module imports its parts as Ansible packages them (ansible.module_utils.<name>): the
 # nvidia-smi parser, /proc reading, then one file per job of the cleanup.
-nvsmi = load_plugin("module_utils/nvidia_smi.py")
-gc_procfs = load_plugin("module_utils/procfs.py")
-gc_command = load_plugin("module_utils/timed_command.py")
-gc_ownership = load_plugin("module_utils/gpu_cleanup_ownership.py")
-gc_discovery = load_plugin("module_utils/gpu_cleanup_discovery.py")
-gc_plan = load_plugin("module_utils/gpu_cleanup_plan.py")
-gc_kill = load_plugin("module_utils/gpu_cleanup_kill.py")
-gc_gate = load_plugin("module_utils/gpu_cleanup_gate.py")
-gc = load_plugin("library/gpu_cleanup.py")
+nvsmi = load_plugin("plugins/module_utils/nvidia_smi.py")
+gc_procfs = load_plugin("plugins/module_utils/procfs.py")
+gc_command = load_plugin("plugins/module_utils/timed_command.py")
+gc_ownership = load_plugin("plugins/module_utils/gpu_cleanup_ownership.py")
+gc_discovery = load_plugin("plugins/module_utils/gpu_cleanup_discovery.py")
+gc_plan = load_plugin("plugins/module_utils/gpu_cleanup_plan.py")
+gc_kill = load_plugin("plugins/module_utils/gpu_cleanup_kill.py")
+gc_gate = load_plugin("plugins/module_utils/gpu_cleanup_gate.py")
+gc = load_plugin("plugins/modules/gpu_cleanup.py")
 
 # Fake pids beyond any kernel's pid_max (2**22), so they never collide with real ones.
 BASE = 9_000_000
@@ -1230,8 +1230,8 @@ def test_module_through_ansible_playbook(tmp_path: Path) -> None:
     victim = spawn("fleet-test::scheduler_TP0", str(dev / "nvidia0"))
     env = {
         **os.environ,
-        "ANSIBLE_LIBRARY": str(ROOT / "library"),
-        "ANSIBLE_MODULE_UTILS": str(ROOT / "module_utils"),
+        "ANSIBLE_LIBRARY": str(ROOT / "plugins" / "modules"),
+        "ANSIBLE_MODULE_UTILS": str(ROOT / "plugins" / "module_utils"),
         "ANSIBLE_LOCALHOST_WARNING": "false",
         "ANSIBLE_INVENTORY_UNPARSED_WARNING": "false",
     }

@@ -23,7 +23,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 READER = ROOT / "roles" / "monitoring" / "files" / "sglang-fleet-gpu-metrics.py"
-PARSER = ROOT / "module_utils" / "nvidia_smi.py"
+PARSER = ROOT / "plugins" / "module_utils" / "nvidia_smi.py"
 GPUS = [
     {"index": "0", "uuid": "GPU-0", "memory.used": "60000", "memory.total": "97887",
      "utilization.gpu": "87"},

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from conftest import load_plugin
 
-probe = load_plugin("library/sglang_health_probe.py")
+probe = load_plugin("plugins/modules/sglang_health_probe.py")
 
 RUNNING = {"ActiveState": "active", "SubState": "running", "NRestarts": "0"}
 

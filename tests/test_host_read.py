@@ -1,4 +1,4 @@
-"""module_utils/host_read.py: what a pre-flight reads on a host, in one module run, bounded.
+"""plugins/module_utils/host_read.py: what a pre-flight reads on a host, in one module run, bounded.
 
 Real files in a temporary folder, the real interpreter, the real /proc (a socket this test
 listens on): a model folder gives its config and weights' bytes from the index or from its
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from conftest import load_plugin
 
-host_read = load_plugin("module_utils/host_read.py")
+host_read = load_plugin("plugins/module_utils/host_read.py")
 ME = pwd.getpwuid(os.getuid()).pw_name
 
 

@@ -23,12 +23,12 @@ GPU host may have).
 
 The second wave's targets (issue 19), each with its own runner below: live
 (sglang_fleet.diagnosis.live_metrics
-in its own process against a loopback peer), router (library/sglang_router_workers.py against a
-loopback peer), lock (library/fleet_lock.py on a lock file, and the action plugin's lease_s),
-autotune (`python -m sglang_fleet.tuning.autotune` commands in order), calibration (the host's
-calibration.json as pre-flight and the record step read it), nodes (multi-node layouts),
-diagnose (smoke results and live samples with NaN and Infinity). `counts()` gives the table's
-tried / refused / handled per target.
+in its own process against a loopback peer), router (plugins/modules/sglang_router_workers.py
+against a loopback peer), lock (plugins/modules/fleet_lock.py on a lock file, and the action
+plugin's lease_s), autotune (`python -m sglang_fleet.tuning.autotune` commands in order),
+calibration (the host's calibration.json as pre-flight and the record step read it), nodes
+(multi-node layouts), diagnose (smoke results and live samples with NaN and Infinity). `counts()`
+gives the table's tried / refused / handled per target.
 """
 
 from __future__ import annotations
@@ -1584,7 +1584,11 @@ def run_flags_check(data: list[str] | dict[str, Any], tmp: Path) -> Outcome:
     } | params
     (tmp / "args.json").write_text(json.dumps({"ANSIBLE_MODULE_ARGS": args}))
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "library" / "sglang_flags_check.py"), str(tmp / "args.json")],
+        [
+            sys.executable,
+            str(ROOT / "plugins" / "modules" / "sglang_flags_check.py"),
+            str(tmp / "args.json"),
+        ],
         capture_output=True,
         text=True,
         timeout=120,
@@ -1858,7 +1862,7 @@ def run_live(data: dict[str, Any], tmp: Path) -> Outcome:
     return "handled", proc.stdout
 
 
-ROUTER = load_plugin("library/sglang_router_workers.py")
+ROUTER = load_plugin("plugins/modules/sglang_router_workers.py")
 ROUTER_KEY = "router-k3y-never-elsewhere"
 
 
@@ -1888,8 +1892,8 @@ def run_router(data: dict[str, Any], _tmp: Path) -> Outcome:
     return "handled", json.dumps(result)
 
 
-LOCK = load_plugin("library/fleet_lock.py")
-LOCK_ACTION = load_plugin("action_plugins/fleet_lock.py")
+LOCK = load_plugin("plugins/modules/fleet_lock.py")
+LOCK_ACTION = load_plugin("plugins/action/fleet_lock.py")
 LOCK_OWNER = {
     "user": "alice",
     "uid": 1000,

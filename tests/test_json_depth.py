@@ -1,6 +1,7 @@
 """Every JSON reader of host or server data has a depth bound (issue 33: deeply nested
 /server_info or last-known-good JSON ended in RecursionError). One helper,
-module_utils/bounded_json.py, used by the modules, action plugins, filters and the package; each
+plugins/module_utils/bounded_json.py, used by the modules, action plugins, filters and the package;
+each
 reader below used to end in a traceback on the same few kilobytes of brackets."""
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from conftest import load_plugin
 from sglang_fleet import ansible_values as plain_mod
 from sglang_fleet.smoke import smoke_picture as report
 
-bounded = load_plugin("module_utils/bounded_json.py")
+bounded = load_plugin("plugins/module_utils/bounded_json.py")
 DEEP = "[" * 100_000 + "]" * 100_000
 NESTED_40 = "[" * 40 + "]" * 40
 
@@ -34,7 +35,7 @@ def test_the_helper_refuses_deep_json_naming_what_was_read() -> None:
 
 
 def test_the_last_known_good_module_reads_a_deep_record_as_an_error(tmp_path: Path) -> None:
-    lkg = load_plugin("library/sglang_last_known_good.py")
+    lkg = load_plugin("plugins/modules/sglang_last_known_good.py")
     folder = tmp_path / "lkg"
     folder.mkdir()
     (folder / "meta.json").write_text(DEEP)
@@ -45,7 +46,7 @@ def test_the_last_known_good_module_reads_a_deep_record_as_an_error(tmp_path: Pa
 
 
 def test_the_host_state_reads_a_deep_record_as_a_difference(tmp_path: Path) -> None:
-    state = load_plugin("library/sglang_host_state.py")
+    state = load_plugin("plugins/modules/sglang_host_state.py")
     record = tmp_path / "meta.json"
     record.write_text(DEEP)
     found = state.check_record({"path": str(record), "key": "config_hash", "value": "x"})
@@ -53,23 +54,23 @@ def test_the_host_state_reads_a_deep_record_as_a_difference(tmp_path: Path) -> N
 
 
 def test_the_check_mode_filter_reads_a_deep_record_as_none() -> None:
-    server_filters = load_plugin("filter_plugins/sglang_server.py")
+    server_filters = load_plugin("plugins/filter/sglang_server.py")
     assert server_filters._lkg_record(DEEP) is None
 
 
 def test_a_deep_lock_file_is_a_damaged_lock() -> None:
-    lock = load_plugin("library/fleet_lock.py")
+    lock = load_plugin("plugins/modules/fleet_lock.py")
     found = lock.parse(DEEP.encode(), 0.0)
     assert found.record is None and "nested too deep" in found.problem
 
 
 def test_a_deep_router_answer_is_text_not_a_traceback() -> None:
-    workers = load_plugin("library/sglang_router_workers.py")
+    workers = load_plugin("plugins/modules/sglang_router_workers.py")
     assert workers._decode(DEEP.encode()) == DEEP
 
 
 def test_a_deep_safetensors_index_is_a_read_error(tmp_path: Path) -> None:
-    host_read = load_plugin("module_utils/host_read.py")
+    host_read = load_plugin("plugins/module_utils/host_read.py")
     (tmp_path / "config.json").write_text("{}")
     (tmp_path / "model.safetensors.index.json").write_text(DEEP)
     found = host_read.read_model(str(tmp_path))
@@ -97,7 +98,7 @@ def deep_server_info() -> Iterator[int]:
 
 
 def test_a_deep_server_info_is_a_named_error(deep_server_info: int) -> None:
-    facts = load_plugin("library/sglang_start_facts.py")
+    facts = load_plugin("plugins/modules/sglang_start_facts.py")
     info, error = facts.server_info(deep_server_info, "", ["max_total_num_tokens"], 5.0)
     assert info is None and error == "/server_info: nested deeper than 32 levels"
 

@@ -1,4 +1,4 @@
-"""Last-known-good in one step: action_plugins/sglang_last_known_good.py and its module.
+"""Last-known-good in one step: plugins/action/sglang_last_known_good.py and its module.
 
 The module runs for real in a temporary folder: the files and the record are kept (0600, in a
 0700 folder), a second run with the same content writes nothing, a stale secrets file goes, a
@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 from conftest import load_plugin
 
-module = load_plugin("library/sglang_last_known_good.py")
-ACTION = load_plugin("action_plugins/sglang_last_known_good.py")
+module = load_plugin("plugins/modules/sglang_last_known_good.py")
+ACTION = load_plugin("plugins/action/sglang_last_known_good.py")
 KEY = "sk-very-secret"
 
 

@@ -1,4 +1,4 @@
-"""filter_plugins/ml_env.py: the ml_env role's requirement specifiers, read with packaging.
+"""plugins/filter/ml_env.py: the ml_env role's requirement specifiers, read with packaging.
 
 What is checked: a name is PEP 503-normalised and a pin kept as given (a +cpu local version
 included); extras stay in the spec pip gets; the CPU set leaves SGLang out; anything but name,
@@ -13,7 +13,7 @@ import pytest
 from ansible.errors import AnsibleFilterError
 from conftest import load_plugin
 
-ML_ENV = load_plugin("filter_plugins/ml_env.py")
+ML_ENV = load_plugin("plugins/filter/ml_env.py")
 
 
 def test_requirements_are_normalised_and_pinned_as_given() -> None:

@@ -1,4 +1,5 @@
-"""library/ml_env_versions.py: SGLang versions side by side, who uses each, and the only changes
+"""plugins/modules/ml_env_versions.py: SGLang versions side by side, who uses each, and the only
+changes
 made to them (docs/UPGRADES.md)."""
 
 from __future__ import annotations
@@ -9,8 +10,8 @@ from pathlib import Path
 import pytest
 from conftest import load_plugin
 
-versions = load_plugin("library/ml_env_versions.py")
-configs = load_plugin("module_utils/server_configs.py")
+versions = load_plugin("plugins/modules/ml_env_versions.py")
+configs = load_plugin("plugins/module_utils/server_configs.py")
 
 
 def make_version(root: Path, name: str, key: str = "k1", complete: bool = True) -> Path:

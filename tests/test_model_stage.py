@@ -1,5 +1,6 @@
-"""Weight staging (library/model_stage.py, module_utils/model_stage.py, docs/STAGING.md): the
-manifest, the disk-space pre-flight, copy-verify-rename, no second copy, pruning, and the
+"""Weight staging (plugins/modules/model_stage.py, plugins/module_utils/model_stage.py,
+docs/STAGING.md): the manifest, the disk-space pre-flight, copy-verify-rename, no second copy,
+pruning, and the
 Hugging Face path through a fake huggingface_hub (no hub is reachable here)."""
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ from typing import Any
 import pytest
 from conftest import load_plugin
 
-mod = load_plugin("library/model_stage.py")
-ms = load_plugin("module_utils/model_stage.py")
-owned = load_plugin("module_utils/owned_folder.py")
-in_use = load_plugin("module_utils/model_in_use.py")
+mod = load_plugin("plugins/modules/model_stage.py")
+ms = load_plugin("plugins/module_utils/model_stage.py")
+owned = load_plugin("plugins/module_utils/owned_folder.py")
+in_use = load_plugin("plugins/module_utils/model_in_use.py")
 
 
 def _checkpoint(folder: Path, files: dict[str, bytes]) -> Path:

@@ -19,8 +19,8 @@ import pytest
 from conftest import load_plugin, module_argv
 from test_model_stage import FILES, FakeRsync, _checkpoint, _params, _process, _staged
 
-mod = load_plugin("library/model_stage.py")
-ms = load_plugin("module_utils/model_stage.py")
+mod = load_plugin("plugins/modules/model_stage.py")
+ms = load_plugin("plugins/module_utils/model_stage.py")
 
 
 def _manifest(folder: Path, files: dict[str, bytes]) -> None:
@@ -137,7 +137,7 @@ def test_pruning_keeps_what_a_process_loads_however_it_names_it(
     parent, params = _stage_with_old_revisions(tmp_path)
     proc = tmp_path / "proc"
     _process(proc, "4242", argv, cwd=parent)
-    refs = load_plugin("module_utils/model_in_use.py")
+    refs = load_plugin("plugins/module_utils/model_in_use.py")
     monkeypatch.setattr(mod, "process_references", lambda: refs.process_references(str(proc)))
     result = _run(params)
     assert (parent / "rev-0").is_dir(), result
@@ -292,7 +292,7 @@ def test_the_module_as_ansible_runs_it_fails_cleanly_and_keeps_the_token_out(
     args_file = tmp_path / "args.json"
     args_file.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": args}))
     done = subprocess.run(
-        module_argv("library/model_stage.py", str(args_file)),
+        module_argv("plugins/modules/model_stage.py", str(args_file)),
         capture_output=True,
         text=True,
         timeout=60,

@@ -30,7 +30,7 @@ needs_promtool = pytest.mark.skipif(
     PROMTOOL is None, reason="promtool missing: run scripts/ensure-host-tools.sh (make host)"
 )
 KEY = "sk-test-never-in-config-7f3a"
-FILTERS = load_plugin("filter_plugins/sglang_monitoring.py").FilterModule().filters()
+FILTERS = load_plugin("plugins/filter/sglang_monitoring.py").FilterModule().filters()
 
 INVENTORY: list[dict[str, Any]] = [
     {

@@ -89,7 +89,8 @@ def fake_proc(tmp_path: Path, cgroups: dict[str, str]) -> Path:
 
 
 def gpu(index: int, uuid: str, used: float | None, util: float | None) -> dict:
-    """A GPU row as module_utils/nvidia_smi.parse_csv gives it (None: nvidia-smi's [N/A])."""
+    """A GPU row as plugins/module_utils/nvidia_smi.parse_csv gives it (None: nvidia-smi's
+    [N/A])."""
     return {"index": index, "uuid": uuid, "memory.used": used, "memory.total": 97887,
             "utilization.gpu": util}  # fmt: skip
 

@@ -178,7 +178,7 @@ def test_every_node_must_be_in_the_run() -> None:
 
 
 def test_the_cluster_filter_reads_only_what_the_layout_needs() -> None:
-    cluster_filter = load_plugin("filter_plugins/sglang_server.py").sglang_server_cluster
+    cluster_filter = load_plugin("plugins/filter/sglang_server.py").sglang_server_cluster
     secret = "sk-never-in-the-cluster"
     hostvars = {
         "gpu-a": {"ansible_facts": facts("10.0.0.1"), "sglang_server_instances": [kimi()]},
@@ -245,7 +245,7 @@ def test_a_server_across_hosts_restarts_on_every_node_when_one_node_decided_so()
 
 
 def test_the_filters_read_the_check_plays_facts() -> None:
-    filters = load_plugin("filter_plugins/sglang_server.py").FilterModule().filters()
+    filters = load_plugin("plugins/filter/sglang_server.py").FilterModule().filters()
     hostvars = {
         "n1": {"sglang_server_servers": [BIG], "sglang_server_rollout_needed": True},
         "n2": {"sglang_server_servers": [BIG], "sglang_server_rollout_needed": False},

@@ -1,4 +1,5 @@
-"""Tests for library/nvidia_driver_check.py: the decision on captured nvidia-smi output, then the
+"""Tests for plugins/modules/nvidia_driver_check.py: the decision on captured nvidia-smi output,
+then the
 module end to end through ansible-playbook with stub nvidia-smi / modinfo scripts."""
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ FIXTURES = ROOT / "tests" / "fixtures" / "nvidia_smi"
 VENV_BIN = ROOT / ".venv" / "bin"
 
 
-ndc = load_plugin("library/nvidia_driver_check.py")
+ndc = load_plugin("plugins/modules/nvidia_driver_check.py")
 
 NAME = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
 
@@ -182,7 +183,7 @@ def _run_module(tmp_path: Path, args: dict[str, Any]) -> tuple[int, dict[str, An
     )
     env = {
         **os.environ,
-        "ANSIBLE_LIBRARY": str(ROOT / "library"),
+        "ANSIBLE_LIBRARY": str(ROOT / "plugins" / "modules"),
         "ANSIBLE_STDOUT_CALLBACK": "json",
         "ANSIBLE_LOCALHOST_WARNING": "false",
         "ANSIBLE_INVENTORY_UNPARSED_WARNING": "false",

@@ -63,7 +63,7 @@ def run_role(
         "PATH": f"{bindir}:{os.environ['PATH']}",
         "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
         "ANSIBLE_ROLES_PATH": str(ROOT / "roles"),
-        "ANSIBLE_LIBRARY": str(ROOT / "library"),
+        "ANSIBLE_LIBRARY": str(ROOT / "plugins" / "modules"),
         "ANSIBLE_LOCALHOST_WARNING": "false",
     }
     options = ["--tags", tags] if tags else []

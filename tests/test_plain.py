@@ -110,20 +110,20 @@ def test_optional_plain_mapping_still_refuses_what_is_not_a_mapping() -> None:
 
 
 def test_rollout_row_filter_reports_a_result_that_is_not_json() -> None:
-    gate = load_plugin("filter_plugins/sglang_gate.py")
+    gate = load_plugin("plugins/filter/sglang_gate.py")
     with pytest.raises(AnsibleFilterError, match=r"^sglang_rollout_row: smoke gate result is not"):
         gate.sglang_rollout_row({"name": "x", "config_hash": "h"}, "passed", "{truncated")
 
 
 def test_rollout_table_reports_a_rollout_result_that_is_no_mapping() -> None:
-    gate = load_plugin("filter_plugins/sglang_gate.py")
+    gate = load_plugin("plugins/filter/sglang_gate.py")
     hostvars = {"h": {"sglang_server_servers": [], "sglang_server_rollout_results": [["x"]]}}
     with pytest.raises(AnsibleFilterError, match=r"^rollout result must be a mapping, got list"):
         gate.sglang_rollout_table(["h"], hostvars)
 
 
 def test_diagnose_filters_report_inputs_that_are_no_mapping() -> None:
-    diagnose = load_plugin("filter_plugins/sglang_diagnose.py")
+    diagnose = load_plugin("plugins/filter/sglang_diagnose.py")
     with pytest.raises(AnsibleFilterError, match=r"^plan context must be a mapping, got list"):
         diagnose.sglang_diagnose({"completed": 1}, None, None, [1])
     with pytest.raises(AnsibleFilterError, match=r"^sample must be a mapping, got list"):
@@ -133,7 +133,7 @@ def test_diagnose_filters_report_inputs_that_are_no_mapping() -> None:
 
 
 def test_plan_filters_report_inputs_that_are_no_mapping() -> None:
-    plan = load_plugin("filter_plugins/sglang_plan.py")
+    plan = load_plugin("plugins/filter/sglang_plan.py")
     with pytest.raises(AnsibleFilterError, match=r"^model_config is not valid JSON"):
         plan.sglang_plan("{", 1)
     with pytest.raises(AnsibleFilterError, match=r"^server must be a mapping, got list"):
@@ -143,7 +143,7 @@ def test_plan_filters_report_inputs_that_are_no_mapping() -> None:
 
 
 def test_router_filter_takes_a_lazy_mapping_with_tuples_as_the_plain_dict() -> None:
-    router = load_plugin("filter_plugins/sglang_router.py")
+    router = load_plugin("plugins/filter/sglang_router.py")
     flags = {"host": "0.0.0.0", "port": 8080, "worker_urls": ["http://a:8000", "http://b:8000"]}
     python, launcher = "/opt/r/bin/python", "/opt/r/bin/launch.py"
     lazy = Lazy({**flags, "worker_urls": tuple(flags["worker_urls"])})
@@ -153,6 +153,6 @@ def test_router_filter_takes_a_lazy_mapping_with_tuples_as_the_plain_dict() -> N
 
 
 def test_server_filters_take_lazy_containers_as_plain_data() -> None:
-    server = load_plugin("filter_plugins/sglang_server.py")
+    server = load_plugin("plugins/filter/sglang_server.py")
     described = (Lazy({"name": "a", "gpus": (0,)}), Lazy({"name": "b", "gpus": (1, 2)}))
     assert server.sglang_servers_on_gpus(described, (2,)) == [{"name": "b", "gpus": [1, 2]}]

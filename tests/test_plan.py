@@ -439,7 +439,7 @@ def test_module_entry_point_runs():
 
 # --- Ansible filter ---------------------------------------------------------------------
 def load_filter_module():
-    return load_plugin("filter_plugins/sglang_plan.py")
+    return load_plugin("plugins/filter/sglang_plan.py")
 
 
 def test_filter_takes_slurped_json_and_matches_plan():
@@ -470,7 +470,7 @@ def test_filter_works_inside_ansible_from_any_directory(tmp_path: Path):
         "{'gpu_memory_mib': 97887, 'gpu_count': 8})).max_total_num_tokens }}"
     )
     env = os.environ | {
-        "ANSIBLE_FILTER_PLUGINS": str(ROOT / "filter_plugins"),
+        "ANSIBLE_FILTER_PLUGINS": str(ROOT / "plugins" / "filter"),
         "ANSIBLE_LOCALHOST_WARNING": "false",
         "ANSIBLE_INVENTORY_UNPARSED_WARNING": "false",
     }

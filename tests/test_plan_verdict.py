@@ -84,7 +84,7 @@ def test_an_error_without_a_calibration_blocks_without_the_overrule_hint():
 
 
 def test_the_filter_refuses_what_is_not_a_plan_or_a_boolean():
-    filters = load_plugin("filter_plugins/sglang_plan.py").FilterModule().filters()
+    filters = load_plugin("plugins/filter/sglang_plan.py").FilterModule().filters()
     result = kimi(False, mem_fraction_static=0.85)
     assert filters["sglang_plan_verdict"](result, "kimi", WORKLOAD, False) == verdict(
         result, "kimi", WORKLOAD, warnings_fatal=False

@@ -1,4 +1,4 @@
-"""action_plugins/sglang_preflight.py: every server of a host checked before anything changes.
+"""plugins/action/sglang_preflight.py: every server of a host checked before anything changes.
 
 The host is replaced by a fake `_execute_module` that answers each module from a dict (GPUs,
 the flag check, port holders, systemd's states, the model files, the calibration store). What
@@ -25,7 +25,7 @@ from sglang_fleet.capacity.model_config import read_model_dir
 from sglang_fleet.rollout import preflight_inputs as preflight
 from sglang_fleet.servers.describe import describe_servers
 
-ACTION = load_plugin("action_plugins/sglang_preflight.py")
+ACTION = load_plugin("plugins/action/sglang_preflight.py")
 MODEL = Path(__file__).resolve().parent / "fixtures" / "models" / "kimi-k2.5-int4"
 KIMI_CONFIG, KIMI_WEIGHTS = read_model_dir(MODEL)
 PYTHON = "/opt/ml-env/bin/python"
@@ -108,7 +108,7 @@ class FakePreflight(ACTION.ActionModule):
         return getattr(self, "host_" + module_name.rsplit(".", 1)[-1])(module_args)
 
     def host_sglang_host_state(self, args: dict) -> dict:
-        """The one read (module_utils/host_read.py's answer, from `host`)."""
+        """The one read (plugins/module_utils/host_read.py's answer, from `host`)."""
         read, host = args["read"], self.host
         gpus = host["gpus"]
         answer: dict[str, Any] = {

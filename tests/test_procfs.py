@@ -1,5 +1,5 @@
-"""Tests for module_utils/procfs.py, the /proc reader that the gpu_cleanup module (on GPU hosts)
-and the fleet_lock action plugin (on the controller) share. Samples in tests/fixtures/proc/
+"""Tests for plugins/module_utils/procfs.py, the /proc reader that the gpu_cleanup module (on GPU
+hosts) and the fleet_lock action plugin (on the controller) share. Samples in tests/fixtures/proc/
 (sources in SOURCES.md)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import load_plugin
 
-procfs = load_plugin("module_utils/procfs.py")
+procfs = load_plugin("plugins/module_utils/procfs.py")
 
 PROC_FIXTURES = Path(__file__).resolve().parent / "fixtures" / "proc"
 

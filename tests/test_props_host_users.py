@@ -1,8 +1,8 @@
 """Property-based tests of who uses a SGLang version or a model revision (Hypothesis; profiles
-in tests/conftest.py): module_utils/server_configs.py's reader of ExecStart=,
-library/ml_env_versions.py's survey and prune, module_utils/model_in_use.py with model_stage's
-prune. Generated drop-ins in every ExecStart= form systemd runs, interpreter paths in every
-spelling, links, and things that cannot be read. Invariants (issue 44): a version or model a
+in tests/conftest.py): plugins/module_utils/server_configs.py's reader of ExecStart=,
+plugins/modules/ml_env_versions.py's survey and prune, plugins/module_utils/model_in_use.py with
+model_stage's prune. Generated drop-ins in every ExecStart= form systemd runs, interpreter paths in
+every spelling, links, and things that cannot be read. Invariants (issue 44): a version or model a
 server runs, is configured with or would roll back to is never removed; what cannot be read
 refuses, naming it; the reader gives the argv systemd would, or NotUnderstood, never another
 exception, in bounded time."""
@@ -20,11 +20,11 @@ from hypothesis import strategies as st
 
 from sglang_fleet.servers.launch_line import exec_start, systemd_quote
 
-configs = load_plugin("module_utils/server_configs.py")
-versions = load_plugin("library/ml_env_versions.py")
-stage_mod = load_plugin("library/model_stage.py")
-ms = load_plugin("module_utils/model_stage.py")
-owned = load_plugin("module_utils/owned_folder.py")
+configs = load_plugin("plugins/module_utils/server_configs.py")
+versions = load_plugin("plugins/modules/ml_env_versions.py")
+stage_mod = load_plugin("plugins/modules/model_stage.py")
+ms = load_plugin("plugins/module_utils/model_stage.py")
+owned = load_plugin("plugins/module_utils/owned_folder.py")
 
 # Words a launch line carries: plain ones and every character systemd's parser treats specially.
 _word_chars = st.sampled_from(list("abcXYZ019-_=./:@%$;#'\"\\ \t\n\r\x01\x7f\x85é€{}"))
@@ -339,7 +339,7 @@ def test_a_revision_a_server_is_configured_with_is_never_pruned(
         proc.mkdir()
     original = stage_mod.process_references
     stage_mod.process_references = lambda: load_plugin(
-        "module_utils/model_in_use.py"
+        "plugins/module_utils/model_in_use.py"
     ).process_references(str(proc))
     try:
         with owned.OwnedFolder(str(parent)) as folder:

@@ -15,11 +15,11 @@ from conftest import load_plugin
 from hypothesis import given
 from hypothesis import strategies as st
 
-bounded = load_plugin("module_utils/bounded_json.py")
-lock = load_plugin("library/fleet_lock.py")
-lock_action = load_plugin("action_plugins/fleet_lock.py")
-lkg = load_plugin("library/sglang_last_known_good.py")
-host_state = load_plugin("library/sglang_host_state.py")
+bounded = load_plugin("plugins/module_utils/bounded_json.py")
+lock = load_plugin("plugins/modules/fleet_lock.py")
+lock_action = load_plugin("plugins/action/fleet_lock.py")
+lkg = load_plugin("plugins/modules/sglang_last_known_good.py")
+host_state = load_plugin("plugins/modules/sglang_host_state.py")
 
 values = st.recursive(
     st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=5)),

@@ -171,7 +171,8 @@ def test_a_diagnosis_takes_any_figure(name: str, value: Any) -> None:
     )
 )
 def test_any_value_is_a_number_in_range_or_a_number_error(value: Any) -> None:
-    """module_utils/typed_number.py itself: a number in range or NumberError, nothing else."""
+    """plugins/module_utils/typed_number.py itself: a number in range or NumberError, nothing
+    else."""
     try:
         got = typed_number.read(value, "x", typed_number.Range(1, 4096, integer=True))
     except typed_number.NumberError as exc:

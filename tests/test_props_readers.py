@@ -31,8 +31,8 @@ from sglang_fleet.host_zipapp import main as zipapp_main
 from sglang_fleet.rollout import driver_upgrade
 from sglang_fleet.smoke.smoke_client.http_client import HttpClient, split_url
 
-mod = load_plugin("library/sglang_router_workers.py")
-state = load_plugin("library/sglang_host_state.py")
+mod = load_plugin("plugins/modules/sglang_router_workers.py")
+state = load_plugin("plugins/modules/sglang_host_state.py")
 
 ROUTER = "http://127.0.0.1:30000"
 W1, W2 = "http://10.0.0.1:8000", "http://10.0.0.2:8000"

@@ -41,9 +41,9 @@ from sglang_fleet.diagnosis import live_metrics
 from sglang_fleet.monitoring import settings as monitoring_settings
 from sglang_fleet.smoke.smoke_client import prometheus_text
 
-flags_check = load_plugin("library/sglang_flags_check.py")
-router_workers = load_plugin("library/sglang_router_workers.py")
-health_probe = load_plugin("library/sglang_health_probe.py")
+flags_check = load_plugin("plugins/modules/sglang_flags_check.py")
+router_workers = load_plugin("plugins/modules/sglang_router_workers.py")
+health_probe = load_plugin("plugins/modules/sglang_health_probe.py")
 
 LONG = hypothesis_settings.default.max_examples > 100
 MAX_KIB = 32 if LONG else 12
@@ -71,7 +71,7 @@ def assert_bounded(call: Callable[[], Any], chars: int, ms_per_kib: float, what:
 
 SERVER_LOG = "sglang_fleet/capacity/server_log.py"
 PROMETHEUS = "sglang_fleet/smoke/smoke_client/prometheus_text.py"
-ROUTER_WORKERS = "library/sglang_router_workers.py"
+ROUTER_WORKERS = "plugins/modules/sglang_router_workers.py"
 LOG = [
     "[2026-11-29 10:00:00 TP0] ", "[", "]", " DP1", " TP3", "Load weight begin. ",
     "Load weight end.", " elapsed=3.1 s,", " avail mem=", "94.19", " GB", ", mem usage=",
@@ -169,9 +169,9 @@ ENTRY_POINTS: dict[str, tuple[Callable[[str], Any], tuple[str, ...], list[str]]]
     "prometheus_text.parse_prometheus": (prometheus_text.parse_prometheus, (PROMETHEUS,), METRICS),
     "live_metrics.read_metrics": (_live_metrics, (PROMETHEUS,), METRICS),
     "sglang_router_workers.parse_in_flight": (_in_flight, (ROUTER_WORKERS,), METRICS),
-    "nvidia_smi": (_nvidia_smi, ("module_utils/nvidia_smi.py",), NVIDIA_SMI),
-    "sglang_flags_check": (_help, ("library/sglang_flags_check.py",), HELP),
-    "fleet_http": (_url, ("module_utils/fleet_http.py",), URLS),
+    "nvidia_smi": (_nvidia_smi, ("plugins/module_utils/nvidia_smi.py",), NVIDIA_SMI),
+    "sglang_flags_check": (_help, ("plugins/modules/sglang_flags_check.py",), HELP),
+    "fleet_http": (_url, ("plugins/module_utils/fleet_http.py",), URLS),
     "sglang_health_probe.first_fatal": (_fatal, (), LOG),
     "monitoring.settings": (_settings, ("sglang_fleet/monitoring/settings.py",), SETTINGS),
 }

@@ -355,7 +355,7 @@ def test_a_routers_answer_is_quoted_without_any_key_it_echoes(
 ) -> None:
     """The router's error body quoted (cut at 300 characters) with the key in any written form:
     the key comes out before the cut, so not even a part of it is left."""
-    router = load_plugin("library/sglang_router_workers.py")
+    router = load_plugin("plugins/modules/sglang_router_workers.py")
 
     def send(url: str, **_kwargs: Any) -> fleet_http.Response:
         body = "x" * padding + f"refused {written(secret)} and {written('rk-' + secret)}"

@@ -20,11 +20,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from test_model_stage import FakeRsync, _params
 
-mod = load_plugin("library/model_stage.py")
-ms = load_plugin("module_utils/model_stage.py")
-owned = load_plugin("module_utils/owned_folder.py")
-refs = load_plugin("module_utils/model_in_use.py")
-filters = load_plugin("filter_plugins/model_stage.py").FilterModule().filters()
+mod = load_plugin("plugins/modules/model_stage.py")
+ms = load_plugin("plugins/module_utils/model_stage.py")
+owned = load_plugin("plugins/module_utils/owned_folder.py")
+refs = load_plugin("plugins/module_utils/model_in_use.py")
+filters = load_plugin("plugins/filter/model_stage.py").FilterModule().filters()
 
 ARGUMENTS = set(mod.ARGUMENT_SPEC)
 TOKEN = "hf_PropertyTestToken0123456789"

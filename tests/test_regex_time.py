@@ -124,13 +124,13 @@ def test_a_long_nvidia_smi_header_parses_in_bounded_time() -> None:
 
 def test_a_help_text_with_an_unclosed_brace_parses_in_bounded_time() -> None:
     # The joined option line was counted again after each line it took: 512 KiB took 20 s.
-    flags_check = load_plugin("library/sglang_flags_check.py")
+    flags_check = load_plugin("plugins/modules/sglang_flags_check.py")
     text = "options:\n  --x {\n" + repeated("a\n", 512)
     assert_bounded(flags_check.parse_help, text, ms_per_kib=5)
 
 
 def test_the_health_probe_cuts_a_long_journal_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    probe = load_plugin("library/sglang_health_probe.py")
+    probe = load_plugin("plugins/modules/sglang_health_probe.py")
     journal = "x" * (probe.MAX_LINE_CHARS + 10) + " CUDA out of memory\nready\n"
 
     def run(argv: list[str], **_: Any) -> subprocess.CompletedProcess[str]:

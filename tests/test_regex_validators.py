@@ -38,7 +38,7 @@ def test_a_host_label_with_a_trailing_newline_is_no_host_name() -> None:
 
 
 def test_a_worker_url_with_a_trailing_newline_has_the_wrong_shape() -> None:
-    workers = load_plugin("library/sglang_router_workers.py")
+    workers = load_plugin("plugins/modules/sglang_router_workers.py")
     assert workers.check_worker_url("http://10.0.0.1:8000") is None
     problem = workers.check_worker_url("http://10.0.0.1:8000\n")
     assert problem is not None and "must be http(s)://host[:port]" in problem
@@ -49,7 +49,7 @@ def test_a_socket_link_with_a_trailing_newline_is_no_socket() -> None:
 
 
 def test_a_device_named_with_a_trailing_newline_is_no_numbered_gpu() -> None:
-    discovery = load_plugin("module_utils/gpu_cleanup_discovery.py")
+    discovery = load_plugin("plugins/module_utils/gpu_cleanup_discovery.py")
     assert discovery.device_gpu("/dev/nvidia3", "/dev/nvidia*") == 3
     # Not GPU 0: a device file we cannot number holds every GPU, as before.
     assert discovery.device_gpu("/dev/nvidia0\n", "/dev/nvidia*") == "any"

@@ -1,4 +1,4 @@
-"""action_plugins/sglang_restart.py: stop, clean, start and health-gate one server in one step.
+"""plugins/action/sglang_restart.py: stop, clean, start and health-gate one server in one step.
 
 The host is replaced by a fake `_execute_module` (the shell steps, the cleanup, the lock) and
 the health wait by a canned answer. What is checked: a restart renews the lock before the stop,
@@ -20,7 +20,7 @@ from conftest import load_plugin
 
 from sglang_fleet.rollout import restart
 
-ACTION = load_plugin("action_plugins/sglang_restart.py")
+ACTION = load_plugin("plugins/action/sglang_restart.py")
 SERVER = {"name": "llama", "unit": "sglang@llama.service", "port": 30000, "gpus": [2, 3],
           "device": "cuda"}  # fmt: skip
 LOCK = {"path": "/run/lock/sglang-fleet.lock", "token": "t-1", "lease_s": 900}

@@ -2,8 +2,8 @@
 
 - A `_`- or `__`-prefixed name of a role (`_<role>_*`, `__<role>_*`) is read or set only in that
   role's own files (a template the role links to from the shared templates/ is its own): not in
-  playbooks, other roles, or Python that reads hostvars (sglang_fleet/, action_plugins/,
-  filter_plugins/). What a caller needs is a documented `<role>_*` result or an argument.
+  playbooks, other roles, or Python that reads hostvars (sglang_fleet/, plugins/action/,
+  plugins/filter/). What a caller needs is a documented `<role>_*` result or an argument.
   Molecule's verify steps are tests, like tests/: they may look inside.
 - Every task file another role, a playbook or a molecule scenario calls (`include_role` /
   `import_role` with `tasks_from`) has an argument spec named after the file, and every spec
@@ -29,8 +29,8 @@ OUTSIDE = [
     *sorted((ROOT / "playbooks").glob("**/*.yml")),
     *sorted((ROOT / "templates").glob("*.j2")),
     *sorted((ROOT / "sglang_fleet").glob("**/*.py")),
-    *sorted((ROOT / "action_plugins").glob("*.py")),
-    *sorted((ROOT / "filter_plugins").glob("*.py")),
+    *sorted((ROOT / "plugins" / "action").glob("*.py")),
+    *sorted((ROOT / "plugins" / "filter").glob("*.py")),
 ]
 # The results sglang_server publishes for its callers (README "Outputs").
 PUBLISHED = ("sglang_server_restarted", "sglang_server_rollback", "sglang_server_router_out")

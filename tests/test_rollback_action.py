@@ -1,4 +1,4 @@
-"""action_plugins/sglang_rollback.py and action_plugins/sglang_router_join.py: the rollback and
+"""plugins/action/sglang_rollback.py and plugins/action/sglang_router_join.py: the rollback and
 the router rejoin as verbs, their decisions in sglang_fleet/rollout/rollback.py.
 
 The host is a fake `_execute_module` (and, for the rollback, a fake `_action` for the
@@ -21,8 +21,8 @@ from conftest import load_plugin
 
 from sglang_fleet.rollout import rollback
 
-ROLLBACK = load_plugin("action_plugins/sglang_rollback.py")
-JOIN = load_plugin("action_plugins/sglang_router_join.py")
+ROLLBACK = load_plugin("plugins/action/sglang_rollback.py")
+JOIN = load_plugin("plugins/action/sglang_router_join.py")
 ROUTER = {"url": "http://10.0.0.5:30080", "worker_url": "http://10.0.0.11:30000"}
 SERVER = {"name": "llama", "unit": "sglang@llama.service", "port": 30000, "gpus": [0, 1],
           "paths": {"lkg_dir": "/var/lib/sglang/llama/lkg"}, "router": ROUTER}  # fmt: skip

@@ -60,7 +60,7 @@ def test_a_key_among_the_flags_is_refused(key: str) -> None:
 
 
 def test_the_filter_wraps_it_and_turns_errors_into_filter_errors() -> None:
-    filters = load_plugin("filter_plugins/sglang_router.py").FilterModule().filters()
+    filters = load_plugin("plugins/filter/sglang_router.py").FilterModule().filters()
     command = filters["sglang_router_command"](FLAGS, PYTHON, LAUNCHER, "api-key")
     assert command["exec_start"].startswith(f"{PYTHON} {LAUNCHER} --api-key-credential api-key")
     with pytest.raises(AnsibleFilterError, match="sglang_router"):
@@ -119,6 +119,6 @@ def test_every_problem_is_reported_at_once_and_no_key_is_printed() -> None:
 
 
 def test_the_filter_hands_the_settings_to_python() -> None:
-    filters = load_plugin("filter_plugins/sglang_router.py").FilterModule().filters()
+    filters = load_plugin("plugins/filter/sglang_router.py").FilterModule().filters()
     assert filters["sglang_router_problems"](GOOD_SETTINGS) == []
     assert filters["sglang_router_problems"](GOOD_SETTINGS | {"workers": []})

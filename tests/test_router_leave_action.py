@@ -1,4 +1,4 @@
-"""action_plugins/sglang_router_leave.py: a routed replica leaves its router before a stop
+"""plugins/action/sglang_router_leave.py: a routed replica leaves its router before a stop
 that is not a rollout's (a rollback, a GPU cleanup, an autotune trial).
 
 The host is a fake `_execute_module`. What is checked: a running replica renews the lock for
@@ -17,7 +17,7 @@ import pytest
 from ansible.errors import AnsibleActionFail
 from conftest import load_plugin
 
-ACTION = load_plugin("action_plugins/sglang_router_leave.py")
+ACTION = load_plugin("plugins/action/sglang_router_leave.py")
 SERVER = {"name": "llama", "unit": "sglang@llama.service", "port": 30000}
 ROUTER = {"url": "http://10.0.0.5:30080", "worker_url": "http://10.0.0.11:30000",
           "metrics_url": "http://10.0.0.11:30000/metrics"}  # fmt: skip

@@ -1,11 +1,12 @@
 """A router's worker list of every shape, read by each of its readers (issue 44: fail closed).
 
-The readers are module_utils/router_workers.py (the one parser), library/sglang_router_workers.py
-(take-out, drain, put-back), library/sglang_host_state.py (does the router list the replica?)
-and sglang_fleet/rollout/driver_upgrade.py (the N-1 rule). A list of a shape they do not
-understand is a clean error naming the router, and nothing is decided on it: no DELETE, no
-"does not list" difference, no driver rollout. The real router's shape (sglang-router 0.3.2,
-captured from tests/test_sglang_router_workers.py's real router) reads as it is.
+The readers are plugins/module_utils/router_workers.py (the one parser),
+plugins/modules/sglang_router_workers.py (take-out, drain, put-back),
+plugins/modules/sglang_host_state.py (does the router list the replica?) and
+sglang_fleet/rollout/driver_upgrade.py (the N-1 rule). A list of a shape they do not understand is a
+clean error naming the router, and nothing is decided on it: no DELETE, no "does not list"
+difference, no driver rollout. The real router's shape (sglang-router 0.3.2, captured from
+tests/test_sglang_router_workers.py's real router) reads as it is.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from conftest import load_plugin
 
 from sglang_fleet.rollout import driver_upgrade
 
-mod = load_plugin("library/sglang_router_workers.py")
-state = load_plugin("library/sglang_host_state.py")
+mod = load_plugin("plugins/modules/sglang_router_workers.py")
+state = load_plugin("plugins/modules/sglang_host_state.py")
 
 ROUTER = "http://127.0.0.1:30000"
 W1, W2 = "http://10.0.0.1:8000", "http://10.0.0.2:8000"
@@ -88,7 +89,8 @@ BAD_SHAPES = [
 
 
 def _parser() -> Any:
-    """module_utils/router_workers.py (new in issue 44: imported here, so that the tests of the
+    """plugins/module_utils/router_workers.py (new in issue 44: imported here, so that the tests of
+    the
     readers that use it run, and fail, on the code before it)."""
     from sglang_fleet.module_utils import router_workers  # noqa: PLC0415
 

@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FLAG_TABLE = ROOT / "gpusim" / "gpusim" / "flags" / "sglang-0.5.23.json"
 DUMPER_DIR = ROOT / "gpusim" / "tools"
 PROBE_CACHE = ROOT / ".cache" / "gpusim-real-probe"
-FILTERS = load_plugin("filter_plugins/sglang_server.py").FilterModule().filters()
+FILTERS = load_plugin("plugins/filter/sglang_server.py").FilterModule().filters()
 RUNTIME = {
     "python": "/opt/ml-env/bin/python",
     "launch_module": "sglang.launch_server",
@@ -412,7 +412,7 @@ def test_start_facts_never_quotes_a_key_with_a_line_break(tmp_path: Path) -> Non
         (bin_dir / name).chmod(0o755)
     with _listening() as port:
         output = _run_module(
-            tmp_path, "library/sglang_start_facts.py",
+            tmp_path, "plugins/modules/sglang_start_facts.py",
             {"unit": "sglang@kimi.service", "port": port, "api_key": BROKEN_KEY,
              "line_pattern": "x", "server_info_paths": ["version"], "folder": str(tmp_path),
              "store_name": "calibration.json", "timeout": 3},
@@ -425,7 +425,7 @@ def test_start_facts_never_quotes_a_key_with_a_line_break(tmp_path: Path) -> Non
 def test_router_workers_never_quotes_a_key_with_a_line_break(tmp_path: Path) -> None:
     with _listening() as port:
         output = _run_module(
-            tmp_path, "library/sglang_router_workers.py",
+            tmp_path, "plugins/modules/sglang_router_workers.py",
             {"router_url": f"http://127.0.0.1:{port}", "api_key": BROKEN_KEY, "state": "list",
              "request_timeout": 3},
             {},
@@ -435,7 +435,7 @@ def test_router_workers_never_quotes_a_key_with_a_line_break(tmp_path: Path) -> 
 
 
 def test_host_state_never_quotes_a_routers_key_with_a_line_break() -> None:
-    host_state = load_plugin("library/sglang_host_state.py")
+    host_state = load_plugin("plugins/modules/sglang_host_state.py")
     with _listening() as port:
         want = {"label": "kimi", "router_url": f"http://127.0.0.1:{port}",
                 "worker_url": "http://gpu-1:8000"}  # fmt: skip
@@ -460,7 +460,7 @@ def test_the_http_reader_refuses_a_bad_header_value_before_sending_and_never_quo
 def test_a_routers_answer_that_echoes_the_workers_key_is_quoted_without_it() -> None:
     """The router's 400 may quote the registration it refused, the worker's key in it (JSON
     escapes it), cut at 300 characters: the key is taken out before the cut."""
-    router = load_plugin("library/sglang_router_workers.py")
+    router = load_plugin("plugins/modules/sglang_router_workers.py")
     worker_key = 'wk-"Zq7x"-' + "LEAKmark" * 40
 
     def send(url: str, **_kwargs: Any) -> fleet_http.Response:

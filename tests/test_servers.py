@@ -223,7 +223,7 @@ def test_combine_does_not_alias_its_inputs() -> None:
 # --------------------------------------------------------------------------- filter plugin
 
 
-FILTERS = load_plugin("filter_plugins/sglang_server.py").FilterModule().filters()
+FILTERS = load_plugin("plugins/filter/sglang_server.py").FilterModule().filters()
 RUNTIME = {
     "python": "/opt/ml-env/bin/python",
     "launch_module": "sglang.launch_server",

@@ -1,4 +1,4 @@
-"""Tests for library/sglang_flags_check.py.
+"""Tests for plugins/modules/sglang_flags_check.py.
 
 The help parser is checked against help text that argparse itself prints for a parser shaped like
 SGLang's (aliases, long choice lists, nargs forms, underscore spellings, hidden flags), compared
@@ -23,11 +23,11 @@ import yaml
 from conftest import load_plugin
 
 ROOT = Path(__file__).resolve().parent.parent
-MODULE_PATH = ROOT / "library" / "sglang_flags_check.py"
+MODULE_PATH = ROOT / "plugins" / "modules" / "sglang_flags_check.py"
 GPUSIM = ROOT / "gpusim"
 
 
-sfc = load_plugin("library/sglang_flags_check.py")
+sfc = load_plugin("plugins/modules/sglang_flags_check.py")
 
 # A stand-in for `python -m sglang.launch_server`: SGLang-like flags; if the arguments parse
 # without --help it "starts a server" (writes the marker), which the check must never cause.

@@ -1,4 +1,5 @@
-"""library/sglang_host_state.py: every kind of difference is found and said, nothing is changed."""
+"""plugins/modules/sglang_host_state.py: every kind of difference is found and said, nothing is
+changed."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import load_plugin
 
-state = load_plugin("library/sglang_host_state.py")
+state = load_plugin("plugins/modules/sglang_host_state.py")
 ME = pwd.getpwuid(os.getuid()).pw_name
 MY_GROUP = grp.getgrgid(os.getgid()).gr_name
 

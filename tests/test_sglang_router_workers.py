@@ -1,4 +1,5 @@
-"""Tests for library/sglang_router_workers.py and the router launcher of the sglang_router role.
+"""Tests for plugins/modules/sglang_router_workers.py and the router launcher of the sglang_router
+role.
 
 The module runs against a fake router on loopback that answers like sglang-router 0.3.2 did when
 measured (docs/ROUTER.md: 202 for queued additions and removals, the list changing a moment
@@ -36,7 +37,7 @@ LAUNCHER = ROOT / "roles" / "sglang_router" / "files" / "sglang-router-launch.py
 KEY = "router-key-7f3a"
 
 
-mod = load_plugin("library/sglang_router_workers.py")
+mod = load_plugin("plugins/modules/sglang_router_workers.py")
 
 
 # --------------------------------------------------------------------------- fake router
@@ -529,7 +530,7 @@ def run_module(args: dict[str, Any], tmp_path: Path) -> tuple[int, dict[str, Any
     args_file = tmp_path / "args.json"
     args_file.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": args}), encoding="utf-8")
     done = subprocess.run(
-        module_argv("library/sglang_router_workers.py", str(args_file)),
+        module_argv("plugins/modules/sglang_router_workers.py", str(args_file)),
         capture_output=True,
         text=True,
         timeout=60,

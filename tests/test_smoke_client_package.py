@@ -1,6 +1,6 @@
 """The smoke client package (sglang_fleet/smoke/smoke_client/) runs on GPU hosts with the host's
 python3 as one zipapp built from its files: every file imports only the standard library, the
-package's own modules (absolute imports) and the project's one URL rule (module_utils/
+package's own modules (absolute imports) and the project's one URL rule (plugins/module_utils/
 fleet_http.py, standard library only, packed beside them), importing the package imports none
 of them, and `python -m sglang_fleet.smoke.smoke_client` still runs. Run it alone:
 .venv/bin/pytest -q tests/test_smoke_client_package.py

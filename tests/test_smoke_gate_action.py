@@ -1,4 +1,4 @@
-"""action_plugins/sglang_smoke_gate.py: measure a fresh start, report, judge, in one step.
+"""plugins/action/sglang_smoke_gate.py: measure a fresh start, report, judge, in one step.
 
 The host is replaced by a fake `_execute_module` (the folders, the benchmark command, the result
 file, the journal, the last-known-good record) and the copy of the client by a stub; the report
@@ -24,7 +24,7 @@ import pytest
 from ansible.errors import AnsibleActionFail
 from conftest import load_plugin
 
-ACTION = load_plugin("action_plugins/sglang_smoke_gate.py")
+ACTION = load_plugin("plugins/action/sglang_smoke_gate.py")
 KEY = "sk-very-secret"
 SERVER = {"name": "llama", "unit": "sglang@llama.service", "port": 30000}
 WORKLOAD = {"num_prompts": 4, "max_concurrency": 2, "random_input_len": 8, "random_output_len": 4}

@@ -1,4 +1,4 @@
-"""library/sglang_smoke_run.py: the host's part of the smoke gate in one module run.
+"""plugins/modules/sglang_smoke_run.py: the host's part of the smoke gate in one module run.
 
 Run for real in a temporary folder: the client is written once and left alone while it is the
 same, the key reaches the command on stdin only, the result comes back as text and a result
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import load_plugin
 
-smoke_run = load_plugin("library/sglang_smoke_run.py")
+smoke_run = load_plugin("plugins/modules/sglang_smoke_run.py")
 KEY = "sk-very-secret"
 CLIENT = b"PK\x05\x06" + bytes(18)  # the bytes of an empty zip archive stand in for the client
 

@@ -1,6 +1,6 @@
 """URLs and host names at their edges, for the project's one URL rule
-(module_utils/fleet_http.py, check_url) and the smoke client's --url, which now goes through it
-(issue 44: the readers the docs call bounded). Each is a clean usage error naming the flag
+(plugins/module_utils/fleet_http.py, check_url) and the smoke client's --url, which now goes through
+it (issue 44: the readers the docs call bounded). Each is a clean usage error naming the flag
 (exit 2 for the client, before any request) or a correct connection: never credentials sent,
 never a port or host guessed, never a trailing newline let by.
 """

@@ -211,7 +211,7 @@ def test_the_winners_profile_carries_its_speculative_flags_or_removes_them():
 def test_the_role_reads_the_drafts_the_filter_names():
     from conftest import load_plugin  # noqa: PLC0415
 
-    filters = load_plugin("filter_plugins/sglang_autotune.py").FilterModule().filters()
+    filters = load_plugin("plugins/filter/sglang_autotune.py").FilterModule().filters()
     typed = filters["sglang_autotune_inputs"]({"speculative": [None, EAGLE3]}, KIMI_JOB)
     assert filters["sglang_autotune_draft_paths"](typed["space"], STORY) == [DRAFT_PATH]
     assert filters["sglang_autotune_draft_paths"]({"mem_fraction_static": [0.9]}, STORY) == []

@@ -1,5 +1,5 @@
 """The filters the model_stage and sglang_server roles call are registered under the names the
-task files use (filter_plugins/model_stage.py, filter_plugins/sglang_stop.py), and they work
+task files use (plugins/filter/model_stage.py, plugins/filter/sglang_stop.py), and they work
 on what Ansible hands them."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from ansible.errors import AnsibleFilterError
 from conftest import load_plugin
 
 ROOT = Path(__file__).resolve().parent.parent
-stage = load_plugin("filter_plugins/model_stage.py")
-stop = load_plugin("filter_plugins/sglang_stop.py")
+stage = load_plugin("plugins/filter/model_stage.py")
+stop = load_plugin("plugins/filter/sglang_stop.py")
 REGISTERED = {**stage.FilterModule().filters(), **stop.FilterModule().filters()}
 
 

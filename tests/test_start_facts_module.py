@@ -1,6 +1,6 @@
-"""library/sglang_start_facts.py, run for real: the journal read through stand-in `systemctl` and
-`journalctl` programs on PATH, /server_info from a loopback HTTP server, the store from a
-temporary folder. What is checked: only the matching lines of the current start come back, at
+"""plugins/modules/sglang_start_facts.py, run for real: the journal read through stand-in
+`systemctl` and `journalctl` programs on PATH, /server_info from a loopback HTTP server, the store
+from a temporary folder. What is checked: only the matching lines of the current start come back, at
 most max_lines and within the time bound; only the asked parts of /server_info leave the host,
 the key goes as a bearer token; the store is read inside its folder and never through a
 symlink."""
@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from conftest import load_plugin
 
-module = load_plugin("library/sglang_start_facts.py")
+module = load_plugin("plugins/modules/sglang_start_facts.py")
 KEY = "sk-start-facts-secret"
 INFO = {
     "version": "0.5.23",

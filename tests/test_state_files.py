@@ -1,4 +1,4 @@
-"""library/sglang_state_files.py, run for real in a temporary folder: a server's small state
+"""plugins/modules/sglang_state_files.py, run for real in a temporary folder: a server's small state
 files (its calibration store, what is set aside beside it) written atomically with their mode,
 only when they differ; the folder made when missing; nothing outside the folder, nothing through
 a symlink; check mode writes nothing."""
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import load_plugin
 
-module = load_plugin("library/sglang_state_files.py")
+module = load_plugin("plugins/modules/sglang_state_files.py")
 
 
 def test_files_are_written_once_with_their_mode(tmp_path: Path) -> None:

@@ -34,12 +34,12 @@ FLAGS = {
 
 def plan_filter() -> Any:
     return (
-        load_plugin("filter_plugins/sglang_plan.py").FilterModule().filters()["sglang_server_plan"]
+        load_plugin("plugins/filter/sglang_plan.py").FilterModule().filters()["sglang_server_plan"]
     )
 
 
 def autotune_filters() -> dict[str, Any]:
-    return load_plugin("filter_plugins/sglang_autotune.py").FilterModule().filters()
+    return load_plugin("plugins/filter/sglang_autotune.py").FilterModule().filters()
 
 
 def store_text() -> str:

@@ -1,4 +1,5 @@
-"""module_utils/typed_number.py: the one reader of a number from outside (docs/ARCHITECTURE.md,
+"""plugins/module_utils/typed_number.py: the one reader of a number from outside
+(docs/ARCHITECTURE.md,
 "Numbers"). Every hostile number is a NumberError naming the input, never another exception."""
 
 from __future__ import annotations

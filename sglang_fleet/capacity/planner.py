@@ -69,7 +69,7 @@ def plan(model_config: dict, weight_bytes: int, args: dict, host: dict) -> dict:
 
 # --- command line ----------------------------------------------------------------------
 def _integer(text: str) -> int:
-    """A flag's integer (module_utils/typed_number.py): argparse's int() would echo 5,000
+    """A flag's integer (plugins/module_utils/typed_number.py): argparse's int() would echo 5,000
     digits back; the range is the planner's (planner_inputs)."""
     try:
         return int(typed_number.read(text, "value", typed_number.Range(integer=True)))

@@ -133,10 +133,11 @@ class PlanInputError(ValueError):
         self.message = message
 
 
-# Ranges of the numeric inputs, read by the one reader of numbers (module_utils/typed_number.py):
-# Ansible extra-vars arrive as strings ("8"), so number text is read; booleans, NaN,
-# infinities, fractional counts, huge integers and long text are refused, never coerced.
-# The upper bounds lie beyond any real machine or setting and keep the arithmetic finite.
+# Ranges of the numeric inputs, read by the one reader of numbers
+# (plugins/module_utils/typed_number.py): Ansible extra-vars arrive as strings ("8"), so number text
+# is read; booleans, NaN, infinities, fractional counts, huge integers and long text are refused,
+# never coerced. The upper bounds lie beyond any real machine or setting and keep the arithmetic
+# finite.
 _MAX_COUNT = 2**31 - 1
 _MAX_AMOUNT = 1e12
 # Parallel sizes as sglang_fleet.servers.host_checks bounds them (MAX_PARALLEL: far past any

@@ -219,8 +219,8 @@ def _max(current: float | None, value: float) -> float:
     return value if current is None else max(current, value)
 
 
-# A log's figures are read through the one reader of numbers (module_utils/typed_number.py): a
-# 400-digit figure raised OverflowError and a 5,000-digit count ValueError out of parse_log.
+# A log's figures are read through the one reader of numbers (plugins/module_utils/typed_number.py):
+# a 400-digit figure raised OverflowError and a 5,000-digit count ValueError out of parse_log.
 # A line whose figure is out of these ranges is no line SGLang wrote: it is skipped whole.
 _GIB = Range(-(1 << 20), 1 << 20)  # GB figures; negative: memory that rose during a load
 _COUNT = Range(-1, 1 << 40, integer=True)  # -1: chunked prefill off

@@ -4,7 +4,7 @@
 Standard library only, Python >= 3.9: it runs on a GPU host (servers listen on loopback there)
 with the host's python3, as one file: the diagnosis role ships it as a zipapp
 (sglang_fleet/host_zipapp.py) holding this module, the one HTTP reader
-(module_utils/fleet_http.py) and the one Prometheus text parser
+(plugins/module_utils/fleet_http.py) and the one Prometheus text parser
 (sglang_fleet/smoke/smoke_client/prometheus_text.py). On the host, and from the repo:
 
     python3 live.pyz --url http://127.0.0.1:30000 [--window 30] [--interval 1] \\
@@ -188,7 +188,7 @@ def aggregate(series: list[tuple[str, dict[str, str], float]]) -> dict[str, floa
 
 def check_url(url: str) -> str:
     """The base URL without a trailing slash; UsageError (the URL shown without credentials)
-    for anything the reader refuses (module_utils/fleet_http.py, check_url)."""
+    for anything the reader refuses (plugins/module_utils/fleet_http.py, check_url)."""
     try:
         check_http_url(url, "--url")
     except HttpError as exc:

@@ -70,7 +70,8 @@ def diagnose(
 def finite_only(value: Any, where: str, dropped: list[str]) -> Any:
     """The value with every NaN, infinite or huge number replaced by None (JSON reads Infinity,
     NaN and integers of any size; no count, rate or time is one, and float() of a 400-digit
-    integer raises OverflowError), naming each in ``dropped`` (module_utils/typed_number.py)."""
+    integer raises OverflowError), naming each in ``dropped``
+    (plugins/module_utils/typed_number.py)."""
     number = isinstance(value, int | float) and not isinstance(value, bool)
     if number and typed_number.finite_or_none(value) is None:
         dropped.append(where)

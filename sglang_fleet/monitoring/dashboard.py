@@ -11,7 +11,7 @@ same
 queries are what the tests check: each parses (promtool) and returns data in the monitoring
 scenario (docs/MONITORING.md).
 
-Prometheus is read through the project's one HTTP reader (module_utils/fleet_http.py: one
+Prometheus is read through the project's one HTTP reader (plugins/module_utils/fleet_http.py: one
 deadline per request, a size cap, no redirect followed, no proxy from the environment, no
 credentials in the URL), its answers checked before use: anything it cannot use (a bad URL or
 option, an unreachable or slow Prometheus, an answer that is not the JSON Prometheus gives, a bad

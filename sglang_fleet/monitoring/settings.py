@@ -94,8 +94,8 @@ _UNIT_SETTING = re.compile(r"[A-Z][A-Za-z0-9]*")
 
 
 def number(value: Any, variable: str, allowed: Range) -> int | float:
-    """value as a number in its range (module_utils/typed_number.py: an int or float, or a string
-    that is one number, as -e gives it); an integral value comes back as an int, so that a
+    """value as a number in its range (plugins/module_utils/typed_number.py: an int or float, or a
+    string that is one number, as -e gives it); an integral value comes back as an int, so that a
     template prints 80, not 80.0."""
     try:
         found = typed_number.read(value, variable, allowed)

@@ -19,7 +19,7 @@ the decision:
 - the table of all that, and one line per host afterwards (driver before -> after, servers
   restarted, time each was out of service) or, when a host failed, which servers stay down.
 
-Input per host (`reads`), assembled by filter_plugins/sglang_driver.py from hostvars:
+Input per host (`reads`), assembled by plugins/filter/sglang_driver.py from hostvars:
   accelerator: cuda or cpu (ml_env_accelerator)
   driver: the nvidia_driver role's nvidia_driver_plan {branch, installing, driver_version,
           gpu_count, state, message}; None on a CPU host
@@ -375,7 +375,8 @@ def _router_groups(
 
 def _router_answer(routers: Any, server: Mapping[str, Any], host: str) -> dict[str, Any]:
     """{workers, error} of the server's router as its host read it, every worker understood
-    (module_utils/router_workers.py); a list of another shape is an error, so the N-1 rule is
+    (plugins/module_utils/router_workers.py); a list of another shape is an error, so the N-1 rule
+    is
     never judged on the part of a list that could be read."""
     answer = routers.get(server.get("name")) if isinstance(routers, Mapping) else None
     if not isinstance(answer, Mapping):

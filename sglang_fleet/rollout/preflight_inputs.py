@@ -1,4 +1,4 @@
-"""The pre-flight's decisions, in Python (action_plugins/sglang_preflight.py, docs/ARCHITECTURE.md).
+"""The pre-flight's decisions, in Python (plugins/action/sglang_preflight.py, docs/ARCHITECTURE.md).
 
 The action reads the host through modules; everything it decides from what it read is here,
 tested without a host:

@@ -1,4 +1,4 @@
-"""The restart verb's decisions, in Python (action_plugins/sglang_restart.py).
+"""The restart verb's decisions, in Python (plugins/action/sglang_restart.py).
 
 - cleanup_settings: the operator's gpu_cleanup_* settings (docs/GPU-CLEANUP.md) typed and
   range-checked before anything stops, each refusal naming its variable and what is allowed;

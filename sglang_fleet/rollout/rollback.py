@@ -1,5 +1,5 @@
-"""The rollback verb's and the router rejoin's decisions, in Python (action_plugins/
-sglang_rollback.py, action_plugins/sglang_router_join.py).
+"""The rollback verb's and the router rejoin's decisions, in Python (plugins/action/
+sglang_rollback.py, plugins/action/sglang_router_join.py).
 
 - decide: after a failed step, whether this run may go back to last-known-good: a lock another
   run took over leaves the server to that run; a router that would not let the server go left

@@ -1,4 +1,4 @@
-"""What every operator-verb action shares (action_plugins/sglang_*.py, docs/ARCHITECTURE.md,
+"""What every operator-verb action shares (plugins/action/sglang_*.py, docs/ARCHITECTURE.md,
 "Operator verbs"): steps said as they run, modules run on the host, a module run under no_log
 or as a read in check mode, the rollout lock renewed while a verb works.
 

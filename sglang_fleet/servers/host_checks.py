@@ -75,7 +75,7 @@ def _where_set(server: Mapping[str, Any], key: str) -> str:
 
 def _int_value(value: Any) -> int | None:
     """An integer (or its text, as Ansible may hand it over); None for anything else, a float
-    included (module_utils/typed_number.py: no huge integer, no long text)."""
+    included (plugins/module_utils/typed_number.py: no huge integer, no long text)."""
     if isinstance(value, float):
         return None
     try:

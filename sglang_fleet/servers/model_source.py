@@ -43,7 +43,7 @@ class StageConfigError(ValueError):
 
 def check_model_source(value: Any, where: str, model_path: str) -> dict[str, str] | None:
     """The server's model_source, checked; None when it has none (its model_path is used as is).
-    The rules are module_utils/model_stage_args.py's, which the module applies again on the
+    The rules are plugins/module_utils/model_stage_args.py's, which the module applies again on the
     host."""
     if value is None:
         return None

@@ -78,7 +78,8 @@ def _positive_int(value: Any, where: str, allow_minus_one: bool = False) -> int:
 
 
 def _number(value: Any, where: str, allowed: Range, *, text: bool = True) -> float:
-    """value as a number in `allowed` (module_utils/typed_number.py), or the inputs' error in
+    """value as a number in `allowed` (plugins/module_utils/typed_number.py), or the inputs' error
+    in
     this module's words: '<where>: <value> is not <allowed>'."""
     try:
         return float(typed_number.read(value, where, allowed, text=text))

@@ -120,8 +120,9 @@ def test_missing_logging_config_fails_like_sglang(state_dir: Path, tmp_path: Pat
 
 
 def probe_patterns() -> list[re.Pattern[str]]:
-    """The deployment's fail-fast patterns (library/sglang_health_probe.py DEFAULT_FATAL)."""
-    module = load_plugin("library/sglang_health_probe.py")
+    """The deployment's fail-fast patterns (plugins/modules/sglang_health_probe.py
+    DEFAULT_FATAL)."""
+    module = load_plugin("plugins/modules/sglang_health_probe.py")
     return [re.compile(pattern) for pattern in module.DEFAULT_FATAL]
 
 

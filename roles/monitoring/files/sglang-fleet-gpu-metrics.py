@@ -14,7 +14,7 @@ Run by sglang-fleet-gpu-metrics.timer on a GPU host. Writes, atomically, Prometh
 A process is ours when a component of its cgroup path matches one of the --owner patterns
 (systemd unit names, fnmatch), the rule the gpu_cleanup role uses.
 
-nvidia-smi's CSV is read by the project's one parser of it, module_utils/nvidia_smi.py (the
+nvidia-smi's CSV is read by the project's one parser of it, plugins/module_utils/nvidia_smi.py (the
 monitoring role installs it beside this file as sglang_fleet_nvidia_smi.py): nvidia-smi does
 not quote its cells, so a process path with a comma or a quote is taken from the outside in.
 Anything that goes wrong (nvidia-smi missing or failing, a line the parser refuses, a newline
@@ -45,7 +45,8 @@ PARSER_BESIDE = "sglang_fleet_nvidia_smi"
 
 
 def nvidia_smi_parser() -> ModuleType:
-    """module_utils/nvidia_smi.py: the package's copy on the control node (tests), else the copy
+    """plugins/module_utils/nvidia_smi.py: the package's copy on the control node (tests), else the
+    copy
     the role installs beside this file on a GPU host."""
     try:
         from sglang_fleet.module_utils import nvidia_smi  # noqa: PLC0415
@@ -54,7 +55,7 @@ def nvidia_smi_parser() -> ModuleType:
         spec = importlib.util.spec_from_file_location(PARSER_BESIDE, path)
         if spec is None or spec.loader is None or not path.is_file():
             raise RuntimeError(
-                f"{path} is missing: copy module_utils/nvidia_smi.py there"
+                f"{path} is missing: copy plugins/module_utils/nvidia_smi.py there"
             ) from None
         nvidia_smi = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(nvidia_smi)
@@ -114,7 +115,8 @@ def _number(value: Any) -> float:
 def render(
     gpus: list[dict[str, Any]], apps: list[dict[str, Any]], proc: Path, owners: Sequence[str]
 ) -> str:
-    """The textfile's content for one reading (rows as module_utils/nvidia_smi.parse_csv gives)."""
+    """The textfile's content for one reading (rows as plugins/module_utils/nvidia_smi.parse_csv
+    gives)."""
     index_of = {str(g["uuid"]): g["index"] for g in gpus}
     ours_mib: dict[str, float] = dict.fromkeys(index_of, 0.0)
     lines = [

@@ -298,8 +298,8 @@ def shown_url(url: str) -> str:
 def split_url(url: str) -> tuple[Any, int]:
     """(urlsplit result, port); ValueError with a message that names --url.
 
-    The project's one URL rule (module_utils/fleet_http.py, check_url: http(s), a host name or
-    address, a port 1..65535, no ``user:password@``), then what a base URL of this client may
+    The project's one URL rule (plugins/module_utils/fleet_http.py, check_url: http(s), a host name
+    or address, a port 1..65535, no ``user:password@``), then what a base URL of this client may
     not have: a query (it would land between the path and /generate) or a path with
     characters a request line cannot carry."""
     shown = shown_url(url)

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 # JSON from a server nests a few levels; deeper is not what it claims to be (the project's
-# readers bound it with module_utils/bounded_json.py; this package runs alone, so it has
+# readers bound it with plugins/module_utils/bounded_json.py; this package runs alone, so it has
 # its own).
 MAX_JSON_DEPTH = 32
 

@@ -3,7 +3,7 @@
 # ruff: noqa: E402
 """Ansible module model_stage: copy one checkpoint revision to local disk, verify it against its
 manifest, and only then give it its final name; prune old revisions. Runs on the GPU host:
-standard library only (the decisions live in module_utils/model_stage.py)."""
+standard library only (the decisions live in plugins/module_utils/model_stage.py)."""
 
 from __future__ import annotations
 
@@ -202,7 +202,8 @@ Runner = Callable[..., "subprocess.CompletedProcess[str]"]
 
 
 def check_params(params: dict[str, Any]) -> dict[str, Any]:
-    """The arguments checked with the control node's rules (module_utils/model_stage_args.py),
+    """The arguments checked with the control node's rules
+    (plugins/module_utils/model_stage_args.py),
     before anything on the host is touched; ArgError names the argument."""
     checked = dict(params)
     checked["path"] = model_path(params["path"], "path")

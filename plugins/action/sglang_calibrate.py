@@ -3,7 +3,7 @@
 One operator verb, sequenced on the controller through modules on the host, as
 `ansible.builtin.reboot` sequences its own:
 
-1. one read on the host (library/sglang_start_facts.py, under no_log): the start-up memory
+1. one read on the host (plugins/modules/sglang_start_facts.py, under no_log): the start-up memory
    lines of this start (the unit's current invocation in the journal), never `server_args=`,
    which lists every argument, an API key among them; `/server_info` with the server's API key
    in a header, of which only the fields a record reads leave the host
@@ -16,7 +16,8 @@ One operator verb, sequenced on the controller through modules on the host, as
 4. the record (calibration_record.build_record: a start whose figures are missing, or moved past the
    noise, records nothing and says why);
 5. the host's store: this record first, entries no plan may use moved to a side file beside it
-   (calibration_store.store_update), both written in one run of library/sglang_state_files.py.
+   (calibration_store.store_update), both written in one run of
+   plugins/modules/sglang_state_files.py.
 
 Calibration never fails a healthy start, by construction: the step runs inside the block whose
 rescue restores last-known-good, so any failure of reading or recording the start (any
@@ -63,7 +64,7 @@ MAX_JOURNAL_LINES = 2000
 # Rank 0's memory figures in /server_info (calibration_record.public_server_info keeps them).
 MEMORY_USAGE_PATH = "internal_states.0.memory_usage"
 # At most the module's own bound on what it returns: MAX_JOURNAL_LINES lines of at most 4096
-# characters (library/sglang_start_facts.py MAX_LINE_CHARS).
+# characters (plugins/modules/sglang_start_facts.py MAX_LINE_CHARS).
 MAX_LINES_CHARS = MAX_JOURNAL_LINES * 4097
 # A version as importlib.metadata prints it, a fingerprint as calibration_record.model_fingerprint
 # writes it: one short line.
@@ -168,7 +169,8 @@ class ActionModule(VerbAction):
 
     def _read_start(self, server: Mapping[str, Any], api_key: str) -> tuple[str, Any]:
         """This start's memory lines and /server_info, and the store, in one module run on the
-        host (library/sglang_start_facts.py); the key goes in under no_log and only the parts
+        host (plugins/modules/sglang_start_facts.py); the key goes in under no_log and only the
+        parts
         of /server_info a record uses come back."""
         paths = server["paths"]
         folder, store_path = str(paths["state_dir"]), str(paths["calibration_file"])
@@ -298,7 +300,7 @@ class ActionModule(VerbAction):
     # --- the store -------------------------------------------------------------------------
     def _keep(self, server: Mapping[str, Any], record: dict) -> tuple[bool, dict[str, Any]]:
         """The record first in the store, and what no plan may use set aside beside it, in one
-        module run on the host (library/sglang_state_files.py, inside the server's folder).
+        module run on the host (plugins/modules/sglang_state_files.py, inside the server's folder).
         Every record kept is cleaned of secrets on the way (calibration_store.store_update)."""
         paths = server["paths"]
         folder, store_path = str(paths["state_dir"]), str(paths["calibration_file"])

@@ -1,10 +1,10 @@
 """Weight staging's decisions (docs/STAGING.md): the manifest, the disk-space arithmetic, whether
 a revision is already staged, what verification found, and what pruning removes.
 
-Standard library only, Python >= 3.10: Ansible ships it beside library/model_stage.py as
+Standard library only, Python >= 3.10: Ansible ships it beside plugins/modules/model_stage.py as
 ``ansible.module_utils.model_stage`` (with the parts it imports). Every file operation goes
-through module_utils/owned_folder.py (nothing below a folder we own is followed through a link)
-and every read is bounded (docs/STAGING.md, "Files on the host").
+through plugins/module_utils/owned_folder.py (nothing below a folder we own is followed through a
+link) and every read is bounded (docs/STAGING.md, "Files on the host").
 
 Layout on a host, for a server whose ``model_path`` is /models/llama/rev-a:
 - /models/llama/rev-a.partial/   the copy in progress (rsync or snapshot_download write here; a

@@ -7,8 +7,8 @@ A server across hosts (its `nodes`) first checks that every node passed this res
 (sglang_fleet.rollout.restart.failed_nodes: each node's registered restart, and node 0's smoke
 gate);
 one that did not fails the task on every node, and all go back to last-known-good together.
-Then, in one module run on the host (library/sglang_last_known_good.py, under no_log), into its
-last-known-good folder (<state dir>/<server>/lkg, root only):
+Then, in one module run on the host (plugins/modules/sglang_last_known_good.py, under no_log), into
+its last-known-good folder (<state dir>/<server>/lkg, root only):
 
 1. the files that made it: the launch drop-in, the environment file and, when the server has a
    secret (sglang_fleet/server_secrets.py), its secrets file (no secret reaches a result or a
@@ -101,7 +101,7 @@ class ActionModule(VerbAction):
         keyed = bool(record["api_key_set"] or record["secrets_set"])
         if keyed:
             copies.append({"name": "secrets.yaml", "src": paths["secrets_file"]})
-        # One module run on the host (library/sglang_last_known_good.py), under no_log: the
+        # One module run on the host (plugins/modules/sglang_last_known_good.py), under no_log: the
         # secrets file is among the copies, and the old record among the answers.
         with self._quiet():
             done = self._module(

@@ -1,8 +1,8 @@
 """What weight staging accepts, checked in one place on both sides (docs/STAGING.md): the
 control node checks the inventory with it before any host is touched
 (sglang_fleet/servers/model_source.py,
-filter_plugins/model_stage.py), and the model_stage module checks its arguments with it again
-before it touches anything on the host (library/model_stage.py).
+plugins/filter/model_stage.py), and the model_stage module checks its arguments with it again
+before it touches anything on the host (plugins/modules/model_stage.py).
 
 Standard library only, and of module_utils only the one reader of numbers (typed_number.py),
 under whichever name this file itself was imported: modules import it as

@@ -3,7 +3,7 @@ Runs on the GPU host: standard library only.
 
 - open_regular: a regular file opened for reading (a descriptor); never through a symlink, never
   a FIFO or a device (opened without blocking, then refused); relative to a folder's descriptor
-  when `dir_fd` is given (module_utils/owned_folder.py walks to it);
+  when `dir_fd` is given (plugins/module_utils/owned_folder.py walks to it);
 - read_regular: a regular file's bytes, at most `limit`, None when it does not exist;
 - write_atomic: a file replaced in one rename, with its mode set before it appears;
 - inside: a file name joined to the folder it must stay in, refused when it would leave it.

@@ -7,7 +7,8 @@ nothing below it is followed: each folder on the way is opened with O_NOFOLLOW (
 included), so a symbolic link anywhere inside, to a folder or a file, is never followed out of
 it. What the operations act on:
 
-- read and hash: regular files only (module_utils/bounded_file.py's open_regular: no symlink,
+- read and hash: regular files only (plugins/module_utils/bounded_file.py's open_regular: no
+symlink,
   no FIFO, no device), each read bounded by what the caller expects;
 - remove_file: a regular file only;
 - remove_entry: one entry of the folder itself: a folder with its whole tree (shutil.rmtree's

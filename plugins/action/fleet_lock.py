@@ -23,11 +23,11 @@ from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
-# module_utils/procfs.py, the /proc reader the gpu_cleanup module ships to GPU hosts. Ansible
-# resolves ansible.module_utils.<name> from ansible.cfg's module_utils path only when it packs a
-# module for a host; on the controller that name is ansible-core's own package. The control-node
-# package maps module_utils/ as sglang_fleet.module_utils (pyproject.toml), so the same file is
-# imported from there (docs/ARCHITECTURE.md, "module_utils on the controller").
+# plugins/module_utils/procfs.py, the /proc reader the gpu_cleanup module ships to GPU hosts.
+# Ansible resolves ansible.module_utils.<name> from ansible.cfg's module_utils path only when it
+# packs a module for a host; on the controller that name is ansible-core's own package. The
+# control-node package maps plugins/module_utils/ as sglang_fleet.module_utils (pyproject.toml), so
+# the same file is imported from there (docs/ARCHITECTURE.md, "module_utils on the controller").
 from sglang_fleet.module_utils.procfs import PROC, parse_stat, parse_status_uids, user_name
 
 display = Display()

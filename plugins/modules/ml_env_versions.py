@@ -22,7 +22,7 @@ description:
     process was started by that virtualenv's python (C(/proc/<pid>/cmdline)); a unit whose launch
     drop-in (C(<units_dir>/sglang@*.service.d/*.conf)) names it; a server's last-known-good
     launch line (C(<state_dir>/*/lkg/*.conf)). C(ExecStart=) is read as systemd reads it
-    (module_utils/server_configs.py) and paths are compared after the same normalisation on
+    (plugins/module_utils/server_configs.py) and paths are compared after the same normalisation on
     both sides (normpath, links resolved).
   - What cannot be read or understood (a drop-in, an C(ExecStart=) line, a folder listing cut
     at its bound, a failed or timed-out systemctl, a main process's command line) is listed in

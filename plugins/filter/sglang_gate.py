@@ -1,5 +1,5 @@
 """Ansible filters for the fleet summary (the smoke gate's verdict is the sglang_smoke_gate
-action's, action_plugins/sglang_smoke_gate.py).
+action's, plugins/action/sglang_smoke_gate.py).
 
     {{ server | sglang_rollout_row(outcome, smoke_result, restart_result, model_stage_results,
                                    message) }}   one server's row, as roll_out_server.yml notes it

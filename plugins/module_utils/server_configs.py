@@ -20,8 +20,8 @@ What it does not resolve makes the file NotUnderstood, with the reason: another 
 value is systemd's: the host name, a user's home), an environment variable (`$FOO`, `${FOO}`),
 the `|` prefix (a shell), unbalanced quoting, a relative program, `env` finding its program on a
 PATH this reader does not see. Readers (model pruning in model_in_use, the SGLang versions in
-library/ml_env_versions.py) refuse to remove anything then. launch_line.py writes only what this
-reader understands (tests/test_fail_closed_users.py round-trips its hostile values).
+plugins/modules/ml_env_versions.py) refuse to remove anything then. launch_line.py writes only what
+this reader understands (tests/test_fail_closed_users.py round-trips its hostile values).
 """
 
 from __future__ import annotations

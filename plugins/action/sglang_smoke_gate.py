@@ -4,7 +4,7 @@ One operator verb, sequenced on the controller through modules on the host (as
 `ansible.builtin.reboot` sequences its own); the decisions are sglang_fleet's (smoke_argv,
 gate.evaluate, gate.compact, run_diagnosis.diagnose):
 
-1. on the host, in one module run (library/sglang_smoke_run.py): the client (the installed
+1. on the host, in one module run (plugins/modules/sglang_smoke_run.py): the client (the installed
    sglang_fleet package's smoke client as one zipapp, standard library only, built by
    sglang_fleet.host_zipapp) written where it differs, the
    benchmark run with the server's API key on stdin (never argv, never a result: the run is
@@ -144,7 +144,7 @@ class ActionModule(VerbAction):
             raise AnsibleActionFail(str(exc)) from None
         started = time.monotonic()
         # One module run on the host: the client in place, the benchmark with the key on stdin,
-        # the result and this start's journal read back (library/sglang_smoke_run.py).
+        # the result and this start's journal read back (plugins/modules/sglang_smoke_run.py).
         with self._quiet():
             ran = self._module(
                 "sglang_smoke_run",

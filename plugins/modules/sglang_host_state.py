@@ -85,7 +85,7 @@ options:
     default: ""
   read:
     description:
-      - What a pre-flight reads besides (module_utils/host_read.py), returned as C(read);
+      - What a pre-flight reads besides (plugins/module_utils/host_read.py), returned as C(read);
         C(units) are read alike (C(running)). Keys, each optional; C(nvidia_smi) the GPUs,
         C(python) the installed SGLang's interpreter (its version too, unless C(version) is
         false), C(user) the service user (whether it exists), C(ports) a list of {label, ours}
@@ -329,7 +329,8 @@ def check_record(want: dict[str, Any]) -> list[str]:
 
 def check_router(want: dict[str, Any], key: str | None, timeout: int) -> tuple[list, list]:
     """(differences, unknown) for one worker its router must list. A list that is not read
-    whole (module_utils/router_workers.py) is unknown, never "does not list": that difference
+    whole (plugins/module_utils/router_workers.py) is unknown, never "does not list": that
+    difference
     would put a replica back on a list nobody understood."""
     label, url = want.get("label") or want["worker_url"], want["router_url"].rstrip("/")
     headers = {"Accept": "application/json"}

@@ -39,11 +39,11 @@ description:
   - Removing a worker fails, before anything is removed, when fewer than C(min_healthy_others)
     other healthy workers would be left to serve.
   - Check mode reports what would change without adding, removing or draining.
-  - Every request goes through module_utils/fleet_http.py, bounded as a whole by
+  - Every request goes through plugins/module_utils/fleet_http.py, bounded as a whole by
     C(request_timeout), its answer capped in size, redirects never followed (the key never
     goes to another host); URLs with C(user:password@) are refused and never printed.
   - The router's worker list is used only when every entry is understood, as
-    module_utils/router_workers.py reads it (an C(id), a C(url) and an C(is_healthy) of true
+    plugins/module_utils/router_workers.py reads it (an C(id), a C(url) and an C(is_healthy) of true
     or false); a list of another shape fails the task naming the router, before anything is
     added, removed or drained.
 options:
@@ -269,7 +269,8 @@ class RouterClient:
         return answer.body
 
     def list_workers(self) -> list[dict[str, Any]]:
-        """Every worker the router lists, each understood (module_utils/router_workers.py), or
+        """Every worker the router lists, each understood (plugins/module_utils/router_workers.py),
+        or
         RouterError naming the router: nothing is decided on a list read in part."""
         where = f"GET {redact_url(self.base_url.rstrip('/'))}/workers"
         raw = self._exchange("GET", "/workers")

@@ -1,7 +1,7 @@
 """Action sglang_router_leave: a replica behind a router leaves it and drains, before it stops.
 
 The one take-out of a routed replica (docs/ROUTER.md, "A rollout of N replicas behind the
-router"): a rollout's restart runs it as its first step (action_plugins/sglang_restart.py); a
+router"): a rollout's restart runs it as its first step (plugins/action/sglang_restart.py); a
 rollback, a GPU cleanup and an autotune trial run this action before their stop
 (roles/sglang_server/tasks/router_take_out.yml). Both are `VerbAction._take_out`
 (sglang_fleet/rollout/verb_action.py):

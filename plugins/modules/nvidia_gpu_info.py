@@ -13,7 +13,7 @@ short_description: List the host's GPUs (index, name, memory) from nvidia-smi
 description:
   - Runs C(nvidia-smi --query-gpu=index,uuid,name,memory.used,memory.total
     --format=csv,noheader,nounits) and returns one entry per GPU, parsed by the shared
-    C(module_utils/nvidia_smi.py) (the same parser the cleanup and driver checks use).
+    C(plugins/module_utils/nvidia_smi.py) (the same parser the cleanup and driver checks use).
   - Fails with nvidia-smi's own reason in plain words (driver not loaded, version mismatch, no
     devices) instead of returning an empty list.
   - Changes nothing; runs in check mode.

@@ -144,7 +144,7 @@ class ActionModule(VerbAction):
 
     def _read(self, servers: list[dict], args: dict[str, Any], mode: str) -> dict[str, Any]:
         """Everything the checks decide from, in one read-only module run on the host
-        (sglang_host_state's `read`, module_utils/host_read.py)."""
+        (sglang_host_state's `read`, plugins/module_utils/host_read.py)."""
         gpu = any(server.get("device") != "cpu" for server in servers)
         user = str(args.get("service_user") or "")
         users = ["root"] + ([user] if user else [])

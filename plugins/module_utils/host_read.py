@@ -1,8 +1,8 @@
-"""What a pre-flight reads on a host, in one module run (library/sglang_host_state.py, option
-`read`; the sglang_preflight action decides from it). Runs on the GPU host: standard library
+"""What a pre-flight reads on a host, in one module run (plugins/modules/sglang_host_state.py,
+option `read`; the sglang_preflight action decides from it). Runs on the GPU host: standard library
 and module_utils only. Every reader is bounded: files by size, commands by time.
 
-- gpus: nvidia-smi's GPU list (module_utils/nvidia_smi.py), or why it could not be read;
+- gpus: nvidia-smi's GPU list (plugins/module_utils/nvidia_smi.py), or why it could not be read;
 - python: whether the installed SGLang's interpreter exists, and SGLang's version in it
   (unless `version` is false: an import of its metadata, which a caller that runs the flag
   check, or has its result, need not pay again);
