@@ -3,7 +3,8 @@ tests that run the GPU-less double (helpers in gpusim_helpers.py).
 
 Ansible loads modules, action plugins and filter plugins by path, not as a package; tests do
 the same through load_plugin(), which also registers plugins/module_utils/ the way Ansible packages
-it (ansible.module_utils.<name>), so a module's own imports work unchanged:
+it (ansible_collections.sglang_fleet.fleet.plugins.module_utils.<name>), so a module's own imports
+work unchanged:
 
     from conftest import load_plugin
     gpu_cleanup = load_plugin("plugins/modules/gpu_cleanup.py")
@@ -76,7 +77,14 @@ def load_plugin(relative_path: str) -> ModuleType:
     return _load(name, path)
 
 
-_UTIL_IMPORT = re.compile(r"^from ansible\.module_utils\.(\w+) import", re.MULTILINE)
+# The package a module imports plugins/module_utils/ as, in the collection (galaxy.yml) and from
+# a checkout (ansible.cfg's collections_path): what AnsiballZ ships beside a module.
+COLLECTION_UTILS = "ansible_collections.sglang_fleet.fleet.plugins.module_utils"
+# How one part imports another: by that package, or relatively (a part both sides import).
+_UTIL_IMPORT = re.compile(
+    r"^\s*from (?:ansible_collections\.sglang_fleet\.fleet\.plugins\.module_utils|)\.(\w+) import",
+    re.MULTILINE,
+)
 
 
 def module_utils_in_import_order() -> list[Path]:
@@ -104,18 +112,24 @@ def module_utils_in_import_order() -> list[Path]:
 
 
 # What Ansible ships to the host beside a module: plugins/module_utils/<name>.py as
-# ansible.module_utils.<name>.
+# ansible_collections.sglang_fleet.fleet.plugins.module_utils.<name>.
 for _util in module_utils_in_import_order():
     load_plugin(f"plugins/module_utils/{_util.name}")
-    sys.modules[f"ansible.module_utils.{_util.stem}"] = sys.modules[f"module_utils.{_util.stem}"]
+    sys.modules[f"{COLLECTION_UTILS}.{_util.stem}"] = sys.modules[f"module_utils.{_util.stem}"]
+
+# What Ansible's collection loader gives a plugin in a run (ansible.cfg's collections_path finds
+# this checkout as sglang_fleet.fleet): plugins/plugin_utils/ as a package of that name.
+_PLUGIN_UTILS = ModuleType("ansible_collections.sglang_fleet.fleet.plugins.plugin_utils")
+_PLUGIN_UTILS.__path__ = [str(ROOT / "plugins" / "plugin_utils")]
+sys.modules[_PLUGIN_UTILS.__name__] = _PLUGIN_UTILS
 
 # The same in a process of its own, for a module run as Ansible runs it (an arguments file):
-# plugins/module_utils/<name>.py registered as ansible.module_utils.<name>, then the module as
+# plugins/module_utils/<name>.py registered under the collection's name, then the module as
 # __main__.
-_MODULE_BOOT = """
+_MODULE_BOOT = f"""
 import importlib.util, os, pathlib, runpy, sys
 for path in map(pathlib.Path, sys.argv[1].split(os.pathsep)):
-    spec = importlib.util.spec_from_file_location("ansible.module_utils." + path.stem, path)
+    spec = importlib.util.spec_from_file_location("{COLLECTION_UTILS}." + path.stem, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)

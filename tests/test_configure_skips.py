@@ -82,8 +82,11 @@ def ran(placed: dict[str, Any]) -> dict[str, list[Any]]:
 
 def test_the_read_comes_first_and_a_failed_read_fails_nothing() -> None:
     read, block = tasks()
-    assert read["sglang_host_state"]["files"] == "{{ __sglang_server_files }}"
-    assert read["sglang_host_state"]["secret_files"] == "{{ __sglang_server_secret_files }}"
+    assert read["sglang_fleet.fleet.sglang_host_state"]["files"] == "{{ __sglang_server_files }}"
+    assert (
+        read["sglang_fleet.fleet.sglang_host_state"]["secret_files"]
+        == "{{ __sglang_server_secret_files }}"
+    )
     assert read["failed_when"] is False and read["register"] == "_sglang_server_placed"
     # Every write but the reload asks the read (a write added without asking shows here).
     writes = [task for task in block["block"] if not task["name"].startswith("Reload")]

@@ -44,9 +44,10 @@ def _includes(path: Path) -> list[str]:
                 )
             )
         role = task.get("ansible.builtin.include_role") or {}
-        if role.get("name") == "sglang_server" and role.get("tasks_from"):
+        name = str(role.get("name", "")).removeprefix("sglang_fleet.fleet.")  # roles by FQCN
+        if name == "sglang_server" and role.get("tasks_from"):
             included.append(f"{role['tasks_from']}.yml")
-        if role.get("name") == "gpu_cleanup":
+        if name == "gpu_cleanup":
             included.append("gpu_cleanup")
     return included
 
@@ -76,7 +77,7 @@ def test_a_rollout_drains_in_its_restart_action() -> None:
     ]  # fmt: skip
     assert start["vars"]["__sglang_server_take_out"] is True
     [restart] = yaml.safe_load((TASKS / "replace_server.yml").read_text())
-    args = restart["sglang_restart"]
+    args = restart["sglang_fleet.fleet.sglang_restart"]
     assert "sglang_server_target.router if __sglang_server_take_out" in args["router"]
     assert set(args["drain"]) == {"timeout", "min_healthy_others", "drain_timeout"}
     # The take-out task file is not run a second time around it.

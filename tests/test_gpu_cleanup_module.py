@@ -1232,6 +1232,8 @@ def test_module_through_ansible_playbook(tmp_path: Path) -> None:
         **os.environ,
         "ANSIBLE_LIBRARY": str(ROOT / "plugins" / "modules"),
         "ANSIBLE_MODULE_UTILS": str(ROOT / "plugins" / "module_utils"),
+        # Its module_utils by the collection's name, from this checkout (docs/COLLECTION.md).
+        "ANSIBLE_COLLECTIONS_PATH": str(ROOT / "collections"),
         "ANSIBLE_LOCALHOST_WARNING": "false",
         "ANSIBLE_INVENTORY_UNPARSED_WARNING": "false",
     }

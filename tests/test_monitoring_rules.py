@@ -106,6 +106,8 @@ def render(template: str, values: dict[str, Any]) -> str:
         keep_trailing_newline=True,
     )
     env.filters.update(FILTERS)
+    # The templates name the filters by FQCN, as Ansible resolves them (docs/COLLECTION.md).
+    env.filters.update({f"sglang_fleet.fleet.{name}": f for name, f in FILTERS.items()})
     return env.get_template(template).render(**values)
 
 

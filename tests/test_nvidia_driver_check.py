@@ -184,6 +184,8 @@ def _run_module(tmp_path: Path, args: dict[str, Any]) -> tuple[int, dict[str, An
     env = {
         **os.environ,
         "ANSIBLE_LIBRARY": str(ROOT / "plugins" / "modules"),
+        # Its module_utils by the collection's name, from this checkout (docs/COLLECTION.md).
+        "ANSIBLE_COLLECTIONS_PATH": str(ROOT / "collections"),
         "ANSIBLE_STDOUT_CALLBACK": "json",
         "ANSIBLE_LOCALHOST_WARNING": "false",
         "ANSIBLE_INVENTORY_UNPARSED_WARNING": "false",

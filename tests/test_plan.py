@@ -471,6 +471,8 @@ def test_filter_works_inside_ansible_from_any_directory(tmp_path: Path):
     )
     env = os.environ | {
         "ANSIBLE_FILTER_PLUGINS": str(ROOT / "plugins" / "filter"),
+        # The plugin's own collection (its plugin_utils), from this checkout (docs/COLLECTION.md).
+        "ANSIBLE_COLLECTIONS_PATH": str(ROOT / "collections"),
         "ANSIBLE_LOCALHOST_WARNING": "false",
         "ANSIBLE_INVENTORY_UNPARSED_WARNING": "false",
     }

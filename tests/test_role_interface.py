@@ -105,7 +105,9 @@ def called_entry_points(files: list[Path]) -> set[tuple[str, str]]:
                         "include_role", "import_role"):  # fmt: skip
                 args = task.get(key)
                 if isinstance(args, dict) and args.get("tasks_from"):
-                    called.add((str(args["name"]), str(args["tasks_from"]).removesuffix(".yml")))
+                    # Roles by FQCN (sglang_fleet.fleet.<role>, docs/COLLECTION.md) or short name.
+                    role = str(args["name"]).removeprefix("sglang_fleet.fleet.")
+                    called.add((role, str(args["tasks_from"]).removesuffix(".yml")))
     return called
 
 

@@ -18,7 +18,8 @@ REGISTERED = {**stage.FilterModule().filters(), **stop.FilterModule().filters()}
 
 
 def _used_in(paths: list[Path], prefix: str) -> set[str]:
-    pattern = re.compile(rf"\|\s*({prefix}[a-z_]+)")
+    # By FQCN (sglang_fleet.fleet.<filter>, docs/COLLECTION.md) or by short name.
+    pattern = re.compile(rf"\|\s*(?:sglang_fleet\.fleet\.)?({prefix}[a-z_]+)")
     return {name for path in paths for name in pattern.findall(path.read_text())}
 
 

@@ -23,11 +23,14 @@ from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
+# The controller package, or an error that names the command installing it (plugins/plugin_utils).
+from ansible_collections.sglang_fleet.fleet.plugins.plugin_utils import controller_package  # noqa: F401
+
 # plugins/module_utils/procfs.py, the /proc reader the gpu_cleanup module ships to GPU hosts.
-# Ansible resolves ansible.module_utils.<name> from ansible.cfg's module_utils path only when it
-# packs a module for a host; on the controller that name is ansible-core's own package. The
-# control-node package maps plugins/module_utils/ as sglang_fleet.module_utils (pyproject.toml), so
-# the same file is imported from there (docs/ARCHITECTURE.md, "module_utils on the controller").
+# Modules import it by the collection's name, which AnsiballZ resolves when it packs a module
+# for a host; the control-node package maps plugins/module_utils/ as sglang_fleet.module_utils
+# (pyproject.toml), so the same file is imported from there without Ansible
+# (docs/ARCHITECTURE.md, "module_utils on the controller").
 from sglang_fleet.module_utils.procfs import PROC, parse_stat, parse_status_uids, user_name
 
 display = Display()

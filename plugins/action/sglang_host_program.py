@@ -34,6 +34,9 @@ from ansible import constants as C
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 
+# The controller package, or an error that names the command installing it (plugins/plugin_utils).
+from ansible_collections.sglang_fleet.fleet.plugins.plugin_utils import controller_package  # noqa: F401
+
 from sglang_fleet.host_zipapp import ZipappError, build, scan
 
 # What copy is given besides src and dest; anything else is refused by name.

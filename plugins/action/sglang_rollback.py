@@ -29,6 +29,9 @@ from typing import Any
 
 from ansible.errors import AnsibleActionFail
 
+# The controller package, or an error that names the command installing it (plugins/plugin_utils).
+from ansible_collections.sglang_fleet.fleet.plugins.plugin_utils import controller_package  # noqa: F401
+
 from sglang_fleet.rollout import restart, rollback
 from sglang_fleet.rollout.verb_action import StepFailed, VerbAction
 

@@ -22,6 +22,9 @@ from typing import Any
 
 from ansible.errors import AnsibleFilterError
 
+# The controller package, or an error that names the command installing it (plugins/plugin_utils).
+from ansible_collections.sglang_fleet.fleet.plugins.plugin_utils import controller_package  # noqa: F401
+
 from sglang_fleet.ansible_values import plain_mapping
 from sglang_fleet.rollout.fleet_summary import format_rollout_table, rollout_row, rollout_rows
 

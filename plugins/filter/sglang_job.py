@@ -35,6 +35,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
+
+# The controller package, or an error that names the command installing it (plugins/plugin_utils).
+from ansible_collections.sglang_fleet.fleet.plugins.plugin_utils import controller_package  # noqa: F401
 from sglang_fleet.module_utils.bounded_json import loads as bounded_loads
 
 from sglang_fleet.ansible_values import plain

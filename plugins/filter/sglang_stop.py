@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
+# The controller package, or an error that names the command installing it (plugins/plugin_utils).
+from ansible_collections.sglang_fleet.fleet.plugins.plugin_utils import controller_package  # noqa: F401
+
 from sglang_fleet.ansible_values import plain_mapping
 from sglang_fleet.smoke.downtime import downtime_seconds, drain_note, stop_notes
 

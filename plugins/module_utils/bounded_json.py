@@ -1,7 +1,7 @@
 """JSON from a host or a server, read with a bound on its nesting (docs/ARCHITECTURE.md,
 "Bounded readers"). Standard library only: modules import it as
-``ansible.module_utils.bounded_json``, the control-node package as
-``sglang_fleet.module_utils.bounded_json``.
+``ansible_collections.sglang_fleet.fleet.plugins.module_utils.bounded_json``, the control-node
+package as ``sglang_fleet.module_utils.bounded_json``.
 
 Python's json module recurses once per level of nesting: a document of a few kilobytes of
 ``[[[[...`` ends in RecursionError, which no reader here expects (they catch ValueError), and a

@@ -1,9 +1,9 @@
 """The one HTTP reader of every client sglang-fleet ships (docs/ARCHITECTURE.md, "HTTP clients").
 
 Standard library only, Python >= 3.9: Ansible ships it beside a module as
-``ansible.module_utils.fleet_http``; the control-node package reaches the same file as
-``sglang_fleet.module_utils.fleet_http`` (pyproject.toml), and the diagnose role copies it beside
-live.py on a GPU host.
+``ansible_collections.sglang_fleet.fleet.plugins.module_utils.fleet_http``; the control-node package
+reaches the same file as ``sglang_fleet.module_utils.fleet_http`` (pyproject.toml), and the diagnose
+role copies it beside live.py on a GPU host.
 
 What urllib does not give, and every caller here needs:
 - one deadline for the whole exchange (connect, send, status line, headers, body): urllib's
@@ -215,7 +215,7 @@ class _DeadlineReader(io.RawIOBase):
     def readinto(self, buffer: bytearray) -> int:  # type: ignore[override]
         left = self._deadline - self._clock()
         if left <= 0:
-            raise socket.timeout("the deadline passed")  # noqa: UP041 (3.9: not TimeoutError)
+            raise socket.timeout("the deadline passed")
         self._sock.settimeout(left)
         return self._sock.recv_into(buffer)
 
@@ -229,7 +229,7 @@ class _DeadlineSocket:
     def _left(self) -> float:
         left = self._deadline - self._clock()
         if left <= 0:
-            raise socket.timeout("the deadline passed")  # noqa: UP041 (3.9: not TimeoutError)
+            raise socket.timeout("the deadline passed")
         return left
 
     def sendall(self, data: bytes) -> None:
@@ -308,7 +308,7 @@ def request(
         data = _read_body(response, max_bytes, shown)
         names = {name.lower(): value for name, value in response.getheaders()}
         return Response(response.status, response.reason, names, data)
-    except socket.timeout:  # noqa: UP041 (on Python 3.9 it is not TimeoutError)
+    except socket.timeout:
         raise HttpError(
             "timeout", f"{method} {shown} did not answer in full within {deadline_s:g} s"
         ) from None

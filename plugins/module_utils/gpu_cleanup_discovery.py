@@ -11,13 +11,13 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ansible.module_utils.gpu_cleanup_ownership import (
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.gpu_cleanup_ownership import (
     Ownership,
     is_ignored,
     owning_unit,
     relative_cgroup,
 )
-from ansible.module_utils.nvidia_smi import (
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.nvidia_smi import (
     NvidiaSmiError,
     apps_query_argv,
     check_result,
@@ -25,7 +25,7 @@ from ansible.module_utils.nvidia_smi import (
     parse_compute_apps,
     parse_gpus,
 )
-from ansible.module_utils.procfs import (
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.procfs import (
     PROC,
     ProcInfo,
     fd_targets,
@@ -34,7 +34,7 @@ from ansible.module_utils.procfs import (
     read_proc,
     socket_inodes,
 )
-from ansible.module_utils.timed_command import Runner
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.timed_command import Runner
 
 _NUMBERED_DEVICE = re.compile(r"nvidia(\d+)")  # fullmatch: `$` takes a trailing newline
 

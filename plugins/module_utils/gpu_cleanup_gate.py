@@ -10,9 +10,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ansible.module_utils.gpu_cleanup_discovery import Snapshot
-from ansible.module_utils.gpu_cleanup_plan import on_needed
-from ansible.module_utils.timed_command import Runner
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.gpu_cleanup_discovery import (
+    Snapshot,
+)
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.gpu_cleanup_plan import on_needed
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.timed_command import Runner
 
 
 @dataclass

@@ -11,8 +11,8 @@ import signal
 import time
 from typing import Any
 
-from ansible.module_utils.procfs import PROC, read_proc
-from ansible.module_utils.timed_command import Runner
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.procfs import PROC, read_proc
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.timed_command import Runner
 
 _ACTIVE_STATES = {"active", "activating", "deactivating", "reloading", "refreshing"}
 _GONE = "gone"

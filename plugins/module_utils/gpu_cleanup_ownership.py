@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ansible.module_utils.procfs import ProcInfo, user_name
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.procfs import ProcInfo, user_name
 
 _UNIT_SUFFIXES = (".service", ".scope")
 # The names below are matched whole, with fullmatch (`$` would take a name ending in a newline).

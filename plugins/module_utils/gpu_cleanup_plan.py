@@ -9,9 +9,19 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from ansible.module_utils.gpu_cleanup_discovery import Snapshot
-from ansible.module_utils.gpu_cleanup_ownership import Ownership
-from ansible.module_utils.procfs import PROC, ProcInfo, ancestors, list_pids, read_proc
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.gpu_cleanup_discovery import (
+    Snapshot,
+)
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.gpu_cleanup_ownership import (
+    Ownership,
+)
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.procfs import (
+    PROC,
+    ProcInfo,
+    ancestors,
+    list_pids,
+    read_proc,
+)
 
 COMMAND_WIDTH = 90
 

@@ -23,17 +23,24 @@ import pwd
 import subprocess
 from typing import Any
 
-from ansible.module_utils.bounded_file import read_regular
-from ansible.module_utils.bounded_json import loads as bounded_loads
-from ansible.module_utils.gpu_cleanup_discovery import port_holders
-from ansible.module_utils.gpu_cleanup_ownership import (
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.bounded_file import read_regular
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.bounded_json import (
+    loads as bounded_loads,
+)
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.gpu_cleanup_discovery import (
+    port_holders,
+)
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.gpu_cleanup_ownership import (
     OursRules,
     Ownership,
     container_root,
     resolve_owner_uids,
 )
-from ansible.module_utils.nvidia_smi import NvidiaSmiError, read_gpus
-from ansible.module_utils.procfs import PROC, own_cgroup
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.nvidia_smi import (
+    NvidiaSmiError,
+    read_gpus,
+)
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.procfs import PROC, own_cgroup
 
 # config.json, a safetensors index, a calibration store, a last-known-good record: far less.
 MAX_FILE_BYTES = 32 * 1024 * 1024

@@ -30,9 +30,14 @@ import stat
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from ansible.module_utils.bounded_file import open_regular, read_regular
-from ansible.module_utils.bounded_json import loads as bounded_loads
-from ansible.module_utils.server_configs import (
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.bounded_file import (
+    open_regular,
+    read_regular,
+)
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.bounded_json import (
+    loads as bounded_loads,
+)
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.server_configs import (
     LKG_DIR,
     NotUnderstood,
     launch_commands,

@@ -2,9 +2,10 @@
 a revision is already staged, what verification found, and what pruning removes.
 
 Standard library only, Python >= 3.10: Ansible ships it beside plugins/modules/model_stage.py as
-``ansible.module_utils.model_stage`` (with the parts it imports). Every file operation goes
-through plugins/module_utils/owned_folder.py (nothing below a folder we own is followed through a
-link) and every read is bounded (docs/STAGING.md, "Files on the host").
+``ansible_collections.sglang_fleet.fleet.plugins.module_utils.model_stage`` (with the parts it
+imports). Every file operation goes through plugins/module_utils/owned_folder.py (nothing below a
+folder we own is followed through a link) and every read is bounded (docs/STAGING.md, "Files on the
+host").
 
 Layout on a host, for a server whose ``model_path`` is /models/llama/rev-a:
 - /models/llama/rev-a.partial/   the copy in progress (rsync or snapshot_download write here; a
@@ -30,8 +31,13 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
-from ansible.module_utils.bounded_json import loads as bounded_loads
-from ansible.module_utils.owned_folder import OutsideFolder, OwnedFolder
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.bounded_json import (
+    loads as bounded_loads,
+)
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.owned_folder import (
+    OutsideFolder,
+    OwnedFolder,
+)
 
 MARKER = ".model-stage.json"
 PARTIAL_SUFFIX = ".partial"

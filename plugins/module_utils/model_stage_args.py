@@ -6,7 +6,8 @@ before it touches anything on the host (plugins/modules/model_stage.py).
 
 Standard library only, and of module_utils only the one reader of numbers (typed_number.py),
 under whichever name this file itself was imported: modules import it as
-``ansible.module_utils.model_stage_args``, the control-node package as
+``ansible_collections.sglang_fleet.fleet.plugins.module_utils.model_stage_args``, the
+control-node package as
 ``sglang_fleet.module_utils.model_stage_args`` (docs/ARCHITECTURE.md, "module_utils on the
 controller"). Every error is an ArgError naming the variable and what it accepts.
 """
@@ -18,10 +19,10 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-try:  # on the host, as AnsiballZ ships it beside this file
-    from ansible.module_utils.typed_number import NumberError, Range, read
-except ImportError:  # on the control node, where ansible.module_utils is ansible-core's own
-    from sglang_fleet.module_utils.typed_number import NumberError, Range, read
+# Relative: the same file is ansible_collections.sglang_fleet.fleet.plugins.module_utils.* on a
+# host (AnsiballZ ships typed_number.py beside it) and sglang_fleet.module_utils.* on the control
+# node, and each name must bring its own typed_number (one NumberError class per side).
+from .typed_number import NumberError, Range, read
 
 SOURCE_KEYS = ("rsync", "hf_repo", "revision", "manifest")
 # [user@]host:/path over SSH (rsync's daemon forms, host::module and rsync://, are refused: no

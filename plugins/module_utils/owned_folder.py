@@ -33,7 +33,7 @@ import stat
 from collections.abc import Iterator
 from typing import Any
 
-from ansible.module_utils.bounded_file import open_regular
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.bounded_file import open_regular
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # Folders below the owned one that a walk goes through at most (a checkpoint has two or three).

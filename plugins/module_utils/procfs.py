@@ -1,9 +1,10 @@
 """Read /proc: a process's stat, uids, cgroup, command line and open files; listening sockets.
 
-Shared by the gpu_cleanup module on GPU hosts (as ansible.module_utils.procfs) and by the
-fleet_lock action plugin on the controller (as sglang_fleet.module_utils.procfs: Ansible does
-not put playbook-adjacent module_utils on the controller's import path, docs/ARCHITECTURE.md), so:
-standard library only, Python >= 3.10, and no import of another module_utils file.
+Shared by the gpu_cleanup module on GPU hosts (as
+ansible_collections.sglang_fleet.fleet.plugins.module_utils.procfs) and by the fleet_lock action
+plugin on the controller (as sglang_fleet.module_utils.procfs: Ansible does not put
+playbook-adjacent module_utils on the controller's import path, docs/ARCHITECTURE.md), so: standard
+library only, Python >= 3.10, and no import of another module_utils file.
 
 Every reader takes proc_root, so tests point it at a fake /proc tree built from real samples
 (tests/fixtures/proc/). A process can exit between two reads: readers return None or an empty

@@ -1,7 +1,8 @@
 """A router's worker list (sglang-router 0.3.2's ``GET /workers``), read whole or refused.
 
-Standard library only: modules import it as ``ansible.module_utils.router_workers``, the
-control node's package as ``sglang_fleet.module_utils.router_workers``.
+Standard library only: modules import it as
+``ansible_collections.sglang_fleet.fleet.plugins.module_utils.router_workers``, the control node's
+package as ``sglang_fleet.module_utils.router_workers``.
 
 Who is listed and who is healthy decide a take-out, a drain, a put-back and a driver rollout's
 N-1 rule, so a list is used only when every entry is understood: a mapping with an ``id`` and a

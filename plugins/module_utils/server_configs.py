@@ -30,7 +30,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from ansible.module_utils.bounded_file import read_regular
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.bounded_file import read_regular
 
 MAX_ENTRIES = 4096  # servers in a state folder, unit folders, files in one of them
 MAX_CONF_BYTES = 1 << 20  # a drop-in is a few hundred bytes; systemd's own line limit is 1 MiB

@@ -8,8 +8,9 @@ JSON reads NaN and Infinity; True is an int. Every reader here takes such a valu
 `read()` (a number or NumberError, a ValueError naming the input and the allowed values, never
 another exception) or `finite_or_none()` (a recorded figure: a finite float or None).
 
-Standard library only: modules import it as ``ansible.module_utils.typed_number``, the control
-node's package as ``sglang_fleet.module_utils.typed_number``.
+Standard library only: modules import it as
+``ansible_collections.sglang_fleet.fleet.plugins.module_utils.typed_number``, the control node's
+package as ``sglang_fleet.module_utils.typed_number``.
 
     read("8", "tp_size", Range(1, 4096, integer=True))     # 8
     read(10**400, "measured.pre_gib", Range(0, 1 << 20))    # NumberError: ...a 401-digit integer

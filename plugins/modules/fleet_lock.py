@@ -81,21 +81,21 @@ notes:
 
 EXAMPLES = r"""
 - name: Take this host's rollout lock (the action plugin decides about a stale holder)
-  fleet_lock:
+  sglang_fleet.fleet.fleet_lock:
     path: /run/lock/sglang-fleet-deploy.lock
     state: acquired
     lease_s: 900
   register: _fleet_lock
 
 - name: Renew it before a long step
-  fleet_lock:
+  sglang_fleet.fleet.fleet_lock:
     path: /run/lock/sglang-fleet-deploy.lock
     state: renewed
     token: "{{ _fleet_lock.token }}"
     lease_s: 1800
 
 - name: Release it (only if it is still ours)
-  fleet_lock:
+  sglang_fleet.fleet.fleet_lock:
     path: /run/lock/sglang-fleet-deploy.lock
     state: released
     token: "{{ _fleet_lock.token | default('') }}"
@@ -168,8 +168,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.bounded_json import TooDeep
-from ansible.module_utils.bounded_json import loads as bounded_loads
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.bounded_json import TooDeep
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.bounded_json import (
+    loads as bounded_loads,
+)
 
 RECORD_VERSION = 1
 DEFAULT_LEASE_S = 900

@@ -173,7 +173,7 @@ notes:
 
 EXAMPLES = r"""
 - name: Kill leftovers of the SGLang service and wait for GPUs 0-7 to be clear
-  gpu_cleanup:
+  sglang_fleet.fleet.gpu_cleanup:
     gpus: [0, 1, 2, 3, 4, 5, 6, 7]
     ours:
       units: [sglang-kimi.service]
@@ -185,12 +185,12 @@ EXAMPLES = r"""
   register: cleanup
 
 - name: Report who holds which GPU, touch nothing
-  gpu_cleanup:
+  sglang_fleet.fleet.gpu_cleanup:
     state: inspect
   register: gpu_holders
 
 - name: Against the GPU-less test double
-  gpu_cleanup:
+  sglang_fleet.fleet.gpu_cleanup:
     nvidia_smi: /usr/local/bin/nvidia-smi
     device_glob: /var/lib/gpusim/dev/nvidia*
     gpus: [0, 1]
@@ -346,26 +346,42 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.gpu_cleanup_discovery import Snapshot, discover, discover_cpu
-from ansible.module_utils.gpu_cleanup_gate import GateResult, evaluate, reset_gpus, wait_clear
-from ansible.module_utils.gpu_cleanup_kill import active_units, stop_units, terminate
-from ansible.module_utils.gpu_cleanup_ownership import (
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.gpu_cleanup_discovery import (
+    Snapshot,
+    discover,
+    discover_cpu,
+)
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.gpu_cleanup_gate import (
+    GateResult,
+    evaluate,
+    reset_gpus,
+    wait_clear,
+)
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.gpu_cleanup_kill import (
+    active_units,
+    stop_units,
+    terminate,
+)
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.gpu_cleanup_ownership import (
     OursRules,
     OwnerError,
     Ownership,
     container_root,
     resolve_owner_uids,
 )
-from ansible.module_utils.gpu_cleanup_plan import (
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.gpu_cleanup_plan import (
     Plan,
     decide,
     format_reasons,
     format_table,
     protected_pids,
 )
-from ansible.module_utils.nvidia_smi import NvidiaSmiError
-from ansible.module_utils.procfs import PROC, own_cgroup
-from ansible.module_utils.timed_command import Runner, run_command
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.nvidia_smi import NvidiaSmiError
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.procfs import PROC, own_cgroup
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.timed_command import (
+    Runner,
+    run_command,
+)
 
 
 def public(rec: dict[str, Any]) -> dict[str, Any]:

@@ -76,7 +76,7 @@ options:
 
 EXAMPLES = r"""
 - name: Read the versions and who uses them
-  ml_env_versions:
+  sglang_fleet.fleet.ml_env_versions:
     root: /opt/ml-env
     wanted: "0.5.23"
     wanted_key: 3f2a9c1d0b7e
@@ -124,10 +124,12 @@ import os
 import re
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.bounded_file import read_regular
-from ansible.module_utils.bounded_json import loads as bounded_loads
-from ansible.module_utils.owned_folder import OwnedFolder
-from ansible.module_utils.server_configs import (
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.bounded_file import read_regular
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.bounded_json import (
+    loads as bounded_loads,
+)
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.owned_folder import OwnedFolder
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.server_configs import (
     Command,
     NotUnderstood,
     launch_commands,
@@ -135,9 +137,14 @@ from ansible.module_utils.server_configs import (
     listing,
     program_path,
 )
-from ansible.module_utils.timed_command import Runner, run_command
-from ansible.module_utils.typed_number import Range
-from ansible.module_utils.typed_number import read as read_number
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.timed_command import (
+    Runner,
+    run_command,
+)
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.typed_number import Range
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.typed_number import (
+    read as read_number,
+)
 
 VERSIONS = "versions"
 BUILDING = ".building-"

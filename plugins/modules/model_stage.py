@@ -31,7 +31,7 @@ version_added: "0.4.0"
 author: sglang-fleet
 options:
   path:
-    description: Where the server loads the weights (its model_path): an absolute path.
+    description: Where the server loads the weights (its model_path), an absolute path.
     type: path
     required: true
   source:
@@ -102,7 +102,7 @@ options:
 
 EXAMPLES = r"""
 - name: Stage Llama rev-a from the shared storage host
-  model_stage:
+  sglang_fleet.fleet.model_stage:
     path: /models/llama/rev-a
     source: {rsync: "storage-1:/srv/models/llama/rev-a", revision: rev-a}
     free_margin_bytes: "{{ 50 * 1024 ** 3 }}"
@@ -149,13 +149,13 @@ from collections.abc import Callable
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.model_in_use import (
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.model_in_use import (
     InUse,
     Unreadable,
     configured_references,
     process_references,
 )
-from ansible.module_utils.model_stage import (
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.model_stage import (
     MARKER,
     PARTIAL_SUFFIX,
     StageError,
@@ -172,7 +172,7 @@ from ansible.module_utils.model_stage import (
     verify,
     warm_page_cache,
 )
-from ansible.module_utils.model_stage_args import (
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.model_stage_args import (
     ArgError,
     absolute_path,
     command,
@@ -181,8 +181,14 @@ from ansible.module_utils.model_stage_args import (
     model_path,
     number,
 )
-from ansible.module_utils.model_stage_args import source as checked_source
-from ansible.module_utils.owned_folder import OutsideFolder, OwnedFolder, open_log
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.model_stage_args import (
+    source as checked_source,
+)
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.owned_folder import (
+    OutsideFolder,
+    OwnedFolder,
+    open_log,
+)
 
 # Runs under hf_python: huggingface_hub is the servers' dependency, not the system Python's.
 # The token and endpoint arrive in the environment (HF_TOKEN, HF_ENDPOINT), never in argv.

@@ -55,12 +55,12 @@ options:
 
 EXAMPLES = r"""
 - name: Probe the driver (never fails)
-  nvidia_driver_check:
+  sglang_fleet.fleet.nvidia_driver_check:
     expected_branch: "580"
   register: probe
 
 - name: Verify the driver
-  nvidia_driver_check:
+  sglang_fleet.fleet.nvidia_driver_check:
     expected_branch: "580"
     expected_gpu_count: 8
     fail_unhealthy: true
@@ -122,7 +122,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.nvidia_smi import NvidiaSmiError, failure_kind, parse_csv
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.nvidia_smi import (
+    NvidiaSmiError,
+    failure_kind,
+    parse_csv,
+)
 
 # The GPU name may contain commas: the shared parser takes it from the outside in.
 QUERY_FIELDS = ["index", "name", "driver_version"]

@@ -32,7 +32,7 @@ options:
 
 EXAMPLES = r"""
 - name: Read the host's GPUs
-  nvidia_gpu_info:
+  sglang_fleet.fleet.nvidia_gpu_info:
   register: gpu_info
 
 - name: Show the smallest GPU
@@ -59,7 +59,10 @@ min_memory_total_mib:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.nvidia_smi import NvidiaSmiError, read_gpus
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.nvidia_smi import (
+    NvidiaSmiError,
+    read_gpus,
+)
 
 
 def main() -> None:

@@ -57,13 +57,13 @@ options:
 
 EXAMPLES = r"""
 - name: Check kimi's flags against the installed SGLang
-  sglang_flags_check:
+  sglang_fleet.fleet.sglang_flags_check:
     python: /opt/ml-env/bin/python
     argv: "{{ server.flag_argv }}"
     variable_prefix: "sglang_server_instances[kimi].flags"
 
 - name: Check against the GPU-less double
-  sglang_flags_check:
+  sglang_fleet.fleet.sglang_flags_check:
     python: /usr/bin/python3
     launch_module: gpusim.sglang_server
     argv: [--model-path, /models/tiny, --kv-cache-dtype, fp8_e4m3]

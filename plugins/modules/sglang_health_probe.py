@@ -7,7 +7,10 @@ import re
 import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.fleet_http import HttpError, request
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.fleet_http import (
+    HttpError,
+    request,
+)
 
 DOCUMENTATION = r"""
 module: sglang_health_probe
@@ -48,7 +51,7 @@ author: sglang-fleet
 
 EXAMPLES = r"""
 - name: Probe once
-  sglang_health_probe:
+  sglang_fleet.fleet.sglang_health_probe:
     unit: sglang@kimi.service
     url: http://127.0.0.1:8000/health_generate
     since: "{{ ansible_date_time.epoch }}"

@@ -20,7 +20,8 @@ description:
   - Returns every difference found, in words. An empty list means a rollout would change
     nothing on this host (playbooks/deploy.yml's first play then leaves it out of the rollout;
     docs/FLEET.md).
-  - One call instead of one task per file: on a fleet, the check of a host that needs nothing
+  - >-
+    One call instead of one task per file: on a fleet, the check of a host that needs nothing
     costs one module run.
 version_added: "0.3.0"
 author: sglang-fleet
@@ -102,7 +103,7 @@ options:
 
 EXAMPLES = r"""
 - name: Read whether the host is as the rollout would leave it
-  sglang_host_state:
+  sglang_fleet.fleet.sglang_host_state:
     files:
       - {path: /etc/sglang/kimi.env, content: "{{ env_text }}", owner: root, group: root,
          mode: "0644"}
@@ -132,7 +133,7 @@ unknown:
 changed_paths:
   description:
     - The files of C(files) and C(secret_files) that differ in any way (content, owner, group,
-      mode, missing, or present where they must be absent): what a rollout's writes change.
+      mode, missing, or present where they must be absent), what a rollout's writes change.
   returned: always
   type: list
   elements: str
@@ -150,7 +151,8 @@ router_missing:
   elements: str
 read:
   description:
-    - With the C(read) option: gpus ({gpus, gpu_count} or {error}), python_exists,
+    - >-
+      With the C(read) option: gpus ({gpus, gpu_count} or {error}), python_exists,
       sglang_version, user_exists, port_holders ({label: [holder]}), models ({folder:
       {config, weight_bytes, error}}), files ({path: text or null or {error}}).
   returned: when read is given
@@ -163,7 +165,8 @@ would_write:
   type: bool
 in_place:
   description:
-    - What this read proved exactly as wanted, by kind, for a caller that skips the writes of
+    - >-
+      What this read proved exactly as wanted, by kind, for a caller that skips the writes of
       what is in place (roles/sglang_server/tasks/configure.yml): C(files) the paths of
       C(files) and C(secret_files) with no difference (an absent file's path when it is
       absent), C(directories) their paths, C(groups) and C(users) their names, C(enabled)
@@ -181,11 +184,21 @@ import subprocess
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.bounded_file import read_regular
-from ansible.module_utils.bounded_json import loads as bounded_loads
-from ansible.module_utils.fleet_http import HttpError, redact_url, request, without_secrets
-from ansible.module_utils.host_read import read as read_host
-from ansible.module_utils.router_workers import parse_workers, url_key
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.bounded_file import read_regular
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.bounded_json import (
+    loads as bounded_loads,
+)
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.fleet_http import (
+    HttpError,
+    redact_url,
+    request,
+    without_secrets,
+)
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.host_read import read as read_host
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.router_workers import (
+    parse_workers,
+    url_key,
+)
 
 MAX_RECORD_BYTES = 1 << 20  # a last-known-good record: a few kilobytes
 

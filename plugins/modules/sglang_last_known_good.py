@@ -18,7 +18,7 @@ description:
   - With C(state=restored), reads meta.json and copies each file named in C(files) from the
     folder back to its C(dest) (atomically, with C(mode), only when its content differs; the
     secrets file only when the record says the kept set had a key), then reloads systemd when
-    anything was written. No meta.json: C(found=false) and nothing changes.
+    anything was written. Without meta.json, C(found=false) and nothing changes.
   - Every path stays inside C(lkg_dir); a name with a slash, or a symlink in place of a file,
     is refused; each file read is bounded.
   - Returns the record (the one there before, for C(kept)), never a file's content.
@@ -57,7 +57,7 @@ options:
 
 EXAMPLES = r"""
 - name: Keep what passed (the sglang_last_known_good action calls this)
-  sglang_last_known_good:
+  sglang_fleet.fleet.sglang_last_known_good:
     lkg_dir: /var/lib/sglang-fleet/llama/lkg
     files:
       - {name: 10-launch.conf, src: /etc/systemd/system/sglang@llama.service.d/10-launch.conf}
@@ -66,7 +66,7 @@ EXAMPLES = r"""
     record: {server: llama, config_hash: abc123, flags: {}, api_key_set: false}
 
 - name: Put it back (the rollback)
-  sglang_last_known_good:
+  sglang_fleet.fleet.sglang_last_known_good:
     lkg_dir: /var/lib/sglang-fleet/llama/lkg
     state: restored
     files:
@@ -102,8 +102,14 @@ import os
 from collections.abc import Callable
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.bounded_file import inside, read_regular, write_atomic
-from ansible.module_utils.bounded_json import loads as bounded_loads
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.bounded_file import (
+    inside,
+    read_regular,
+    write_atomic,
+)
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.bounded_json import (
+    loads as bounded_loads,
+)
 
 META = "meta.json"
 SECRETS = "secrets.yaml"

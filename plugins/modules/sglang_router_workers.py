@@ -13,8 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.bounded_json import loads as bounded_loads
-from ansible.module_utils.fleet_http import (
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.bounded_json import (
+    loads as bounded_loads,
+)
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.fleet_http import (
     HttpError,
     Response,
     check_url,
@@ -22,8 +24,15 @@ from ansible.module_utils.fleet_http import (
     request,
     without_secrets,
 )
-from ansible.module_utils.router_workers import parse_workers, url_key
-from ansible.module_utils.typed_number import NumberError, Range, read
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.router_workers import (
+    parse_workers,
+    url_key,
+)
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.typed_number import (
+    NumberError,
+    Range,
+    read,
+)
 
 DOCUMENTATION = r"""
 module: sglang_router_workers
@@ -119,7 +128,7 @@ author: sglang-fleet
 
 EXAMPLES = r"""
 - name: Take replica 1 out of the router and wait for its running requests
-  sglang_router_workers:
+  sglang_fleet.fleet.sglang_router_workers:
     router_url: http://127.0.0.1:30000
     api_key: "{{ sglang_router_api_key }}"
     worker_url: http://10.0.0.11:8000
@@ -128,14 +137,14 @@ EXAMPLES = r"""
     drain_timeout: 300
 
 - name: Put it back after its gate passed
-  sglang_router_workers:
+  sglang_fleet.fleet.sglang_router_workers:
     router_url: http://127.0.0.1:30000
     api_key: "{{ sglang_router_api_key }}"
     worker_url: http://10.0.0.11:8000
     state: present
 
 - name: Read the router's workers
-  sglang_router_workers:
+  sglang_fleet.fleet.sglang_router_workers:
     router_url: http://127.0.0.1:30000
     api_key: "{{ sglang_router_api_key }}"
     state: list

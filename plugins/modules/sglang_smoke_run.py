@@ -15,7 +15,7 @@ description:
     given base64-encoded; written only when it differs, atomically, root only writable) and
     makes the result folder.
   - Runs the client's command (C(argv), built on the control node by
-  sglang_fleet.smoke.smoke_argv:
+    sglang_fleet.smoke.smoke_argv;
     bounded by coreutils' timeout, the key read from stdin) with the API key on stdin, never in
     argv or in the environment of this module's caller.
   - Returns the result file's text (bounded by C(max_result_bytes)), how the client ended, the
@@ -61,7 +61,8 @@ options:
     default: 0
   baseline_path:
     description:
-      - A file read back after the run ("" for none), bounded by C(max_baseline_bytes): the
+      - >-
+        A file read back after the run ("" for none), bounded by C(max_baseline_bytes): the
         last-known-good record whose result the relative gate compares with, read in this run
         rather than in a module run of its own.
     type: str
@@ -74,7 +75,7 @@ options:
 
 EXAMPLES = r"""
 - name: Benchmark the server (the sglang_smoke_gate action calls this)
-  sglang_smoke_run:
+  sglang_fleet.fleet.sglang_smoke_run:
     client_zipapp: "{{ lookup('file', 'smoke.pyz.b64') }}"
     client_path: /usr/local/lib/sglang-fleet/smoke.pyz
     result_path: /var/lib/sglang-fleet/llama/smoke/20261203T120000Z.json
@@ -117,8 +118,11 @@ import os
 import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.bounded_file import read_regular, write_atomic
-from ansible.module_utils.fleet_http import without_secrets
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.bounded_file import (
+    read_regular,
+    write_atomic,
+)
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.fleet_http import without_secrets
 
 STDERR_TAIL = 2000
 # The journal is read through a pipe: its output is bounded by what is read, not by trust.

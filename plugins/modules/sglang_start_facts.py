@@ -66,7 +66,7 @@ options:
 
 EXAMPLES = r"""
 - name: What this start measured (the sglang_calibrate action calls this)
-  sglang_start_facts:
+  sglang_fleet.fleet.sglang_start_facts:
     unit: sglang@llama.service
     port: 30000
     line_pattern: "kv cache is allocated|max_total_num_tokens="
@@ -108,11 +108,20 @@ import time
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.bounded_file import inside, read_regular
-from ansible.module_utils.bounded_json import TooDeep
-from ansible.module_utils.bounded_json import loads as bounded_loads
-from ansible.module_utils.fleet_http import HttpError, request, without_secrets
-from ansible.module_utils.timed_command import run_command
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.bounded_file import (
+    inside,
+    read_regular,
+)
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.bounded_json import TooDeep
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.bounded_json import (
+    loads as bounded_loads,
+)
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.fleet_http import (
+    HttpError,
+    request,
+    without_secrets,
+)
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.timed_command import run_command
 
 MAX_STORE_BYTES = 64 * 1024 * 1024
 MAX_INFO_BYTES = 1 << 20

@@ -12,7 +12,7 @@ DOCUMENTATION = r"""
 module: sglang_state_files
 short_description: Write small text files inside a server's state folder, atomically
 description:
-  - Makes C(folder) (root, 0755) when it is missing, then writes each of C(files) into it:
+  - Makes C(folder) (root, 0755) when it is missing, then writes each of C(files) into it,
     atomically (a reader sees the old content or the new), with its C(mode), only when its
     content differs.
   - Every name stays inside C(folder) (no slash, no C(..)); a symlink, a FIFO or a device where
@@ -34,7 +34,7 @@ options:
 
 EXAMPLES = r"""
 - name: Keep the calibration store (the sglang_calibrate action calls this)
-  sglang_state_files:
+  sglang_fleet.fleet.sglang_state_files:
     folder: /var/lib/sglang-fleet/llama
     files:
       - {name: calibration.json, content: "{}\n", mode: "0644"}
@@ -51,7 +51,11 @@ written:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.bounded_file import inside, read_regular, write_atomic
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.bounded_file import (
+    inside,
+    read_regular,
+    write_atomic,
+)
 
 MAX_BYTES = 64 * 1024 * 1024  # a calibration store is kilobytes; a bound, not a size
 
