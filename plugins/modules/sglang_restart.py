@@ -59,8 +59,7 @@ EXAMPLES = r"""
   sglang_fleet.fleet.sglang_restart:
     server: '{{ sglang_server_target }}'
     launch_module: sglang.launch_server
-    owner_users:
-    - sglang
+    owner_users: [sglang]
   register: sglang_server_restarted
 """
 

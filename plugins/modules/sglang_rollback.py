@@ -38,8 +38,7 @@ EXAMPLES = r"""
     server: '{{ sglang_server_target }}'
     restart:
       launch_module: sglang.launch_server
-      owner_users:
-      - sglang
+      owner_users: [sglang]
     failure: '{{ ansible_failed_result }}'
   register: sglang_server_rollback
 """
