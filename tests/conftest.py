@@ -186,3 +186,32 @@ def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def servers() -> Iterator[list[Server]]:
     """Double servers a test starts; each is stopped when the test ends."""
     yield from collect_servers()
+
+
+def stream_fed_in_reads(data: bytes, cuts: list[int], expected: int) -> Any:
+    """A /generate stream of ``expected`` tokens fed ``data`` in reads cut at ``cuts`` (each
+    taken modulo the length), a parse error recorded as the client records it, then ended: the
+    smoke client's GenerateStream as its connection drives it, without a socket."""
+    import asyncio  # noqa: PLC0415
+    import itertools  # noqa: PLC0415
+
+    from sglang_fleet.smoke.smoke_client.failures import MALFORMED, PARSE_ERRORS  # noqa: PLC0415
+    from sglang_fleet.smoke.smoke_client.streams import (  # noqa: PLC0415
+        GenerateStream,
+        RequestRecord,
+        Timeline,
+    )
+
+    async def run() -> Any:
+        stream = GenerateStream(RequestRecord(), Timeline(0.0), expected)
+        stream.on_head(200, 0.0)
+        points = sorted({c % (len(data) + 1) for c in cuts} | {0, len(data)})
+        for index, (a, b) in enumerate(itertools.pairwise(points)):
+            try:
+                stream.on_body(data[a:b], 0.01 * (index + 1))
+            except PARSE_ERRORS as err:
+                stream.on_error(f"malformed response: {err}", MALFORMED)
+        stream.on_end(1.0)
+        return stream
+
+    return asyncio.run(run())

@@ -4,6 +4,7 @@ processes. gpusim is installed (editable) in the venv, so child processes find i
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import signal
 import socket
@@ -26,6 +27,9 @@ GPUSIM_SRC = Path(__file__).resolve().parents[1] / "gpusim"
 FIXTURES = GPUSIM_SRC / "gpusim" / "fixtures"
 LLAMA = str(FIXTURES / "llama-3.1-8b-instruct")
 KIMI = str(FIXTURES / "kimi-k2.5-int4")
+# The tiny Llama the real CPU engine serves in the contract tests, built by the double's tool.
+MAKE_TINY_LLAMA = GPUSIM_SRC / "tools" / "make_tiny_llama.py"
+TINY_LLAMA_CACHE = GPUSIM_SRC.parent / ".cache" / "tiny-llama"
 ZERO_TIMING = Timing(
     load_weights_s=0, kv_alloc_s=0, graph_capture_s=0, decode_step_s=0, prefill_token_s=0
 )
@@ -144,3 +148,16 @@ def collect_servers() -> Iterator[list[Server]]:
     yield started
     for server in started:
         stop_server(server)
+
+
+def tiny_model(python: Path) -> Path:
+    """The tiny Llama, built once per version of its script (.cache/tiny-llama/<hash>) with the
+    reference venv's ``python``."""
+    key = hashlib.sha256(MAKE_TINY_LLAMA.read_bytes()).hexdigest()[:12]
+    folder = TINY_LLAMA_CACHE / key
+    if not (folder / "model.safetensors.index.json").exists():
+        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+        subprocess.run(
+            [str(python), str(MAKE_TINY_LLAMA), str(folder)], check=True, env=env, timeout=600
+        )
+    return folder

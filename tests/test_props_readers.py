@@ -21,7 +21,7 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
-from conftest import load_plugin
+from conftest import load_plugin, stream_fed_in_reads
 from hypothesis import given
 from hypothesis import strategies as st
 from sglang_fleet.module_utils.fleet_http import HttpError, check_url
@@ -341,28 +341,7 @@ def _stream(kinds: list[str], expected: int) -> bytes:
 
 
 def _judged(data: bytes, cuts: list[int], expected: int) -> tuple[Any, ...]:
-    from sglang_fleet.smoke.smoke_client.failures import MALFORMED, PARSE_ERRORS  # noqa: PLC0415
-    from sglang_fleet.smoke.smoke_client.streams import (  # noqa: PLC0415
-        GenerateStream,
-        RequestRecord,
-        Timeline,
-    )
-
-    async def run() -> Any:
-        stream = GenerateStream(RequestRecord(), Timeline(0.0), expected)
-        stream.on_head(200, 0.0)
-        points = sorted({c % (len(data) + 1) for c in cuts} | {0, len(data)})
-        for index, (a, b) in enumerate(itertools.pairwise(points)):
-            try:
-                stream.on_body(data[a:b], 0.01 * (index + 1))
-            except PARSE_ERRORS as err:
-                stream.on_error(f"malformed response: {err}", MALFORMED)
-        stream.on_end(1.0)
-        return stream
-
-    import asyncio  # noqa: PLC0415
-
-    stream = asyncio.run(run())
+    stream = stream_fed_in_reads(data, cuts, expected)
     record = stream.record
     return stream.reason, record.output_tokens, stream.tokens, round(sum(record.itl), 9)
 

@@ -12,13 +12,12 @@ import json
 from typing import Any
 from unittest import mock
 
+from conftest import stream_fed_in_reads
 from hypothesis import example, given
 from hypothesis import strategies as st
 
 from sglang_fleet.smoke.smoke_client import http_client, streams
-from sglang_fleet.smoke.smoke_client.failures import MALFORMED, PARSE_ERRORS
 from sglang_fleet.smoke.smoke_client.http_client import Exchange
-from sglang_fleet.smoke.smoke_client.streams import GenerateStream, RequestRecord, Timeline
 
 # Text pieces that put quotes, backslashes and the error key where they can mislead a scan.
 _TEXT_PIECES = ["w", " ", '"', "\\", '"error"', "error", '\\"error', ":", ",", "}", "\u00e9"]
@@ -65,24 +64,11 @@ def _stream(draw: Any, expected: int) -> bytes:
 def _judged(data: bytes, cuts: list[int], expected: int, *, walk: bool) -> tuple[Any, ...]:
     """The stream's verdict and bookkeeping, reads cut at ``cuts``; ``walk=False`` reads every
     read event by event (the one-walk reader refuses every read)."""
-
-    async def run() -> GenerateStream:
-        stream = GenerateStream(RequestRecord(), Timeline(0.0), expected)
-        stream.on_head(200, 0.0)
-        points = sorted({c % (len(data) + 1) for c in cuts} | {0, len(data)})
-        for index, (a, b) in enumerate(itertools.pairwise(points)):
-            try:
-                stream.on_body(data[a:b], 0.01 * (index + 1))
-            except PARSE_ERRORS as err:
-                stream.on_error(f"malformed response: {err}", MALFORMED)
-        stream.on_end(1.0)
-        return stream
-
     if walk:
-        stream = asyncio.run(run())
+        stream = stream_fed_in_reads(data, cuts, expected)
     else:
         with mock.patch.object(streams, "_token_counts", lambda block: None):
-            stream = asyncio.run(run())
+            stream = stream_fed_in_reads(data, cuts, expected)
     record = stream.record
     counts = (record.output_tokens, record.prompt_tokens, stream.tokens)
     timings = (record.itl, stream.timeline.counts, record.ttft, stream.end_t)

@@ -10,7 +10,6 @@ what the operator asked for. Without the venv the test skips, saying so.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -18,12 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from gpusim_helpers import tiny_model
 
 from sglang_fleet.capacity import speculative
 
 REPO = Path(__file__).resolve().parent.parent
-MAKE_MODEL = REPO / "gpusim" / "tools" / "make_tiny_llama.py"
-MODEL_CACHE = REPO / ".cache" / "tiny-llama"
 # The real resolution of each case: its settings, or the exception it raised.
 PROBE = """
 import json, sys
@@ -53,18 +51,6 @@ def reference_python() -> Path:
             "scripts/sglang-reference-env.sh, or set SGLANG_REF_VENV"
         )
     return venv / "bin" / "python"
-
-
-def tiny_model(python: Path) -> Path:
-    """The tiny Llama, built once per version of its script (as tests/double's contract test)."""
-    key = hashlib.sha256(MAKE_MODEL.read_bytes()).hexdigest()[:12]
-    folder = MODEL_CACHE / key
-    if not (folder / "model.safetensors.index.json").exists():
-        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-        subprocess.run(
-            [str(python), str(MAKE_MODEL), str(folder)], check=True, env=env, timeout=600
-        )
-    return folder
 
 
 def eagle3_draft(folder: Path) -> Path:

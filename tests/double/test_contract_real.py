@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import hashlib
 import itertools
 import json
 import os
@@ -30,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gpusim_helpers import init_root, start_server, stop_server
+from gpusim_helpers import init_root, start_server, stop_server, tiny_model
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpusim import resolved_args
@@ -41,8 +40,6 @@ from sglang_fleet.smoke.smoke_client.workload import Config, vocab_size_of
 
 REPO = Path(__file__).resolve().parents[2]
 REF_VENV = Path(os.environ.get("SGLANG_REF_VENV", REPO / ".cache" / "sglang-ref" / "venv"))
-MAKE_MODEL = REPO / "gpusim" / "tools" / "make_tiny_llama.py"
-MODEL_CACHE = REPO / ".cache" / "tiny-llama"
 CONTEXT = 2048
 FLAGS = (
     *("--device", "cpu", "--attention-backend", "torch_native", "--disable-overlap-schedule"),
@@ -113,24 +110,12 @@ def _wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout: float) -
     raise AssertionError(f"server not healthy in {timeout} s:\n{log.read_text()[-4000:]}")
 
 
-def _tiny_model(python: Path) -> Path:
-    """The tiny Llama, built once per version of its script (.cache/tiny-llama/<hash>)."""
-    key = hashlib.sha256(MAKE_MODEL.read_bytes()).hexdigest()[:12]
-    folder = MODEL_CACHE / key
-    if not (folder / "model.safetensors.index.json").exists():
-        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-        subprocess.run(
-            [str(python), str(MAKE_MODEL), str(folder)], check=True, env=env, timeout=600
-        )
-    return folder
-
-
 class Real:
     """The real SGLang server: its own process group, so teardown reaches every child."""
 
     def __init__(self, tmp: Path) -> None:
         python = REF_VENV / "bin" / "python"
-        self.model = _tiny_model(python)
+        self.model = tiny_model(python)
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = tmp / "real.log"

@@ -39,8 +39,9 @@ from gpusim.memory import StartupFailure
 from gpusim.model import load_model
 from gpusim.sglang_metrics import SPEC_GAUGES
 from gpusim.speculative import resolve
+from gpusim_helpers import tiny_model
 from prometheus_client.parser import text_string_to_metric_families
-from test_contract_real import REF_VENV, _tiny_model
+from test_contract_real import REF_VENV
 
 REPO = Path(__file__).resolve().parents[2]
 PROBE = Path(__file__).with_name("real_spec_resolution.py")
@@ -129,7 +130,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             "scripts/sglang-reference-env.sh (make pytest does), or set SGLANG_REF_VENV"
         )
     tmp = tmp_path_factory.mktemp("spec")
-    model = _tiny_model(python)
+    model = tiny_model(python)
     cases = _cases(model, _tiny_draft(tmp / "draft"))
     (tmp / "cases.json").write_text(json.dumps(cases))
     env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1", "HF_HUB_OFFLINE": "1"}
