@@ -27,7 +27,7 @@ unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: help check check-pytest ansible-test test test-checks demo lint pytest molecule host image wheelhouse cpu-image double-image monitoring-debs staging-debs driver-debs sglang-ref resolve-gpu-deps bench clean
 help:
-	@echo "make check  - the quick loop, no containers: yamllint, ansible-lint, ruff and the unit tests"
+	@echo "make check  - the quick loop, no containers: yamllint, ansible-lint, ruff, ansible-test and the unit tests"
 	@echo "make test   - set up, then yamllint, ansible-lint, ruff, pytest and every Molecule scenario"
 	@echo "make demo   - set up, then deploy SGLang (GPU-less double) onto a local simulated GPU host"
 	@echo "make lint | pytest | molecule [SCENARIOS='deploy'] [MOLECULE_JOBS=3] | bench [BENCHES='fleet_noop'] | clean"
@@ -111,11 +111,10 @@ pytest: $(BIN)/.stamp wheelhouse sglang-ref host
 # and pytest share nothing, so they run at once: pytest's workers wait on processes, sockets and
 # leases, and the linters (ansible-lint's syntax checks above all) use that time.
 check: $(BIN)/.stamp wheelhouse
-	@$(MAKE) --no-print-directory -j 2 lint check-pytest
+	@$(MAKE) --no-print-directory -j 2 lint check-pytest ansible-test
 
-# ansible-test sanity and units on the collection as it ships, without Docker: not yet part of
-# `make check` (docs/COLLECTION.md, "ansible-test": its sanity venvs need a pip bootstrap that
-# this network cannot fetch).
+# ansible-test sanity and units on the collection as it ships, without Docker (docs/COLLECTION.md,
+# "ansible-test"): its sanity venvs are kept in .cache, so only the first run builds them.
 ansible-test: $(BIN)/.stamp
 	@scripts/ansible-test.sh
 
@@ -135,7 +134,7 @@ molecule: $(MOLECULE_SETUP)
 # them (docs/TESTING.md, "The suite's order"). One make, so what both need is built once. No
 # --output-sync: make would hold each command's output until it ends, and the scenarios' lines
 # must show as they come (their runner prints whole lines; each scenario's log is its own file).
-test-checks: $(BIN)/.stamp wheelhouse sglang-ref host lint
+test-checks: $(BIN)/.stamp wheelhouse sglang-ref host lint ansible-test
 	@$(PYTEST)
 
 test: $(BIN)/.stamp

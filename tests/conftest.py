@@ -176,6 +176,32 @@ def run_local_play(
     )
 
 
+def collection_with_modules(where: Path, modules: dict[str, str]) -> Path:
+    """A collections folder whose sglang_fleet.fleet is this checkout with some modules replaced.
+
+    The actions run the collection's modules by FQCN (sglang_fleet/collection.py), which no
+    library path can shadow: a test that stands in for a host's module lays out the collection
+    again, every entry a link to the checkout's but plugins/modules/<name>.py for each of
+    `modules` (name -> source). Point ANSIBLE_COLLECTIONS_PATH at the folder returned.
+    """
+    root = where / "ansible_collections" / "sglang_fleet" / "fleet"
+    root.mkdir(parents=True)
+    for entry in ROOT.iterdir():
+        if entry.name not in ("plugins", "collections"):
+            (root / entry.name).symlink_to(entry)
+    for folder in (ROOT / "plugins").iterdir():
+        if folder.name != "modules":
+            (root / "plugins" / folder.name).parent.mkdir(exist_ok=True)
+            (root / "plugins" / folder.name).symlink_to(folder)
+    (root / "plugins" / "modules").mkdir()
+    for module in (ROOT / "plugins" / "modules").iterdir():
+        if module.stem not in modules:
+            (root / "plugins" / "modules" / module.name).symlink_to(module)
+    for name, text in modules.items():
+        (root / "plugins" / "modules" / f"{name}.py").write_text(text, encoding="utf-8")
+    return where
+
+
 @pytest.fixture
 def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A private gpusim state directory (GPUSIM_STATE_DIR) for this test."""

@@ -47,6 +47,10 @@ MEMORY_WORDS = ("Load weight", "KV Cache", "Memory pool end", "graph end", "max_
 ARGS = {"server": SERVER, "python": "/opt/ml-env/bin/python", "nvidia_smi": "nvidia-smi"}
 
 
+# The module by FQCN, as the action names it (sglang_fleet/collection.py).
+START_FACTS_FQCN = "sglang_fleet.fleet.sglang_start_facts"
+
+
 def _b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
 
@@ -144,7 +148,7 @@ def test_a_healthy_start_is_recorded_first_in_the_store() -> None:
 def test_the_api_key_goes_to_the_server_and_nowhere_else() -> None:
     action = FakeCalibrate(ARGS | {"api_key": KEY}, kimi_host())
     result = action.run_it()
-    [read] = [args for name, args in action.calls if name == "sglang_start_facts"]
+    [read] = [args for name, args in action.calls if name == START_FACTS_FQCN]
     assert read["api_key"] == KEY and action.no_log == [True]
     assert KEY not in json.dumps(result)
     assert KEY not in json.dumps(action.written)
@@ -156,7 +160,7 @@ def test_the_api_key_goes_to_the_server_and_nowhere_else() -> None:
 def test_the_journal_read_keeps_only_the_memory_lines_of_this_start() -> None:
     action = FakeCalibrate(ARGS, kimi_host())
     action.run_it()
-    [read] = [args for name, args in action.calls if name == "sglang_start_facts"]
+    [read] = [args for name, args in action.calls if name == START_FACTS_FQCN]
     assert read["unit"] == "sglang@kimi.service"
     assert read["max_lines"] == ACTION.MAX_JOURNAL_LINES
     wanted = re.compile(read["line_pattern"], re.IGNORECASE)  # as the module reads it

@@ -9,8 +9,8 @@ reason (record null, an ok result):
   from each step of the action: the start's read, the version, the device, the fingerprint,
   the record, the store's update and the write;
 - the real task file in a real block under ansible-playbook (local connection), with stand-in
-  modules on a test-only library path that answer hostile results (huge integers, NaN, wrong
-  shapes, text that is no JSON) or fail or crash: no case reaches the rescue.
+  modules in a test-only copy of the collection that answer hostile results (huge integers,
+  NaN, wrong shapes, text that is no JSON) or fail or crash: no case reaches the rescue.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 from ansible.errors import AnsibleActionFail, AnsibleConnectionFailure, AnsibleError
+from conftest import collection_with_modules
 from sglang_fleet.module_utils.typed_number import NumberError
 from test_calibrate_action import ACTION, ARGS, KEY, SERVER, FakeCalibrate, kimi_host
 
@@ -249,9 +250,8 @@ sys.stdout.write(answer)
 '''
 
 
-def _stand_ins(library: Path, state: Path) -> None:
+def _stand_ins(collections: Path, state: Path) -> None:
     """The host's modules for the cases: each answers by the case's unit or folder."""
-    library.mkdir()
     cases = list(enumerate(CASES.values()))
     written = '{"changed": true}'
     answers = {
@@ -265,9 +265,11 @@ def _stand_ins(library: Path, state: Path) -> None:
             {f"case-{i}": c.get("gpu_info", json.dumps({"gpus": GPUS})) for i, c in cases},
         ),
     }
-    for name, (by, table) in answers.items():
-        text = STAND_IN.format(name=name, answers=table, by=by)
-        (library / f"{name}.py").write_text(text, encoding="utf-8")
+    texts = {
+        name: STAND_IN.format(name=name, answers=table, by=by)
+        for name, (by, table) in answers.items()
+    }
+    collection_with_modules(collections, texts)
 
 
 def _case_vars(index: int, name: str, case: dict[str, Any], state: Path) -> dict[str, Any]:
@@ -290,8 +292,8 @@ def _case_vars(index: int, name: str, case: dict[str, Any], state: Path) -> dict
 
 @pytest.mark.slow
 def test_no_hostile_answer_reaches_the_rescue_of_the_real_block(tmp_path: Path) -> None:
-    library, state = tmp_path / "library", tmp_path / "state"
-    _stand_ins(library, state)
+    collections, state = tmp_path / "collections", tmp_path / "state"
+    _stand_ins(collections, state)
     cases = [_case_vars(i, name, case, state) for i, (name, case) in enumerate(CASES.items())]
     (tmp_path / "cases.json").write_text(json.dumps({"cases": cases}), encoding="utf-8")
     task_file = ROOT / "roles" / "sglang_server" / "tasks" / "record_calibration.yml"
@@ -360,7 +362,7 @@ def test_no_hostile_answer_reaches_the_rescue_of_the_real_block(tmp_path: Path) 
         **os.environ,
         "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
         # Test infrastructure only: the stand-ins replace the host's modules for this run.
-        "ANSIBLE_LIBRARY": str(library),
+        "ANSIBLE_COLLECTIONS_PATH": str(collections),
         "ANSIBLE_LOCALHOST_WARNING": "false",
         "ANSIBLE_CONNECTION": "local",
         "ANSIBLE_FORCE_COLOR": "0",

@@ -20,6 +20,9 @@ import pytest
 import yaml
 from conftest import ROOT, load_plugin
 
+from sglang_fleet.collection import fqcn
+from sglang_fleet.rollout.verb_action import VerbAction
+
 NAMESPACE, NAME = "sglang_fleet", "fleet"
 FQCN = f"{NAMESPACE}.{NAME}"
 BIN = Path(sys.executable).parent
@@ -377,3 +380,72 @@ def test_every_module_and_action_is_documented_in_yaml_ansible_reads() -> None:
     actions = {path.stem for path in (ROOT / "plugins" / "action").glob("*.py")}
     problems += [f"action {name}: no module file documents it" for name in actions - modules]
     assert not problems, problems
+
+
+def _short_plugin_names(source: str) -> list[str]:
+    """Names without a dot that code hands to Ansible directly: `_execute_module(module_name=)`
+    and a plugin loader's `get()`. (VerbAction's `_module` and `_action` pass every name through
+    fqcn(): test_the_verb_helpers_pass_fqcn.)"""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
+            continue
+        named = [kw.value for kw in node.keywords if kw.arg == "module_name"]
+        loader = node.func.value
+        if (
+            node.func.attr == "get"
+            and isinstance(loader, ast.Attribute)
+            and loader.attr.endswith("_loader")
+        ):
+            named += node.args[:1]
+        found += [
+            value.value
+            for value in named
+            if isinstance(value, ast.Constant)
+            and isinstance(value.value, str)
+            and "." not in value.value
+        ]
+    return found
+
+
+def test_actions_hand_ansible_the_collections_plugins_by_fqcn() -> None:
+    """An installed collection has no library folder: a short module or action name handed to
+    Ansible fails there ("not found in configured module paths"), though a checkout finds it."""
+    files = [*(ROOT / "plugins" / "action").glob("*.py"), *(ROOT / "sglang_fleet").rglob("*.py")]
+    short = {
+        str(path.relative_to(ROOT)): names
+        for path in files
+        if (names := _short_plugin_names(path.read_text(encoding="utf-8")))
+    }
+    assert short == {}
+
+
+def test_the_fqcn_reader_finds_a_short_name() -> None:
+    source = (
+        'self._execute_module(module_name="fleet_lock", module_args={})\n'
+        'self._execute_module(module_name=fqcn("fleet_lock"), module_args={})\n'
+        'self._execute_module(module_name="ansible.legacy.command", module_args={})\n'
+        'self._shared_loader_obj.action_loader.get("sglang_restart", task=t)\n'
+        'options.get("unit")\n'
+    )
+    assert _short_plugin_names(source) == ["fleet_lock", "sglang_restart"]
+
+
+def test_the_verb_helpers_pass_fqcn() -> None:
+    asked: list[str] = []
+
+    class Probe(VerbAction):
+        def __init__(self) -> None:  # no Ansible task: only the name handed on is read
+            self._vars = {}
+
+        def _execute_module(self, module_name: str, module_args: dict, task_vars: dict) -> dict:
+            asked.append(module_name)
+            return {}
+
+        def run(self, tmp: None = None, task_vars: None = None) -> dict:
+            return {}
+
+    Probe()._module("gpu_cleanup", {})
+    Probe()._module("ansible.legacy.command", {})
+    assert asked == ["sglang_fleet.fleet.gpu_cleanup", "ansible.legacy.command"]
+    assert fqcn("sglang_fleet.fleet.fleet_lock") == "sglang_fleet.fleet.fleet_lock"

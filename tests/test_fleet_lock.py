@@ -600,6 +600,10 @@ class FakeWait(wait.ActionModule):
         self.probes, self.lock, self.clock, self.calls = probes, lock, clock, []
 
     def _execute_module(self, module_name: str, module_args: dict, task_vars: Any = None) -> dict:
+        # The collection's modules by FQCN (sglang_fleet/collection.py): a short name resolves only
+        # in a checkout.
+        assert module_name.startswith("sglang_fleet.fleet."), module_name
+        module_name = module_name.removeprefix("sglang_fleet.fleet.")
         self.calls.append(module_name)
         if module_name == "fleet_lock":
             assert module_args["path"] == str(self.lock) and module_args["state"] == "renewed"

@@ -125,7 +125,7 @@ def test_the_action_keeps_the_record_under_no_log_and_diffs_without_secrets(host
     )  # fmt: skip
     result = action.run(task_vars={})
     [(name, _args, no_log)] = action.calls
-    assert name == "sglang_last_known_good" and no_log is True
+    assert name == "sglang_fleet.fleet.sglang_last_known_good" and no_log is True
     assert result["record"]["sglang_version"] == "0.5.23"
     assert result["previous"] == "abc123" and "(was abc123)" in result["msg"]
     assert '"tp_size": 2' in result["diff"]["after"] and '"tp_size": 1' in result["diff"]["before"]
@@ -190,7 +190,8 @@ def test_the_action_restores_under_no_log_without_secrets_in_its_result(host) ->
     action = FakeKeep({"server": described(host, flags), "state": "restored"})
     result = action.run(task_vars={})
     [(name, args, no_log)] = action.calls
-    assert name == "sglang_last_known_good" and no_log is True and args["state"] == "restored"
+    assert name == "sglang_fleet.fleet.sglang_last_known_good" and no_log is True
+    assert args["state"] == "restored"
     assert result["found"] and result["changed"] and result["written"] == [str(host["dropin"])]
     assert result["record"]["flags"] == {"tp_size": 2}
     assert "admin-secret" not in json.dumps(result) and KEY not in json.dumps(result)

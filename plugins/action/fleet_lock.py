@@ -25,13 +25,14 @@ from ansible.utils.display import Display
 
 # The controller package, or an error that names the command installing it (plugins/plugin_utils).
 from ansible_collections.sglang_fleet.fleet.plugins.plugin_utils import controller_package  # noqa: F401
+from sglang_fleet.module_utils.procfs import PROC, parse_stat, parse_status_uids, user_name
 
 # plugins/module_utils/procfs.py, the /proc reader the gpu_cleanup module ships to GPU hosts.
 # Modules import it by the collection's name, which AnsiballZ resolves when it packs a module
 # for a host; the control-node package maps plugins/module_utils/ as sglang_fleet.module_utils
 # (pyproject.toml), so the same file is imported from there without Ansible
 # (docs/ARCHITECTURE.md, "module_utils on the controller").
-from sglang_fleet.module_utils.procfs import PROC, parse_stat, parse_status_uids, user_name
+from sglang_fleet.collection import fqcn
 
 display = Display()
 
@@ -372,7 +373,9 @@ class ActionModule(ActionBase):
         return {**result, **self._acquire(args, host, task_vars)}
 
     def _lock_module(self, args: dict[str, Any], task_vars: dict | None) -> dict:
-        return self._execute_module(module_name="fleet_lock", module_args=args, task_vars=task_vars)
+        return self._execute_module(
+            module_name=fqcn("fleet_lock"), module_args=args, task_vars=task_vars
+        )
 
     def _acquire(self, args: dict[str, Any], host: str, task_vars: dict | None) -> dict:
         controller = read_controller()

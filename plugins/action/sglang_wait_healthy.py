@@ -58,7 +58,9 @@ class ActionModule(ActionBase):
                 result.update(failed=True, lock_lost=True, msg=f"{label}: stopped waiting: {lost}")
                 return result
             probe = self._execute_module(
-                module_name="sglang_health_probe", module_args=probe_args, task_vars=task_vars
+                module_name="sglang_fleet.fleet.sglang_health_probe",
+                module_args=probe_args,
+                task_vars=task_vars,
             )
             if probe.get("failed"):
                 raise AnsibleActionFail(f"health probe failed: {probe.get('msg')}")
@@ -99,7 +101,9 @@ class ActionModule(ActionBase):
     def _renew(self, lease: LeaseRenewal, task_vars: dict | None) -> str:
         """Renews the lock; returns why it failed, or '' when renewed."""
         renewed = self._execute_module(
-            module_name="fleet_lock", module_args=lease.module_args(), task_vars=task_vars
+            module_name="sglang_fleet.fleet.fleet_lock",
+            module_args=lease.module_args(),
+            task_vars=task_vars,
         )
         if renewed.get("failed"):
             return str(renewed.get("msg", "fleet_lock failed"))

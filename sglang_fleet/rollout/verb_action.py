@@ -18,6 +18,7 @@ from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
+from sglang_fleet.collection import fqcn
 from sglang_fleet.module_utils.fleet_http import without_secrets
 from sglang_fleet.server_secrets import is_secret
 
@@ -104,7 +105,7 @@ class VerbAction(ActionBase):
         task = self._task.copy()
         task.args = task_args
         action = self._shared_loader_obj.action_loader.get(
-            name,
+            fqcn(name),
             task=task,
             connection=self._connection,
             play_context=self._play_context,
@@ -119,7 +120,9 @@ class VerbAction(ActionBase):
         display.v(f"  {self.VERB}: {text}")
 
     def _module(self, name: str, module_args: dict[str, Any]) -> dict[str, Any]:
-        done = self._execute_module(module_name=name, module_args=module_args, task_vars=self._vars)
+        done = self._execute_module(
+            module_name=fqcn(name), module_args=module_args, task_vars=self._vars
+        )
         # What this action copies out of a module's answer (its msg, a stderr tail) into its own
         # result never quotes a key the module was given, in any written form: no_log masks it
         # only as given, and only in the module's own result.
