@@ -118,7 +118,13 @@ def run_playbook(
     Ctrl-C or a lost controller would end it (status "canceled").
     """
     inventory = os.environ["MOLECULE_INVENTORY_FILE"]
-    env = {k: v for k, v in os.environ.items() if k.startswith(("ANSIBLE_", "MOLECULE_"))}
+    # PYTHONPATH too: the scenario deploy finds the controller package in its installed
+    # collection's project (molecule/deploy/molecule.yml).
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k.startswith(("ANSIBLE_", "MOLECULE_")) or k == "PYTHONPATH"
+    }
     env.update(env_overrides or {})
     env.setdefault("ANSIBLE_CONFIG", str(REPO / "ansible.cfg"))
     seen = {"stop": False}
