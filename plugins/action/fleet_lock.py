@@ -23,15 +23,15 @@ from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
-# The controller package, or an error that names the command installing it (plugins/plugin_utils).
-from ansible_collections.sglang_fleet.fleet.plugins.plugin_utils import controller_package  # noqa: F401
-
-# plugins/module_utils/procfs.py, the /proc reader the gpu_cleanup module ships to GPU hosts.
-# Modules import it by the collection's name, which AnsiballZ resolves when it packs a module
-# for a host; the control-node package maps plugins/module_utils/ as sglang_fleet.module_utils
-# (pyproject.toml), so the same file is imported from there without Ansible
-# (docs/ARCHITECTURE.md, "module_utils on the controller").
-from sglang_fleet.module_utils.procfs import PROC, parse_stat, parse_status_uids, user_name
+# plugins/module_utils/procfs.py, the /proc reader the gpu_cleanup module ships to GPU hosts,
+# imported by the collection's name as a module imports it: this action needs nothing of the
+# controller package sglang_fleet, so it imports and runs without it (docs/COLLECTION.md).
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.procfs import (
+    PROC,
+    parse_stat,
+    parse_status_uids,
+    user_name,
+)
 
 display = Display()
 
