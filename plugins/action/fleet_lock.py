@@ -80,7 +80,7 @@ def read_proc(pid: int, proc: str = PROC) -> Proc | None:
         return None
     try:
         fields = parse_stat(stat.decode(errors="replace"))
-        uid, _ = parse_status_uids(status.decode(errors="replace"))
+        uid, _euid = parse_status_uids(status.decode(errors="replace"))
     except (ValueError, IndexError):
         return None
     if uid is None or fields.state in ("Z", "X"):
@@ -106,7 +106,7 @@ def playbook_process(start: int, procs: Mapping[int, Proc]) -> Proc:
     a session of its own (setsid), so process groups and sessions do not lead there.
     """
     current = procs[start]
-    for _ in range(MAX_DEPTH):
+    for _depth in range(MAX_DEPTH):
         parent = procs.get(current.ppid)
         if parent is None or parent.cmdline != current.cmdline:
             return current
@@ -201,7 +201,7 @@ def fallback_identity(controller: Controller) -> RunIdentity:
 
 
 def _descends_from(pid: int, ancestor: int, procs: Mapping[int, Proc]) -> bool:
-    for _ in range(MAX_DEPTH):
+    for _depth in range(MAX_DEPTH):
         if pid == ancestor:
             return True
         info = procs.get(pid)
@@ -383,7 +383,7 @@ class ActionModule(ActionBase):
         base = {**args, "owner": me.owner(), "run_id": me.run_id}
         replace: dict[str, str] = {}
         verdict = None
-        for _ in range(MAX_TRIES):
+        for _attempt in range(MAX_TRIES):
             got = self._lock_module({**base, **replace}, task_vars)
             outcome = got.get("outcome")
             if got.get("failed") or outcome in ("acquired", "reentered", "would_acquire"):

@@ -102,7 +102,7 @@ def sglang_job_targets(
 ) -> dict[str, Any]:
     entries = [
         e
-        for _, plans in _from_hosts(hostvars, hosts, "sglang_job_plans")
+        for _host, plans in _from_hosts(hostvars, hosts, "sglang_job_plans")
         for e in plain(plans) or []
     ]
     return _wrap(play_targets.targets, entries, str(job_host), model or None, concurrency)
