@@ -36,8 +36,12 @@ def plain(value: Any) -> Any:
 
 @overload
 def plain_mapping(value: Any, what: str, optional: Literal[False] = False) -> dict[str, Any]: ...
+
+
 @overload
 def plain_mapping(value: Any, what: str, optional: bool) -> dict[str, Any] | None: ...
+
+
 def plain_mapping(value: Any, what: str, optional: bool = False) -> dict[str, Any] | None:
     """value (a mapping, or JSON text of one) as a plain dict; None for nothing when optional."""
     if optional and not value:

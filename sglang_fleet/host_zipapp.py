@@ -94,7 +94,7 @@ def _source(module: str) -> Path:
     if spec is None or not spec.origin or not spec.origin.endswith(".py"):
         raise ZipappError(f"{module} is not a module of plain Python source")
     path = Path(spec.origin)
-    parent, _, leaf = module.rpartition(".")
+    parent, _dot, leaf = module.rpartition(".")
     if spec.submodule_search_locations is not None:
         places = [str(Path(p)) for p in spec.submodule_search_locations]
         wanted = "__init__.py"
@@ -339,7 +339,7 @@ def write(output: str, data: bytes) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("entry", help="the module whose main() the zipapp runs")
     parser.add_argument("-o", "--output", required=True, help="the .pyz to write")
     parser.add_argument(

@@ -322,7 +322,7 @@ def refuse_key_in_argv(
     parsers must not take abbreviations, or --api-key would be read as --api-key-file."""
 
     class RefuseKeyInArgv(argparse.Action):
-        def __call__(self, parser: argparse.ArgumentParser, *_: Any, **__: Any) -> None:
+        def __call__(self, parser: argparse.ArgumentParser, *_args: Any, **_kwargs: Any) -> None:
             parser.error(
                 "--api-key is not accepted: a command line is visible to every user of the "
                 f"host; use {instead}"

@@ -11,7 +11,6 @@ Lines past a generous length are skipped (logs, /metrics) or cut (the health pro
 
 from __future__ import annotations
 
-import subprocess
 import time
 from collections.abc import Callable
 from typing import Any
@@ -129,13 +128,13 @@ def test_a_help_text_with_an_unclosed_brace_parses_in_bounded_time() -> None:
     assert_bounded(flags_check.parse_help, text, ms_per_kib=5)
 
 
-def test_the_health_probe_cuts_a_long_journal_line(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_health_probe_cuts_a_long_journal_line() -> None:
     probe = load_plugin("plugins/modules/sglang_health_probe.py")
     journal = "x" * (probe.MAX_LINE_CHARS + 10) + " CUDA out of memory\nready\n"
 
-    def run(argv: list[str], **_: Any) -> subprocess.CompletedProcess[str]:
-        return subprocess.CompletedProcess(argv, 0, stdout=journal, stderr="")
+    class Module:
+        def run_command(self, argv: list[str]) -> tuple[int, str, str]:
+            return 0, journal, ""
 
-    monkeypatch.setattr(probe.subprocess, "run", run)
-    lines = probe.journal_lines("sglang@a.service", 0.0)
+    lines = probe.journal_lines(Module(), "sglang@a.service", 0.0)
     assert [len(line) for line in lines] == [probe.MAX_LINE_CHARS, 5]

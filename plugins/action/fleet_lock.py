@@ -23,16 +23,15 @@ from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
-# The controller package, or an error that names the command installing it (plugins/plugin_utils).
-from ansible_collections.sglang_fleet.fleet.plugins.plugin_utils import controller_package  # noqa: F401
-from sglang_fleet.module_utils.procfs import PROC, parse_stat, parse_status_uids, user_name
-
-# plugins/module_utils/procfs.py, the /proc reader the gpu_cleanup module ships to GPU hosts.
-# Modules import it by the collection's name, which AnsiballZ resolves when it packs a module
-# for a host; the control-node package maps plugins/module_utils/ as sglang_fleet.module_utils
-# (pyproject.toml), so the same file is imported from there without Ansible
-# (docs/ARCHITECTURE.md, "module_utils on the controller").
-from sglang_fleet.collection import fqcn
+# plugins/module_utils/procfs.py, the /proc reader the gpu_cleanup module ships to GPU hosts,
+# imported by the collection's name as a module imports it: this action needs nothing of the
+# controller package sglang_fleet, so it imports and runs without it (docs/COLLECTION.md).
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.procfs import (
+    PROC,
+    parse_stat,
+    parse_status_uids,
+    user_name,
+)
 
 display = Display()
 
@@ -81,7 +80,7 @@ def read_proc(pid: int, proc: str = PROC) -> Proc | None:
         return None
     try:
         fields = parse_stat(stat.decode(errors="replace"))
-        uid, _ = parse_status_uids(status.decode(errors="replace"))
+        uid, _euid = parse_status_uids(status.decode(errors="replace"))
     except (ValueError, IndexError):
         return None
     if uid is None or fields.state in ("Z", "X"):
@@ -107,7 +106,7 @@ def playbook_process(start: int, procs: Mapping[int, Proc]) -> Proc:
     a session of its own (setsid), so process groups and sessions do not lead there.
     """
     current = procs[start]
-    for _ in range(MAX_DEPTH):
+    for _depth in range(MAX_DEPTH):
         parent = procs.get(current.ppid)
         if parent is None or parent.cmdline != current.cmdline:
             return current
@@ -202,7 +201,7 @@ def fallback_identity(controller: Controller) -> RunIdentity:
 
 
 def _descends_from(pid: int, ancestor: int, procs: Mapping[int, Proc]) -> bool:
-    for _ in range(MAX_DEPTH):
+    for _depth in range(MAX_DEPTH):
         if pid == ancestor:
             return True
         info = procs.get(pid)
@@ -374,7 +373,7 @@ class ActionModule(ActionBase):
 
     def _lock_module(self, args: dict[str, Any], task_vars: dict | None) -> dict:
         return self._execute_module(
-            module_name=fqcn("fleet_lock"), module_args=args, task_vars=task_vars
+            module_name="sglang_fleet.fleet.fleet_lock", module_args=args, task_vars=task_vars
         )
 
     def _acquire(self, args: dict[str, Any], host: str, task_vars: dict | None) -> dict:
@@ -386,7 +385,7 @@ class ActionModule(ActionBase):
         base = {**args, "owner": me.owner(), "run_id": me.run_id}
         replace: dict[str, str] = {}
         verdict = None
-        for _ in range(MAX_TRIES):
+        for _attempt in range(MAX_TRIES):
             got = self._lock_module({**base, **replace}, task_vars)
             outcome = got.get("outcome")
             if got.get("failed") or outcome in ("acquired", "reentered", "would_acquire"):

@@ -38,22 +38,30 @@ from collections.abc import Mapping
 from typing import Any
 
 from ansible.errors import AnsibleActionFail
+from ansible.plugins.action import ActionBase
+from ansible_collections.sglang_fleet.fleet.plugins.plugin_utils import controller_package
 
-# The controller package, or an error that names the command installing it (plugins/plugin_utils).
-from ansible_collections.sglang_fleet.fleet.plugins.plugin_utils import controller_package  # noqa: F401
-from sglang_fleet.module_utils.bounded_json import loads as bounded_loads
-from sglang_fleet.module_utils.typed_number import NumberError, Range, shown
-from sglang_fleet.module_utils.typed_number import read as read_number
+# The controller package sglang_fleet: a plugin imports without it and fails when used,
+# naming the command that installs it (plugins/plugin_utils/controller_package.py).
+try:
+    from sglang_fleet.module_utils.bounded_json import loads as bounded_loads
+    from sglang_fleet.module_utils.typed_number import NumberError, Range, shown
+    from sglang_fleet.module_utils.typed_number import read as read_number
 
-from sglang_fleet.capacity import (
-    calibration,
-    calibration_record,
-    calibration_rule,
-    calibration_store,
-)
-from sglang_fleet.capacity.model_config import ModelConfigError, weight_bytes_from_index
-from sglang_fleet.rollout.verb_action import VerbAction
-from sglang_fleet.servers.describe import server_gpus
+    from sglang_fleet.capacity import (
+        calibration,
+        calibration_record,
+        calibration_rule,
+        calibration_store,
+    )
+    from sglang_fleet.capacity.model_config import ModelConfigError, weight_bytes_from_index
+    from sglang_fleet.rollout.verb_action import VerbAction
+    from sglang_fleet.servers.describe import server_gpus
+except ImportError as error:
+    PACKAGE_ERROR: ImportError | None = error
+    VerbAction = ActionBase  # only run() is called, and it fails first
+else:
+    PACKAGE_ERROR = None
 
 # The journal lines a record reads (calibration_record.build_record's start-up lines).
 MEMORY_LINES = (
@@ -73,7 +81,6 @@ MAX_LINES_CHARS = MAX_JOURNAL_LINES * 4097
 # writes it: one short line.
 MAX_VERSION_CHARS = 64
 MAX_FINGERPRINT = 128
-FILE_SIZE = Range(0, integer=True)
 
 
 class NoCalibration(Exception):
@@ -87,6 +94,7 @@ class ActionModule(VerbAction):
     _VALID_ARGS = frozenset((*REQUIRED, "flags", "config_hash", "host_ram_mib", "api_key", "known"))
 
     def run(self, tmp: Any = None, task_vars: dict | None = None) -> dict:
+        controller_package.require(PACKAGE_ERROR)
         result = super().run(tmp, task_vars)
         args = self.task_args(REQUIRED, SERVER_KEYS)
         server = args["server"]
@@ -289,7 +297,9 @@ class ActionModule(VerbAction):
                         f"the checkpoint files of {model_path} came back as {shown(files)}"
                     )
                 weights = sum(
-                    read_number(f.get("size") or 0, "a checkpoint file's size", FILE_SIZE)
+                    read_number(
+                        f.get("size") or 0, "a checkpoint file's size", Range(0, integer=True)
+                    )
                     for f in files
                 )
             if not isinstance(config, dict):

@@ -33,11 +33,16 @@ from typing import Any
 from ansible import constants as C
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
+from ansible_collections.sglang_fleet.fleet.plugins.plugin_utils import controller_package
 
-# The controller package, or an error that names the command installing it (plugins/plugin_utils).
-from ansible_collections.sglang_fleet.fleet.plugins.plugin_utils import controller_package  # noqa: F401
-
-from sglang_fleet.host_zipapp import ZipappError, build, scan
+# The controller package sglang_fleet: a plugin imports without it and fails when used,
+# naming the command that installs it (plugins/plugin_utils/controller_package.py).
+try:
+    from sglang_fleet.host_zipapp import ZipappError, build, scan
+except ImportError as error:
+    PACKAGE_ERROR: ImportError | None = error
+else:
+    PACKAGE_ERROR = None
 
 # What copy is given besides src and dest; anything else is refused by name.
 PASSED_TO_COPY = ("mode", "owner", "group")
@@ -51,6 +56,7 @@ class ActionModule(ActionBase):
     _supports_async = False
 
     def run(self, tmp: Any = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
+        controller_package.require(PACKAGE_ERROR)
         result = super().run(tmp, task_vars)
         args = self._task.args
         for name in ("entry", "dest"):

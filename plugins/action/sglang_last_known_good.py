@@ -36,13 +36,20 @@ from collections.abc import Mapping
 from typing import Any
 
 from ansible.errors import AnsibleActionFail
+from ansible.plugins.action import ActionBase
+from ansible_collections.sglang_fleet.fleet.plugins.plugin_utils import controller_package
 
-# The controller package, or an error that names the command installing it (plugins/plugin_utils).
-from ansible_collections.sglang_fleet.fleet.plugins.plugin_utils import controller_package  # noqa: F401
-
-from sglang_fleet.rollout import restart
-from sglang_fleet.rollout.verb_action import VerbAction
-from sglang_fleet.server_secrets import public_flags, public_record
+# The controller package sglang_fleet: a plugin imports without it and fails when used,
+# naming the command that installs it (plugins/plugin_utils/controller_package.py).
+try:
+    from sglang_fleet.rollout import restart
+    from sglang_fleet.rollout.verb_action import VerbAction
+    from sglang_fleet.server_secrets import public_flags, public_record
+except ImportError as error:
+    PACKAGE_ERROR: ImportError | None = error
+    VerbAction = ActionBase  # only run() is called, and it fails first
+else:
+    PACKAGE_ERROR = None
 
 SERVER_KEYS = ("name", "config_hash", "flags", "api_key_set", "paths")
 PATH_KEYS = ("lkg_dir", "dropin", "env_file", "secrets_file")
@@ -55,6 +62,7 @@ class ActionModule(VerbAction):
     _VALID_ARGS = frozenset(("server", "state", "sglang_version", "smoke_result"))
 
     def run(self, tmp: Any = None, task_vars: dict | None = None) -> dict:
+        controller_package.require(PACKAGE_ERROR)
         result = super().run(tmp, task_vars)
         server = self._task.args.get("server")
         if (

@@ -46,20 +46,28 @@ from contextlib import nullcontext, suppress
 from typing import Any
 
 from ansible.errors import AnsibleActionFail
+from ansible.plugins.action import ActionBase
+from ansible_collections.sglang_fleet.fleet.plugins.plugin_utils import controller_package
 
-# The controller package, or an error that names the command installing it (plugins/plugin_utils).
-from ansible_collections.sglang_fleet.fleet.plugins.plugin_utils import controller_package  # noqa: F401
-from sglang_fleet.module_utils.bounded_json import loads as bounded_loads
+# The controller package sglang_fleet: a plugin imports without it and fails when used,
+# naming the command that installs it (plugins/plugin_utils/controller_package.py).
+try:
+    from sglang_fleet.module_utils.bounded_json import loads as bounded_loads
 
-from sglang_fleet.ansible_values import plain
-from sglang_fleet.capacity import calibration_record
-from sglang_fleet.capacity.planner_inputs import PlanInputError
-from sglang_fleet.capacity.verdict import verdict
-from sglang_fleet.rollout import preflight_inputs as preflight
-from sglang_fleet.rollout.verb_action import VerbAction
-from sglang_fleet.server_secrets import public_record
-from sglang_fleet.servers import host_checks
-from sglang_fleet.servers.unit_files import records_and_routers
+    from sglang_fleet.ansible_values import plain
+    from sglang_fleet.capacity import calibration_record
+    from sglang_fleet.capacity.planner_inputs import PlanInputError
+    from sglang_fleet.capacity.verdict import verdict
+    from sglang_fleet.rollout import preflight_inputs as preflight
+    from sglang_fleet.rollout.verb_action import VerbAction
+    from sglang_fleet.server_secrets import public_record
+    from sglang_fleet.servers import host_checks
+    from sglang_fleet.servers.unit_files import records_and_routers
+except ImportError as error:
+    PACKAGE_ERROR: ImportError | None = error
+    VerbAction = ActionBase  # only run() is called, and it fails first
+else:
+    PACKAGE_ERROR = None
 
 REQUIRED = ("servers", "python", "launch_module", "nvidia_smi")
 OPTIONAL = (
@@ -88,6 +96,7 @@ class ActionModule(VerbAction):
     _VALID_ARGS = frozenset((*REQUIRED, *OPTIONAL))
 
     def run(self, tmp: Any = None, task_vars: dict | None = None) -> dict:
+        controller_package.require(PACKAGE_ERROR)
         result = super().run(tmp, task_vars)
         args = plain(dict(self._task.args))
         missing = [name for name in REQUIRED if args.get(name) in (None, "")]

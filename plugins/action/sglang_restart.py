@@ -36,12 +36,19 @@ from collections.abc import Mapping
 from typing import Any
 
 from ansible.errors import AnsibleActionFail
+from ansible.plugins.action import ActionBase
+from ansible_collections.sglang_fleet.fleet.plugins.plugin_utils import controller_package
 
-# The controller package, or an error that names the command installing it (plugins/plugin_utils).
-from ansible_collections.sglang_fleet.fleet.plugins.plugin_utils import controller_package  # noqa: F401
-
-from sglang_fleet.rollout import restart
-from sglang_fleet.rollout.verb_action import StepFailed, VerbAction, router_args
+# The controller package sglang_fleet: a plugin imports without it and fails when used,
+# naming the command that installs it (plugins/plugin_utils/controller_package.py).
+try:
+    from sglang_fleet.rollout import restart
+    from sglang_fleet.rollout.verb_action import StepFailed, VerbAction, router_args
+except ImportError as error:
+    PACKAGE_ERROR: ImportError | None = error
+    VerbAction = ActionBase  # only run() is called, and it fails first
+else:
+    PACKAGE_ERROR = None
 
 REQUIRED = ("server", "launch_module", "owner_users")
 OPTIONAL = ("lock", "health", "cleanup", "router", "drain", "api_key")
@@ -56,6 +63,7 @@ class ActionModule(VerbAction):
     _VALID_ARGS = frozenset((*REQUIRED, *OPTIONAL))
 
     def run(self, tmp: Any = None, task_vars: dict | None = None) -> dict:
+        controller_package.require(PACKAGE_ERROR)
         result = super().run(tmp, task_vars)
         args = self.task_args(REQUIRED, ("name", "unit", "port"))
         server = args["server"]

@@ -28,12 +28,19 @@ from collections.abc import Mapping
 from typing import Any
 
 from ansible.errors import AnsibleActionFail
+from ansible.plugins.action import ActionBase
+from ansible_collections.sglang_fleet.fleet.plugins.plugin_utils import controller_package
 
-# The controller package, or an error that names the command installing it (plugins/plugin_utils).
-from ansible_collections.sglang_fleet.fleet.plugins.plugin_utils import controller_package  # noqa: F401
-
-from sglang_fleet.rollout import restart, rollback
-from sglang_fleet.rollout.verb_action import StepFailed, VerbAction
+# The controller package sglang_fleet: a plugin imports without it and fails when used,
+# naming the command that installs it (plugins/plugin_utils/controller_package.py).
+try:
+    from sglang_fleet.rollout import restart, rollback
+    from sglang_fleet.rollout.verb_action import StepFailed, VerbAction
+except ImportError as error:
+    PACKAGE_ERROR: ImportError | None = error
+    VerbAction = ActionBase  # only run() is called, and it fails first
+else:
+    PACKAGE_ERROR = None
 
 RESTART_KEYS = frozenset(("launch_module", "owner_users", "cleanup", "health", "lock"))
 
@@ -45,6 +52,7 @@ class ActionModule(VerbAction):
     _VALID_ARGS = frozenset(("server", "restart", "failure"))
 
     def run(self, tmp: Any = None, task_vars: dict | None = None) -> dict:
+        controller_package.require(PACKAGE_ERROR)
         result = super().run(tmp, task_vars)
         args = self.task_args(("server", "restart"), ("name", "unit", "port", "paths"))
         server, restart_args = args["server"], dict(args["restart"] or {})

@@ -24,10 +24,18 @@ from __future__ import annotations
 
 from typing import Any
 
-# The controller package, or an error that names the command installing it (plugins/plugin_utils).
-from ansible_collections.sglang_fleet.fleet.plugins.plugin_utils import controller_package  # noqa: F401
+from ansible.plugins.action import ActionBase
+from ansible_collections.sglang_fleet.fleet.plugins.plugin_utils import controller_package
 
-from sglang_fleet.rollout.verb_action import StepFailed, VerbAction, router_args
+# The controller package sglang_fleet: a plugin imports without it and fails when used,
+# naming the command that installs it (plugins/plugin_utils/controller_package.py).
+try:
+    from sglang_fleet.rollout.verb_action import StepFailed, VerbAction, router_args
+except ImportError as error:
+    PACKAGE_ERROR: ImportError | None = error
+    VerbAction = ActionBase  # only run() is called, and it fails first
+else:
+    PACKAGE_ERROR = None
 
 
 class ActionModule(VerbAction):
@@ -37,6 +45,7 @@ class ActionModule(VerbAction):
     _VALID_ARGS = frozenset(("server", "router", "drain", "lock", "api_key"))
 
     def run(self, tmp: Any = None, task_vars: dict | None = None) -> dict:
+        controller_package.require(PACKAGE_ERROR)
         result = super().run(tmp, task_vars)
         args = self.task_args(("server", "router"), ("name", "unit"))
         server = args["server"]

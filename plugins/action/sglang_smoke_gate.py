@@ -46,16 +46,24 @@ from pathlib import Path
 from typing import Any
 
 from ansible.errors import AnsibleActionFail
+from ansible.plugins.action import ActionBase
+from ansible_collections.sglang_fleet.fleet.plugins.plugin_utils import controller_package
 
-# The controller package, or an error that names the command installing it (plugins/plugin_utils).
-from ansible_collections.sglang_fleet.fleet.plugins.plugin_utils import controller_package  # noqa: F401
-from sglang_fleet.module_utils.bounded_json import loads as bounded_loads
+# The controller package sglang_fleet: a plugin imports without it and fails when used,
+# naming the command that installs it (plugins/plugin_utils/controller_package.py).
+try:
+    from sglang_fleet.module_utils.bounded_json import loads as bounded_loads
 
-from sglang_fleet.diagnosis.run_diagnosis import diagnose
-from sglang_fleet.host_zipapp import build as build_zipapp
-from sglang_fleet.rollout.verb_action import StepFailed, VerbAction
-from sglang_fleet.smoke import gate
-from sglang_fleet.smoke.smoke_argv import smoke_argv
+    from sglang_fleet.diagnosis.run_diagnosis import diagnose
+    from sglang_fleet.host_zipapp import build as build_zipapp
+    from sglang_fleet.rollout.verb_action import StepFailed, VerbAction
+    from sglang_fleet.smoke import gate
+    from sglang_fleet.smoke.smoke_argv import smoke_argv
+except ImportError as error:
+    PACKAGE_ERROR: ImportError | None = error
+    VerbAction = ActionBase  # only run() is called, and it fails first
+else:
+    PACKAGE_ERROR = None
 
 # The client's entry module: the host gets it and what it imports as one zipapp.
 SMOKE_CLIENT = "sglang_fleet.smoke.smoke_client.command_line"
@@ -83,6 +91,7 @@ class ActionModule(VerbAction):
     _VALID_ARGS = frozenset((*REQUIRED, *OPTIONAL))
 
     def run(self, tmp: Any = None, task_vars: dict | None = None) -> dict:
+        controller_package.require(PACKAGE_ERROR)
         result = super().run(tmp, task_vars)
         args = self.task_args(REQUIRED, ("name", "port"))
         server = args["server"]

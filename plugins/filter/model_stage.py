@@ -11,18 +11,23 @@ from __future__ import annotations
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
+from ansible_collections.sglang_fleet.fleet.plugins.plugin_utils import controller_package
 
-# The controller package, or an error that names the command installing it (plugins/plugin_utils).
-from ansible_collections.sglang_fleet.fleet.plugins.plugin_utils import controller_package  # noqa: F401
-
-from sglang_fleet.ansible_values import plain
-from sglang_fleet.servers.model_source import (
-    StageConfigError,
-    check_settings,
-    host_copies,
-    protected_paths,
-    stage_summary,
-)
+# The controller package sglang_fleet: a plugin imports without it and fails when used,
+# naming the command that installs it (plugins/plugin_utils/controller_package.py).
+try:
+    from sglang_fleet.ansible_values import plain
+    from sglang_fleet.servers.model_source import (
+        StageConfigError,
+        check_settings,
+        host_copies,
+        protected_paths,
+        stage_summary,
+    )
+except ImportError as error:
+    PACKAGE_ERROR: ImportError | None = error
+else:
+    PACKAGE_ERROR = None
 
 
 def _plain_list(value: Any) -> list:
@@ -63,9 +68,12 @@ class FilterModule:
     """Ansible's entry point for filter plugins."""
 
     def filters(self) -> dict[str, Any]:
-        return {
-            "model_stage_copies": model_stage_copies,
-            "model_stage_protected": model_stage_protected,
-            "model_stage_settings": model_stage_settings,
-            "model_stage_summary": model_stage_summary,
-        }
+        return controller_package.filters(
+            {
+                "model_stage_copies": model_stage_copies,
+                "model_stage_protected": model_stage_protected,
+                "model_stage_settings": model_stage_settings,
+                "model_stage_summary": model_stage_summary,
+            },
+            PACKAGE_ERROR,
+        )

@@ -17,17 +17,26 @@ from collections.abc import Mapping
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
+from ansible_collections.sglang_fleet.fleet.plugins.plugin_utils import controller_package
 
-# The controller package, or an error that names the command installing it (plugins/plugin_utils).
-from ansible_collections.sglang_fleet.fleet.plugins.plugin_utils import controller_package  # noqa: F401
-from sglang_fleet.module_utils.bounded_json import loads as bounded_loads
+# The controller package sglang_fleet: a plugin imports without it and fails when used,
+# naming the command that installs it (plugins/plugin_utils/controller_package.py).
+try:
+    from sglang_fleet.module_utils.bounded_json import loads as bounded_loads
 
-from sglang_fleet.ansible_values import plain
-from sglang_fleet.tuning import autotune_inputs
+    from sglang_fleet.ansible_values import plain
+    from sglang_fleet.tuning import autotune_inputs
+except ImportError as error:
+    PACKAGE_ERROR: ImportError | None = error
+else:
+    PACKAGE_ERROR = None
 
 # Every request the same length (the smoke client sends exactly these token counts), as the
 # search's wave model assumes; no warm-up beyond one request.
 _SMOKE_FIXED = {"backend": "sglang", "seed": 42, "warmup_requests": 1}
+# tolerance not given: the package's default, read when called (this file imports without the
+# package).
+_DEFAULT_TOLERANCE = object()
 
 
 def sglang_autotune_inputs(  # noqa: PLR0917 (Jinja passes filter arguments by position)
@@ -35,11 +44,13 @@ def sglang_autotune_inputs(  # noqa: PLR0917 (Jinja passes filter arguments by p
     workload: Any,
     slo: Any = None,
     kv_cache_dtypes_allowed: Any = None,
-    tolerance: Any = autotune_inputs.DEFAULT_TOLERANCE,
+    tolerance: Any = _DEFAULT_TOLERANCE,
     max_trials: Any = None,
 ) -> dict[str, Any]:
     """autotune_inputs.validate_inputs(): the operator's inputs typed; an error names the
     variable."""
+    if tolerance is _DEFAULT_TOLERANCE:
+        tolerance = autotune_inputs.DEFAULT_TOLERANCE
     try:
         return autotune_inputs.validate_inputs(
             space=plain(space),
@@ -102,9 +113,12 @@ class FilterModule:
     """Ansible's entry point for filter plugins."""
 
     def filters(self) -> dict[str, Any]:
-        return {
-            "sglang_autotune_inputs": sglang_autotune_inputs,
-            "sglang_autotune_smoke_workload": sglang_autotune_smoke_workload,
-            "sglang_autotune_trial_result": sglang_autotune_trial_result,
-            "sglang_autotune_draft_paths": sglang_autotune_draft_paths,
-        }
+        return controller_package.filters(
+            {
+                "sglang_autotune_inputs": sglang_autotune_inputs,
+                "sglang_autotune_smoke_workload": sglang_autotune_smoke_workload,
+                "sglang_autotune_trial_result": sglang_autotune_trial_result,
+                "sglang_autotune_draft_paths": sglang_autotune_draft_paths,
+            },
+            PACKAGE_ERROR,
+        )

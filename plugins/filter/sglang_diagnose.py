@@ -15,13 +15,18 @@ from __future__ import annotations
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
+from ansible_collections.sglang_fleet.fleet.plugins.plugin_utils import controller_package
 
-# The controller package, or an error that names the command installing it (plugins/plugin_utils).
-from ansible_collections.sglang_fleet.fleet.plugins.plugin_utils import controller_package  # noqa: F401
-
-from sglang_fleet.ansible_values import plain_mapping
-from sglang_fleet.diagnosis.live_diagnosis import diagnose_live, table_lines
-from sglang_fleet.diagnosis.run_diagnosis import diagnose
+# The controller package sglang_fleet: a plugin imports without it and fails when used,
+# naming the command that installs it (plugins/plugin_utils/controller_package.py).
+try:
+    from sglang_fleet.ansible_values import plain_mapping
+    from sglang_fleet.diagnosis.live_diagnosis import diagnose_live, table_lines
+    from sglang_fleet.diagnosis.run_diagnosis import diagnose
+except ImportError as error:
+    PACKAGE_ERROR: ImportError | None = error
+else:
+    PACKAGE_ERROR = None
 
 
 def sglang_diagnose(
@@ -78,8 +83,11 @@ class FilterModule:
     """Ansible's entry point for filter plugins."""
 
     def filters(self) -> dict[str, Any]:
-        return {
-            "sglang_diagnose": sglang_diagnose,
-            "sglang_diagnose_live": sglang_diagnose_live,
-            "sglang_diagnosis_table": sglang_diagnosis_table,
-        }
+        return controller_package.filters(
+            {
+                "sglang_diagnose": sglang_diagnose,
+                "sglang_diagnose_live": sglang_diagnose_live,
+                "sglang_diagnosis_table": sglang_diagnosis_table,
+            },
+            PACKAGE_ERROR,
+        )

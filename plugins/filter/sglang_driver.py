@@ -22,12 +22,17 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
+from ansible_collections.sglang_fleet.fleet.plugins.plugin_utils import controller_package
 
-# The controller package, or an error that names the command installing it (plugins/plugin_utils).
-from ansible_collections.sglang_fleet.fleet.plugins.plugin_utils import controller_package  # noqa: F401
-
-from sglang_fleet.ansible_values import plain
-from sglang_fleet.rollout import driver_upgrade as _rollout
+# The controller package sglang_fleet: a plugin imports without it and fails when used,
+# naming the command that installs it (plugins/plugin_utils/controller_package.py).
+try:
+    from sglang_fleet.ansible_values import plain
+    from sglang_fleet.rollout import driver_upgrade as _rollout
+except ImportError as error:
+    PACKAGE_ERROR: ImportError | None = error
+else:
+    PACKAGE_ERROR = None
 
 
 def driver_rollout_settings_problems(serial: Any, branch: Any = None) -> list[str]:
@@ -92,9 +97,12 @@ class FilterModule:
     """Filters of playbooks/driver_upgrade.yml."""
 
     def filters(self) -> dict[str, Callable[..., Any]]:
-        return {
-            "driver_rollout_settings_problems": driver_rollout_settings_problems,
-            "driver_rollout_plan": driver_rollout_plan,
-            "driver_rollout_summary": driver_rollout_summary,
-            "driver_rollout_down_report": driver_rollout_down_report,
-        }
+        return controller_package.filters(
+            {
+                "driver_rollout_settings_problems": driver_rollout_settings_problems,
+                "driver_rollout_plan": driver_rollout_plan,
+                "driver_rollout_summary": driver_rollout_summary,
+                "driver_rollout_down_report": driver_rollout_down_report,
+            },
+            PACKAGE_ERROR,
+        )

@@ -21,12 +21,17 @@ from collections.abc import Mapping
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
+from ansible_collections.sglang_fleet.fleet.plugins.plugin_utils import controller_package
 
-# The controller package, or an error that names the command installing it (plugins/plugin_utils).
-from ansible_collections.sglang_fleet.fleet.plugins.plugin_utils import controller_package  # noqa: F401
-
-from sglang_fleet.ansible_values import plain_mapping
-from sglang_fleet.rollout.fleet_summary import format_rollout_table, rollout_row, rollout_rows
+# The controller package sglang_fleet: a plugin imports without it and fails when used,
+# naming the command that installs it (plugins/plugin_utils/controller_package.py).
+try:
+    from sglang_fleet.ansible_values import plain_mapping
+    from sglang_fleet.rollout.fleet_summary import format_rollout_table, rollout_row, rollout_rows
+except ImportError as error:
+    PACKAGE_ERROR: ImportError | None = error
+else:
+    PACKAGE_ERROR = None
 
 
 def sglang_rollout_row(  # noqa: PLR0917 (Jinja passes filter arguments by position)
@@ -121,9 +126,12 @@ class FilterModule:
     """Ansible's entry point for filter plugins."""
 
     def filters(self) -> dict[str, Any]:
-        return {
-            "sglang_rollout_row": sglang_rollout_row,
-            "sglang_rollout_outcome": sglang_rollout_outcome,
-            "sglang_rollout_table": sglang_rollout_table,
-            "sglang_fleet_module_file": sglang_fleet_module_file,
-        }
+        return controller_package.filters(
+            {
+                "sglang_rollout_row": sglang_rollout_row,
+                "sglang_rollout_outcome": sglang_rollout_outcome,
+                "sglang_rollout_table": sglang_rollout_table,
+                "sglang_fleet_module_file": sglang_fleet_module_file,
+            },
+            PACKAGE_ERROR,
+        )

@@ -35,15 +35,21 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
+from ansible_collections.sglang_fleet.fleet.plugins.plugin_utils import controller_package
 
-# The controller package, or an error that names the command installing it (plugins/plugin_utils).
-from ansible_collections.sglang_fleet.fleet.plugins.plugin_utils import controller_package  # noqa: F401
-from sglang_fleet.module_utils.bounded_json import loads as bounded_loads
+# The controller package sglang_fleet: a plugin imports without it and fails when used,
+# naming the command that installs it (plugins/plugin_utils/controller_package.py).
+try:
+    from sglang_fleet.module_utils.bounded_json import loads as bounded_loads
 
-from sglang_fleet.ansible_values import plain
-from sglang_fleet.job import play_inputs, play_targets
-from sglang_fleet.rollout import job_plans
-from sglang_fleet.servers import secret_files
+    from sglang_fleet.ansible_values import plain
+    from sglang_fleet.job import play_inputs, play_targets
+    from sglang_fleet.rollout import job_plans
+    from sglang_fleet.servers import secret_files
+except ImportError as error:
+    PACKAGE_ERROR: ImportError | None = error
+else:
+    PACKAGE_ERROR = None
 
 
 def _wrap(func: Callable[..., Any], *args: Any) -> Any:
@@ -96,7 +102,7 @@ def sglang_job_targets(
 ) -> dict[str, Any]:
     entries = [
         e
-        for _, plans in _from_hosts(hostvars, hosts, "sglang_job_plans")
+        for _host, plans in _from_hosts(hostvars, hosts, "sglang_job_plans")
         for e in plain(plans) or []
     ]
     return _wrap(play_targets.targets, entries, str(job_host), model or None, concurrency)
@@ -153,17 +159,20 @@ class FilterModule:
     """Filters of the sglang_job role."""
 
     def filters(self) -> dict[str, Callable[..., Any]]:
-        return {
-            "sglang_job_settings": sglang_job_settings,
-            "sglang_job_key_problem": sglang_job_key_problem,
-            "sglang_job_input": sglang_job_input,
-            "sglang_job_read_request": sglang_job_read_request,
-            "sglang_job_plans": sglang_job_plans,
-            "sglang_job_targets": sglang_job_targets,
-            "sglang_job_key": sglang_job_key,
-            "sglang_job_record": sglang_job_record,
-            "sglang_job_record_problem": sglang_job_record_problem,
-            "sglang_job_resumed": sglang_job_resumed,
-            "sglang_job_command": sglang_job_command,
-            "sglang_job_status_lines": sglang_job_status_lines,
-        }
+        return controller_package.filters(
+            {
+                "sglang_job_settings": sglang_job_settings,
+                "sglang_job_key_problem": sglang_job_key_problem,
+                "sglang_job_input": sglang_job_input,
+                "sglang_job_read_request": sglang_job_read_request,
+                "sglang_job_plans": sglang_job_plans,
+                "sglang_job_targets": sglang_job_targets,
+                "sglang_job_key": sglang_job_key,
+                "sglang_job_record": sglang_job_record,
+                "sglang_job_record_problem": sglang_job_record_problem,
+                "sglang_job_resumed": sglang_job_resumed,
+                "sglang_job_command": sglang_job_command,
+                "sglang_job_status_lines": sglang_job_status_lines,
+            },
+            PACKAGE_ERROR,
+        )

@@ -20,13 +20,18 @@ from collections.abc import Callable
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
+from ansible_collections.sglang_fleet.fleet.plugins.plugin_utils import controller_package
 
-# The controller package, or an error that names the command installing it (plugins/plugin_utils).
-from ansible_collections.sglang_fleet.fleet.plugins.plugin_utils import controller_package  # noqa: F401
-
-from sglang_fleet.ansible_values import plain
-from sglang_fleet.monitoring import scrape_targets
-from sglang_fleet.monitoring import settings as monitoring_settings
+# The controller package sglang_fleet: a plugin imports without it and fails when used,
+# naming the command that installs it (plugins/plugin_utils/controller_package.py).
+try:
+    from sglang_fleet.ansible_values import plain
+    from sglang_fleet.monitoring import scrape_targets
+    from sglang_fleet.monitoring import settings as monitoring_settings
+except ImportError as error:
+    PACKAGE_ERROR: ImportError | None = error
+else:
+    PACKAGE_ERROR = None
 
 
 def _wrap(func: Callable[..., Any], *args: Any) -> Any:
@@ -67,9 +72,12 @@ class FilterModule:
     """Filters of the monitoring role."""
 
     def filters(self) -> dict[str, Callable[..., Any]]:
-        return {
-            "sglang_monitoring_settings": sglang_monitoring_settings,
-            "sglang_scrape_targets": sglang_scrape_targets,
-            "sglang_monitoring_credentials": sglang_monitoring_credentials,
-            "sglang_yaml_string": sglang_yaml_string,
-        }
+        return controller_package.filters(
+            {
+                "sglang_monitoring_settings": sglang_monitoring_settings,
+                "sglang_scrape_targets": sglang_scrape_targets,
+                "sglang_monitoring_credentials": sglang_monitoring_credentials,
+                "sglang_yaml_string": sglang_yaml_string,
+            },
+            PACKAGE_ERROR,
+        )

@@ -23,16 +23,21 @@ from __future__ import annotations
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
+from ansible_collections.sglang_fleet.fleet.plugins.plugin_utils import controller_package
 
-# The controller package, or an error that names the command installing it (plugins/plugin_utils).
-from ansible_collections.sglang_fleet.fleet.plugins.plugin_utils import controller_package  # noqa: F401
-
-from sglang_fleet.ansible_values import plain_mapping
-from sglang_fleet.capacity.model_config import ModelConfigError
-from sglang_fleet.capacity.planner import plan
-from sglang_fleet.capacity.planner_inputs import PlanInputError
-from sglang_fleet.capacity.verdict import verdict
-from sglang_fleet.rollout.preflight_inputs import server_plan, weight_bytes
+# The controller package sglang_fleet: a plugin imports without it and fails when used,
+# naming the command that installs it (plugins/plugin_utils/controller_package.py).
+try:
+    from sglang_fleet.ansible_values import plain_mapping
+    from sglang_fleet.capacity.model_config import ModelConfigError
+    from sglang_fleet.capacity.planner import plan
+    from sglang_fleet.capacity.planner_inputs import PlanInputError
+    from sglang_fleet.capacity.verdict import verdict
+    from sglang_fleet.rollout.preflight_inputs import server_plan, weight_bytes
+except ImportError as error:
+    PACKAGE_ERROR: ImportError | None = error
+else:
+    PACKAGE_ERROR = None
 
 
 def sglang_plan(
@@ -95,8 +100,11 @@ class FilterModule:
     """Ansible's entry point for filter plugins."""
 
     def filters(self) -> dict[str, Any]:
-        return {
-            "sglang_plan": sglang_plan,
-            "sglang_server_plan": sglang_server_plan,
-            "sglang_plan_verdict": sglang_plan_verdict,
-        }
+        return controller_package.filters(
+            {
+                "sglang_plan": sglang_plan,
+                "sglang_server_plan": sglang_server_plan,
+                "sglang_plan_verdict": sglang_plan_verdict,
+            },
+            PACKAGE_ERROR,
+        )

@@ -17,12 +17,17 @@ from collections.abc import Callable
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
+from ansible_collections.sglang_fleet.fleet.plugins.plugin_utils import controller_package
 
-# The controller package, or an error that names the command installing it (plugins/plugin_utils).
-from ansible_collections.sglang_fleet.fleet.plugins.plugin_utils import controller_package  # noqa: F401
-
-from sglang_fleet.ansible_values import plain
-from sglang_fleet.servers import router_settings
+# The controller package sglang_fleet: a plugin imports without it and fails when used,
+# naming the command that installs it (plugins/plugin_utils/controller_package.py).
+try:
+    from sglang_fleet.ansible_values import plain
+    from sglang_fleet.servers import router_settings
+except ImportError as error:
+    PACKAGE_ERROR: ImportError | None = error
+else:
+    PACKAGE_ERROR = None
 
 
 def sglang_router_command(
@@ -47,7 +52,10 @@ class FilterModule:
     """Filters of the sglang_router role."""
 
     def filters(self) -> dict[str, Callable[..., Any]]:
-        return {
-            "sglang_router_command": sglang_router_command,
-            "sglang_router_problems": sglang_router_problems,
-        }
+        return controller_package.filters(
+            {
+                "sglang_router_command": sglang_router_command,
+                "sglang_router_problems": sglang_router_problems,
+            },
+            PACKAGE_ERROR,
+        )

@@ -27,22 +27,28 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
+from ansible_collections.sglang_fleet.fleet.plugins.plugin_utils import controller_package
 
-# The controller package, or an error that names the command installing it (plugins/plugin_utils).
-from ansible_collections.sglang_fleet.fleet.plugins.plugin_utils import controller_package  # noqa: F401
-from sglang_fleet.module_utils.bounded_json import loads as bounded_loads
+# The controller package sglang_fleet: a plugin imports without it and fails when used,
+# naming the command that installs it (plugins/plugin_utils/controller_package.py).
+try:
+    from sglang_fleet.module_utils.bounded_json import loads as bounded_loads
 
-from sglang_fleet import server_secrets as _server_secrets
-from sglang_fleet.ansible_values import plain
-from sglang_fleet.servers import (
-    describe,
-    host_checks,
-    restart_decision,
-    secret_files,
-    server_values,
-    unit_files,
-)
-from sglang_fleet.servers import nodes as _nodes
+    from sglang_fleet import server_secrets as _server_secrets
+    from sglang_fleet.ansible_values import plain
+    from sglang_fleet.servers import (
+        describe,
+        host_checks,
+        restart_decision,
+        secret_files,
+        server_values,
+        unit_files,
+    )
+    from sglang_fleet.servers import nodes as _nodes
+except ImportError as error:
+    PACKAGE_ERROR: ImportError | None = error
+else:
+    PACKAGE_ERROR = None
 
 
 def _wrap(func: Callable[..., Any], *args: Any) -> Any:
@@ -216,18 +222,21 @@ class FilterModule:
     """Filters of the sglang_server role."""
 
     def filters(self) -> dict[str, Callable[..., Any]]:
-        return {
-            "sglang_server_describe": sglang_server_describe,
-            "sglang_server_errors": sglang_server_errors,
-            "sglang_host_errors": sglang_host_errors,
-            "sglang_restart_decision": sglang_restart_decision,
-            "sglang_server_secret_files": sglang_server_secret_files,
-            "sglang_server_records_and_routers": sglang_server_records_and_routers,
-            "sglang_restart_lines": sglang_restart_lines,
-            "sglang_servers_on_gpus": sglang_servers_on_gpus,
-            "sglang_server_cluster": sglang_server_cluster,
-            "sglang_server_api_keys": sglang_server_api_keys,
-            "sglang_server_secrets": sglang_server_secrets,
-            "sglang_rollout_groups": sglang_rollout_groups,
-            "sglang_node_restarts": sglang_node_restarts,
-        }
+        return controller_package.filters(
+            {
+                "sglang_server_describe": sglang_server_describe,
+                "sglang_server_errors": sglang_server_errors,
+                "sglang_host_errors": sglang_host_errors,
+                "sglang_restart_decision": sglang_restart_decision,
+                "sglang_server_secret_files": sglang_server_secret_files,
+                "sglang_server_records_and_routers": sglang_server_records_and_routers,
+                "sglang_restart_lines": sglang_restart_lines,
+                "sglang_servers_on_gpus": sglang_servers_on_gpus,
+                "sglang_server_cluster": sglang_server_cluster,
+                "sglang_server_api_keys": sglang_server_api_keys,
+                "sglang_server_secrets": sglang_server_secrets,
+                "sglang_rollout_groups": sglang_rollout_groups,
+                "sglang_node_restarts": sglang_node_restarts,
+            },
+            PACKAGE_ERROR,
+        )

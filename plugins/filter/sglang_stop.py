@@ -10,11 +10,17 @@ from __future__ import annotations
 
 from typing import Any
 
-# The controller package, or an error that names the command installing it (plugins/plugin_utils).
-from ansible_collections.sglang_fleet.fleet.plugins.plugin_utils import controller_package  # noqa: F401
+from ansible_collections.sglang_fleet.fleet.plugins.plugin_utils import controller_package
 
-from sglang_fleet.ansible_values import plain_mapping
-from sglang_fleet.smoke.downtime import downtime_seconds, drain_note, stop_notes
+# The controller package sglang_fleet: a plugin imports without it and fails when used,
+# naming the command that installs it (plugins/plugin_utils/controller_package.py).
+try:
+    from sglang_fleet.ansible_values import plain_mapping
+    from sglang_fleet.smoke.downtime import downtime_seconds, drain_note, stop_notes
+except ImportError as error:
+    PACKAGE_ERROR: ImportError | None = error
+else:
+    PACKAGE_ERROR = None
 
 
 def sglang_stop_notes(names: Any, downtimes: Any = None, drains: Any = None) -> list[str]:
@@ -40,8 +46,11 @@ class FilterModule:
     """Ansible's entry point for filter plugins."""
 
     def filters(self) -> dict[str, Any]:
-        return {
-            "sglang_stop_notes": sglang_stop_notes,
-            "sglang_downtime_seconds": sglang_downtime_seconds,
-            "sglang_drain_note": sglang_drain_note,
-        }
+        return controller_package.filters(
+            {
+                "sglang_stop_notes": sglang_stop_notes,
+                "sglang_downtime_seconds": sglang_downtime_seconds,
+                "sglang_drain_note": sglang_drain_note,
+            },
+            PACKAGE_ERROR,
+        )

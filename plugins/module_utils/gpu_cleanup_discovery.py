@@ -188,7 +188,7 @@ def discover_cpu(
     no GPU to scope by: each such process counts as on what the deployment needs."""
     ports = ownership.rules.ports
     listen = listening_inodes(ports, proc_root) if ports else {}
-    _, listeners = scan_fds("", listen, proc_root)
+    _held, listeners = scan_fds("", listen, proc_root)
     records: dict[Any, dict[str, Any]] = {}
     for pid in sorted(list_pids(proc_root)):
         info = read_proc(pid, proc_root)
@@ -257,5 +257,5 @@ def port_holders(ownership: Ownership, proc_root: str = PROC) -> list[dict[str, 
     not, and why), without reading any GPU: what a pre-flight needs to know before a start."""
     ports = ownership.rules.ports
     listen = listening_inodes(ports, proc_root) if ports else {}
-    _, listeners = scan_fds("", listen, proc_root)
+    _held, listeners = scan_fds("", listen, proc_root)
     return _port_holders(listeners, ownership, proc_root)

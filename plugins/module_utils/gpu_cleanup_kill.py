@@ -131,7 +131,7 @@ def terminate(
         entry["skipped"] = []
         planned = list(zip(group["pids"], group["starttimes"], strict=True))
         sent = _signal_members(entry, planned, signal.SIGTERM, proc_root)
-        entry["pids"] = [pid for pid, _ in sent]
+        entry["pids"] = [pid for pid, _start in sent]
         if sent or entry["skipped"]:
             report.append(entry)
             signalled.append(sent)
@@ -143,14 +143,14 @@ def terminate(
             _signal_members(entry, left, signal.SIGKILL, proc_root)
     _wait_gone(stubborn, kill_wait, min(poll_interval, 0.2), proc_root)
     for entry, left in zip(report, stubborn, strict=True):
-        entry["survived"] = [pid for pid, _ in _survivors(left, proc_root)]
+        entry["survived"] = [pid for pid, _starttime in _survivors(left, proc_root)]
     return report
 
 
 def active_units(units: list[str], runner: Runner) -> list[str]:
     active = []
     for unit in units:
-        rc, out, _ = runner(["systemctl", "is-active", unit], 15)
+        rc, out, _err = runner(["systemctl", "is-active", unit], 15)
         if rc != 127 and out.strip() in _ACTIVE_STATES:
             active.append(unit)
     return active

@@ -152,9 +152,9 @@ def _plan_group(
     chosen.sort()
     return {
         "pgid": pgid,
-        "pids": [pid for pid, _, _ in chosen],
-        "starttimes": [start for _, start, _ in chosen],
-        "commands": [command[:COMMAND_WIDTH] for _, _, command in chosen],
+        "pids": [pid for pid, _start, _command in chosen],
+        "starttimes": [start for _pid, start, _command in chosen],
+        "commands": [command[:COMMAND_WIDTH] for _pid, _start, command in chosen],
         "spared": spared,
     }
 

@@ -334,7 +334,7 @@ def prune_candidates(
         finite = isinstance(staged_at, (int, float)) and math.isfinite(staged_at)
         when = float(staged_at) if finite else 0.0
         ours.append((when, name))
-    newest_first = [name for _, name in sorted(ours, reverse=True)]
+    newest_first = [name for _when, name in sorted(ours, reverse=True)]
     room = max(keep - guarded, 0)
     return sorted(newest_first[room:])
 

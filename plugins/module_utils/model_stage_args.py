@@ -185,7 +185,7 @@ def command(value: Any, variable: str) -> str:
 def endpoint(value: Any, variable: str) -> str:
     """An http(s) URL without credentials or white space."""
     url = text(value, variable)
-    scheme, _, rest = url.partition("://")
+    scheme, _sep, rest = url.partition("://")
     host = rest.split("/", 1)[0]
     if scheme not in ("http", "https") or not host or "@" in host or any(c.isspace() for c in url):
         raise ArgError(variable, f"{url!r}: an http:// or https:// URL, no user:password@")

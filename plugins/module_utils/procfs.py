@@ -79,7 +79,7 @@ def parse_cgroup(text: str) -> str:
         parts = line.split(":", 2)
         if len(parts) != 3:
             continue
-        _, controllers, path = parts
+        _hierarchy, controllers, path = parts
         if controllers == "name=systemd":
             return path
         if controllers == "":

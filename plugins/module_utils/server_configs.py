@@ -454,7 +454,7 @@ def launched(command: Command) -> Command:
     program env runs, with its argv; otherwise the command itself. NotUnderstood when env's
     arguments are not understood or its program is not a path (env looks it up on the PATH of
     the service, which this reader does not see)."""
-    for _ in range(MAX_ENV_WRAPS):
+    for _wrap in range(MAX_ENV_WRAPS):
         if os.path.basename(command.path) != "env":
             return command
         command = _after_env(command)

@@ -33,7 +33,7 @@ description:
     and counts as held until it is older than I(lease_s); it is never a traceback.
   - Check mode writes nothing and says what would happen.
 version_added: "0.1.0"
-author: sglang-fleet
+author: sglang-fleet maintainers (@sglang-fleet)
 options:
   path:
     description: Absolute path of the lock file on the host. Its directory must exist.
@@ -674,7 +674,9 @@ ARGUMENT_SPEC: dict[str, Any] = {
     "state": {"type": "str", "choices": ["acquired", "renewed", "released"], "default": "acquired"},
     "owner": {"type": "dict"},
     "run_id": {"type": "str"},
-    "token": {"type": "str", "default": ""},
+    # Which run holds the lock: a random id the module itself returns and writes into the lock
+    # file, not a secret (no_log would only hide it from the operator reading a takeover).
+    "token": {"type": "str", "default": "", "no_log": False},
     "lease_s": {"type": "int"},
     "replace_sha256": {"type": "str"},
 }

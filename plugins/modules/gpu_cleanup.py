@@ -47,7 +47,7 @@ description:
     those listening on I(ours.ports), classified by the same rules; the gate holds once none of
     them is left. I(gpus) must then be empty.
 version_added: "0.1.0"
-author: sglang-fleet
+author: sglang-fleet maintainers (@sglang-fleet)
 options:
   state:
     description:

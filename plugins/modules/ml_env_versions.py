@@ -7,8 +7,6 @@ put in place, and old versions pruned. Runs on the GPU host: standard library on
 
 from __future__ import annotations
 
-import errno
-
 DOCUMENTATION = r"""
 ---
 module: ml_env_versions
@@ -36,7 +34,7 @@ description:
   - An older layout, one virtualenv at I(root) itself (C(<root>/pyvenv.cfg)), is reported as
     C(legacy) and never changed.
 version_added: "0.6.0"
-author: sglang-fleet
+author: sglang-fleet maintainers (@sglang-fleet)
 options:
   root:
     description: The folder the role owns (ml_env_path); versions live in C(<root>/versions).
@@ -120,6 +118,7 @@ removed:
   elements: str
 """
 
+import errno
 import os
 import re
 
@@ -225,7 +224,7 @@ def _spellings(path: str) -> list[str]:
         raise Unplaced(f"{path!r} is not an absolute path")
     found = [os.path.normpath(path)]
     current = path
-    for _ in range(MAX_LINKS):
+    for _link in range(MAX_LINKS):
         current = os.path.normpath(
             os.path.join(os.path.realpath(os.path.dirname(current)), os.path.basename(current))
         )
@@ -464,7 +463,8 @@ def main() -> None:
         argument_spec={
             "root": {"type": "path", "required": True},
             "wanted": {"type": "str", "required": True},
-            "wanted_key": {"type": "str", "default": ""},
+            # The hash of a package set (the role's), not a secret.
+            "wanted_key": {"type": "str", "default": "", "no_log": False},
             "state": {"type": "str", "default": "read", "choices": ["read", "installed", "pruned"]},
             "keep": {"type": "int", "default": 3},
             "remove": {"type": "list", "elements": "str", "default": []},

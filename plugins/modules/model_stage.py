@@ -28,7 +28,7 @@ description:
   - Every file operation stays inside the folders it owns (nothing inside is followed through
     a link); only regular files are hashed, each read bounded by the manifest's size.
 version_added: "0.4.0"
-author: sglang-fleet
+author: sglang-fleet maintainers (@sglang-fleet)
 options:
   path:
     description: Where the server loads the weights (its model_path), an absolute path.

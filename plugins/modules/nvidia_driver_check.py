@@ -20,7 +20,7 @@ description:
     but C(healthy) fails with a message that names what is wrong.
   - Read-only; supports check mode.
 version_added: "0.1.0"
-author: sglang-fleet
+author: sglang-fleet maintainers (@sglang-fleet)
 options:
   nvidia_smi:
     description: Path or name of the nvidia-smi binary.
@@ -325,9 +325,8 @@ def decide(obs: Observation, expected_branch: str, expected_gpu_count: int) -> V
 
 def _run(argv: list[str], timeout: int) -> tuple[int, str]:
     try:
-        done = subprocess.run(  # noqa: PLW1510  the caller reads the exit code
-            argv, capture_output=True, text=True, timeout=timeout
-        )
+        # check=False: the caller reads the exit code.
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
         return 124, f"{argv[0]} did not answer within {timeout} s"
     return done.returncode, f"{done.stdout}\n{done.stderr}".strip()

@@ -18,7 +18,7 @@ description:
     devices) instead of returning an empty list.
   - Changes nothing; runs in check mode.
 version_added: "0.2.0"
-author: sglang-fleet
+author: sglang-fleet maintainers (@sglang-fleet)
 options:
   nvidia_smi:
     description: Path or name of the nvidia-smi binary.

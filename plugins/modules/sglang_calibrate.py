@@ -19,7 +19,7 @@ description:
   the reason in C(msg) and a warning.'
 - 'Check mode: nothing was started, so nothing is measured; the action is skipped.'
 version_added: 0.2.0
-author: sglang-fleet
+author: sglang-fleet maintainers (@sglang-fleet)
 options:
   server:
     description: A server as the sglang_server role describes it (C(sglang_server_servers)).

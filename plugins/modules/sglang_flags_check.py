@@ -27,7 +27,7 @@ description:
   - A word no command line can carry (a NUL character, text that cannot be encoded, more than
     the kernel's 128 KiB per word) is reported for its flag and left out of the runs.
 version_added: "0.1.0"
-author: sglang-fleet
+author: sglang-fleet maintainers (@sglang-fleet)
 options:
   python:
     description: Python interpreter of the environment SGLang is installed in.
@@ -40,7 +40,7 @@ options:
   argv:
     description:
       - The rendered flags (C(--flag value ...)), without the interpreter and module.
-      - Leave out C(--config FILE): SGLang would read the file while parsing.
+      - Leave out C(--config FILE), which SGLang would read while parsing.
     type: list
     elements: str
     required: true
@@ -439,7 +439,7 @@ def _tail(text: str, lines: int = 8) -> str:
 
 
 def sglang_version(python: str, timeout: int) -> str | None:
-    rc, out, _ = run([python, "-c", VERSION_CODE], timeout)
+    rc, out, _err = run([python, "-c", VERSION_CODE], timeout)
     if rc != 0 or not out.strip():
         return None
     return out.strip()
@@ -469,7 +469,7 @@ def parser_problems(
     problems: list[dict[str, Any]] = []
     remaining = list(groups)
     # Each failing run removes one flag, so this ends after at most len(groups) + 1 runs.
-    for _ in range(len(groups) + 1):
+    for _round in range(len(groups) + 1):
         rc, out, err = run([python, "-m", launch_module, *_flatten(remaining), "--help"], timeout)
         if rc == 0:
             return problems
@@ -507,7 +507,7 @@ def is_hidden_flag(python: str, launch_module: str, group: ArgGroup, timeout: in
     """
     if not group.values:
         return False
-    rc, _, err = run([python, "-m", launch_module, group.flag, "--help"], timeout)
+    rc, _out, err = run([python, "-m", launch_module, group.flag, "--help"], timeout)
     found = parser_error(err) if rc == 2 else None
     return bool(found and group.flag in found[0])
 
@@ -531,7 +531,7 @@ def check(params: dict[str, Any]) -> dict[str, Any]:
     problems, argv = unpassable_words(list(params["argv"]), prefix)
     # One import of SGLang when the flags are right: its parser reads the whole list and, with
     # nothing to complain about, reaches --help and prints the help text the checks below need.
-    rc, out, _ = run([python, "-m", module, *argv, "--help"], timeout)
+    rc, out, _err = run([python, "-m", module, *argv, "--help"], timeout)
     known = parse_help(out) if rc == 0 else {}
     if not known:
         try:

@@ -1,16 +1,9 @@
 #!/usr/bin/python
+# Ansible wants DOCUMENTATION/EXAMPLES/RETURN before the imports (ansible-test checks it).
+# ruff: noqa: E402
 """Ansible module: one look at an SGLang systemd unit: health endpoint, unit state, journal."""
 
 from __future__ import annotations
-
-import re
-import subprocess
-
-from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.sglang_fleet.fleet.plugins.module_utils.fleet_http import (
-    HttpError,
-    request,
-)
 
 DOCUMENTATION = r"""
 module: sglang_health_probe
@@ -46,7 +39,7 @@ options:
     type: list
     elements: str
     default: []
-author: sglang-fleet
+author: sglang-fleet maintainers (@sglang-fleet)
 """
 
 EXAMPLES = r"""
@@ -89,6 +82,13 @@ log_tail:
   returned: always
 """
 
+import re
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.fleet_http import (
+    HttpError,
+    request,
+)
 
 DEFAULT_FATAL = [
     r"CUDA out of memory",
@@ -106,14 +106,9 @@ DEFAULT_FATAL = [
 MAX_LINE_CHARS = 64 * 1024
 
 
-def unit_state(unit: str) -> dict[str, str]:
+def unit_state(module: AnsibleModule, unit: str) -> dict[str, str]:
     props = "ActiveState,SubState,NRestarts,ExecMainStatus,Result"
-    out = subprocess.run(
-        ["systemctl", "show", unit, f"--property={props}"],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout
+    _rc, out, _err = module.run_command(["systemctl", "show", unit, f"--property={props}"])
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
 
@@ -123,13 +118,10 @@ def log_lines(text: str) -> list[str]:
     return [line[:MAX_LINE_CHARS] for line in text.splitlines() if line.strip()]
 
 
-def journal_lines(unit: str, since: float) -> list[str]:
-    out = subprocess.run(
-        ["journalctl", "-u", unit, "--since", f"@{int(since)}", "-o", "cat", "--no-pager"],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout
+def journal_lines(module: AnsibleModule, unit: str, since: float) -> list[str]:
+    _rc, out, _err = module.run_command(
+        ["journalctl", "-u", unit, "--since", f"@{int(since)}", "-o", "cat", "--no-pager"]
+    )
     return log_lines(out)
 
 
@@ -181,8 +173,8 @@ def main() -> None:
         supports_check_mode=True,
     )
     params = module.params
-    state = unit_state(params["unit"])
-    lines = journal_lines(params["unit"], params["since"])
+    state = unit_state(module, params["unit"])
+    lines = journal_lines(module, params["unit"], params["since"])
     status = None
     if state.get("ActiveState") in ("active", "activating", "reloading"):
         status = http_status(params["url"], params["request_timeout"])

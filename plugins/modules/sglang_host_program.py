@@ -15,7 +15,7 @@ description:
   group and mode behave as copy''s; the same sources give the same bytes (docs/ARCHITECTURE.md,
   "Host-side programs").'
 version_added: 0.2.0
-author: sglang-fleet
+author: sglang-fleet maintainers (@sglang-fleet)
 options:
   entry:
     description: The module of sglang_fleet whose C(main()) the program runs.

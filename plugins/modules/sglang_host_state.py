@@ -24,7 +24,7 @@ description:
     One call instead of one task per file: on a fleet, the check of a host that needs nothing
     costs one module run.
 version_added: "0.3.0"
-author: sglang-fleet
+author: sglang-fleet maintainers (@sglang-fleet)
 options:
   files:
     description:
@@ -370,8 +370,8 @@ def _sorted(checks: list[tuple[str, list[str]]]) -> tuple[list[str], list[str]]:
     """(the keys whose every check found nothing, once each; every difference found). A key
     asked for twice is in place only when both are: a write of either would change it."""
     differ = {key for key, found in checks if found}
-    in_place = list(dict.fromkeys(key for key, _ in checks if key not in differ))
-    return in_place, [line for _, found in checks for line in found]
+    in_place = list(dict.fromkeys(key for key, _found in checks if key not in differ))
+    return in_place, [line for _key, found in checks for line in found]
 
 
 def run(params: dict[str, Any]) -> dict[str, Any]:

@@ -24,7 +24,7 @@ description:
   - Returns the record (the one there before, for C(kept)), never a file's content.
   - Changes nothing in check mode; says what would change.
 version_added: "0.4.0"
-author: sglang-fleet
+author: sglang-fleet maintainers (@sglang-fleet)
 options:
   lkg_dir:
     description: The server's last-known-good folder (<state dir>/<server>/lkg).
@@ -212,7 +212,7 @@ def main() -> None:
     )
 
     def reload() -> None:
-        rc, _, err = module.run_command(["systemctl", "daemon-reload"])
+        rc, _out, err = module.run_command(["systemctl", "daemon-reload"])
         if rc != 0:
             raise OSError(f"systemctl daemon-reload: {err.strip()}")
 

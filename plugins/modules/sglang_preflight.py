@@ -19,7 +19,7 @@ description:
 - Every problem found is named in one failure, before anything stops. Nothing changes the
   host, in check mode or not.
 version_added: 0.2.0
-author: sglang-fleet
+author: sglang-fleet maintainers (@sglang-fleet)
 options:
   servers:
     description: The servers as the sglang_server role describes them (C(sglang_server_servers)).

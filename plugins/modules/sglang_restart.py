@@ -18,7 +18,7 @@ description:
   when it failed before anything stopped. Check mode: nothing is stopped or started; the action
   is skipped.'
 version_added: 0.2.0
-author: sglang-fleet
+author: sglang-fleet maintainers (@sglang-fleet)
 options:
   server:
     description: A server as the sglang_server role describes it (C(sglang_server_servers)).

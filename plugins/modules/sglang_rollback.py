@@ -16,7 +16,7 @@ description:
   (docs/ARCHITECTURE.md, "Operator verbs").'
 - 'Check mode: nothing.'
 version_added: 0.2.0
-author: sglang-fleet
+author: sglang-fleet maintainers (@sglang-fleet)
 options:
   server:
     description: A server as the sglang_server role describes it (C(sglang_server_servers)).

@@ -15,7 +15,7 @@ description:
   is said, not failed (docs/ROUTER.md).
 - 'A server without a router is skipped. Check mode: nothing.'
 version_added: 0.2.0
-author: sglang-fleet
+author: sglang-fleet maintainers (@sglang-fleet)
 options:
   server:
     description: A described server with its C(name) and C(router).

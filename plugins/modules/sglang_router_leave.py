@@ -15,7 +15,7 @@ description:
   the drain first (docs/ROUTER.md).
 - 'A router that refuses fails the task with the server untouched. Check mode: nothing leaves.'
 version_added: 0.2.0
-author: sglang-fleet
+author: sglang-fleet maintainers (@sglang-fleet)
 options:
   server:
     description: A described server with its C(name) and C(unit).

@@ -1,38 +1,9 @@
 #!/usr/bin/python
+# Ansible wants DOCUMENTATION/EXAMPLES/RETURN before the imports (ansible-test checks it).
+# ruff: noqa: E402
 """Ansible module: list, add or remove a worker of sglang-router through the router's own API."""
 
 from __future__ import annotations
-
-import json
-import math
-import re
-import time
-import urllib.parse
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
-
-from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.sglang_fleet.fleet.plugins.module_utils.bounded_json import (
-    loads as bounded_loads,
-)
-from ansible_collections.sglang_fleet.fleet.plugins.module_utils.fleet_http import (
-    HttpError,
-    Response,
-    check_url,
-    redact_url,
-    request,
-    without_secrets,
-)
-from ansible_collections.sglang_fleet.fleet.plugins.module_utils.router_workers import (
-    parse_workers,
-    url_key,
-)
-from ansible_collections.sglang_fleet.fleet.plugins.module_utils.typed_number import (
-    NumberError,
-    Range,
-    read,
-)
 
 DOCUMENTATION = r"""
 module: sglang_router_workers
@@ -123,7 +94,7 @@ options:
     description: Seconds one HTTP request may take, all of it (connect, headers and body).
     type: float
     default: 10
-author: sglang-fleet
+author: sglang-fleet maintainers (@sglang-fleet)
 """
 
 EXAMPLES = r"""
@@ -174,6 +145,37 @@ drain_seconds:
   type: float
   returned: when a drain ran
 """
+
+import json
+import math
+import re
+import time
+import urllib.parse
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.bounded_json import (
+    loads as bounded_loads,
+)
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.fleet_http import (
+    HttpError,
+    Response,
+    check_url,
+    redact_url,
+    request,
+    without_secrets,
+)
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.router_workers import (
+    parse_workers,
+    url_key,
+)
+from ansible_collections.sglang_fleet.fleet.plugins.module_utils.typed_number import (
+    NumberError,
+    Range,
+    read,
+)
 
 DRAIN_METRICS = ("sglang:num_running_reqs", "sglang:num_queue_reqs")
 # Used with fullmatch: scheme, host and port, nothing after them (a `$` would let a newline by).
@@ -554,13 +556,13 @@ def check_urls(router_url: str, req: Request) -> None:
             "path, query or fragment (the module adds /workers)"
         )
     try:
-        _, router_host, router_port, _ = check_url(router_url, "router_url")
+        _scheme, router_host, router_port, _path = check_url(router_url, "router_url")
         if req.drain_metrics_url:
             check_url(req.drain_metrics_url, "drain_metrics_url")
     except HttpError as err:
         raise RouterError(str(err)) from None
     if req.worker_url and not check_worker_url(req.worker_url):
-        _, host, port, _ = check_url(req.worker_url, "worker_url")
+        _scheme, host, port, _path = check_url(req.worker_url, "worker_url")
         if (host.lower(), port) == (router_host.lower(), router_port):
             raise RouterError(
                 f"worker_url {redact_url(req.worker_url)} is the router itself "

@@ -18,7 +18,7 @@ description:
 - 'A failed gate fails the task with "smoke gate: ..." and the caller rolls back. Check mode:
   nothing runs.'
 version_added: 0.2.0
-author: sglang-fleet
+author: sglang-fleet maintainers (@sglang-fleet)
 options:
   server:
     description: A described server with its C(name) and C(port).

@@ -23,7 +23,7 @@ description:
     (bounded by C(journal_lines)), which the diagnosis falls back to without /metrics.
   - Changes nothing in check mode (and runs nothing).
 version_added: "0.4.0"
-author: sglang-fleet
+author: sglang-fleet maintainers (@sglang-fleet)
 options:
   client_zipapp:
     description: The client, a zipapp (the package sglang_fleet/smoke/smoke_client/ of the control

@@ -21,7 +21,7 @@ description:
     64 MiB; missing is null).
   - Changes nothing; runs in check mode too.
 version_added: "0.6.0"
-author: sglang-fleet
+author: sglang-fleet maintainers (@sglang-fleet)
 options:
   unit:
     description: The server's systemd unit.
@@ -129,7 +129,7 @@ MAX_LINE_CHARS = 4096  # a start-up line is a few hundred characters; a longer o
 
 
 def invocation_id(unit: str, timeout: float) -> str:
-    rc, out, _ = run_command(
+    rc, out, _err = run_command(
         ["systemctl", "show", "--property=InvocationID", "--value", unit], timeout
     )
     return out.strip() if rc == 0 else ""
@@ -145,17 +145,19 @@ def matching_lines(invocation: str, pattern: str, max_lines: int, timeout: float
     found: list[str] = []
     deadline = time.monotonic() + timeout
     with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL) as proc:
-        assert proc.stdout is not None
-        os.set_blocking(proc.stdout.fileno(), False)
+        stdout = proc.stdout
+        if stdout is None:  # never with stdout=PIPE; said for the type checker
+            return found
+        os.set_blocking(stdout.fileno(), False)
         selector = selectors.DefaultSelector()
-        selector.register(proc.stdout, selectors.EVENT_READ)
+        selector.register(stdout, selectors.EVENT_READ)
         pending = b""
         try:
             while len(found) < max_lines:
                 left = deadline - time.monotonic()
                 if left <= 0 or not selector.select(left):
                     break
-                chunk = proc.stdout.read(65536)
+                chunk = stdout.read(65536)
                 if not chunk:
                     break
                 *whole, pending = (pending + chunk).split(b"\n")

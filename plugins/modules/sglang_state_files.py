@@ -19,7 +19,7 @@ description:
     a file or the folder must be is refused; each file read to compare is bounded.
   - Returns the names written, never a file's content. Changes nothing in check mode.
 version_added: "0.4.0"
-author: sglang-fleet
+author: sglang-fleet maintainers (@sglang-fleet)
 options:
   folder:
     description: The server's state folder (<state dir>/<server>), owned by root.

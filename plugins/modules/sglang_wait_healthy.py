@@ -17,7 +17,7 @@ description:
   lock taken over ends the wait as failed with C(lock_lost=true) (docs/LOCKING.md).
 - 'Check mode: no server was started; the action is skipped.'
 version_added: 0.2.0
-author: sglang-fleet
+author: sglang-fleet maintainers (@sglang-fleet)
 options:
   unit:
     description: The server's systemd unit.

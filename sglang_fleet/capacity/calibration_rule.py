@@ -57,8 +57,10 @@ DEVICE_MIB = Range(0, 1e12, low_open=True)
 DEVICES = ("cuda", "cpu")
 # A record's own fields: never judged a secret by their names (the record's "key" would be).
 RECORD_FIELDS = ("schema", "recorded_at", "server", "config_hash", "sources", "key", "measured")
-KEY_FIELDS = (*_KEY_COUNTS, *_KEY_NAMES, "device", "gpu_memory_mib", "mem_fraction_static",
-               "kv_cache_dtype", "flags")  # fmt: skip
+KEY_FIELDS = (
+    *_KEY_COUNTS, *_KEY_NAMES, "device", "gpu_memory_mib", "mem_fraction_static",
+    "kv_cache_dtype", "flags",
+)  # fmt: skip
 MEASURED_FIELDS = (*_GIB_FIGURES, *_COUNT_FIGURES, "post_capture_kv_sizing")
 # How far a GPU record's KV pool may exceed what its fraction leaves for it (_pool_problem):
 # the figures' two decimals, and a fraction inferred from those figures rounded down.

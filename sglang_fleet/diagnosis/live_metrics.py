@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Sample a running SGLang server without touching it: /metrics over a window, /server_info once.
 
 Standard library only, Python >= 3.9: it runs on a GPU host (servers listen on loopback there)

@@ -524,7 +524,8 @@ def read_usage(output: str) -> list[tuple[int, int]] | None:
                     break
                 if "key" in record and record["key"] not in seen:
                     seen.add(record["key"])
-                    pairs += [(p, c) for p, c in record.get("usage") or ()]
+                    # as tuples (JSON gives lists), each a pair or the ValueError of one that is not
+                    pairs.extend((p, c) for p, c in record.get("usage") or ())
     except OSError:
         return None
     return pairs

@@ -185,7 +185,7 @@ class Display:
 
     def __init__(self, progress: Progress, stream: Any = None) -> None:
         self.stream = stream or sys.stderr
-        self.bar = None
+        self.tqdm_bar = None
         self._logged = 0.0
         if self.stream.isatty():
             try:
@@ -194,7 +194,7 @@ class Display:
                 tqdm = None
             if tqdm is not None:
                 done = progress.total - progress.left()
-                self.bar = tqdm(
+                self.tqdm_bar = tqdm(
                     total=progress.total, initial=done, unit="row", file=self.stream,
                     desc=progress.job, dynamic_ncols=True,
                 )  # fmt: skip
@@ -202,13 +202,13 @@ class Display:
     def update(self, snapshot: dict[str, Any], force: bool = False) -> None:
         rows = snapshot["rows"]
         done = rows["total"] - rows["left"]
-        if self.bar is not None:
-            self.bar.n = done
-            self.bar.set_postfix(
+        if self.tqdm_bar is not None:
+            self.tqdm_bar.n = done
+            self.tqdm_bar.set_postfix(
                 tok_s=snapshot["output_tok_s"], errors=rows["error"], skipped=rows["skipped"],
                 refresh=False,
             )  # fmt: skip
-            self.bar.refresh()
+            self.tqdm_bar.refresh()
             return
         now = time.monotonic()
         if force or now - self._logged >= LOG_EVERY_S:
@@ -216,8 +216,8 @@ class Display:
             print(line(snapshot), file=self.stream, flush=True)
 
     def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
+        if self.tqdm_bar is not None:
+            self.tqdm_bar.close()
 
 
 def line(snapshot: dict[str, Any]) -> str:

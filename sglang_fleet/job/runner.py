@@ -182,7 +182,7 @@ class Runner:
         self.ledger.record(
             line.key, done.file, rows.dumps(done.record), usage=done.usage, why=done.error
         )
-        self.progress.finished(done.file, sum(out for _, out in done.usage), done.error)
+        self.progress.finished(done.file, sum(out for _prompt, out in done.usage), done.error)
 
     async def _conversation(self, row: dict[str, Any]) -> _Finished:
         """After each user turn, the assistant turn the server generates from the turns before

@@ -91,7 +91,7 @@ class Pool:
             await asyncio.sleep(PROBE_EVERY_S)
             for server in [s for s in self.servers if not s.in_service]:
                 try:
-                    status, _ = await server.client.get(self.health_path)
+                    status, _body = await server.client.get(self.health_path)
                 except OSError as exc:
                     server.last_problem = f"health probe: {exc}"
                     continue

@@ -78,6 +78,6 @@ def describe(pairs: list[tuple[int, int]], source: str) -> dict[str, Any]:
     return {
         "source": source,
         "pairs": count,
-        "mean_prompt_tokens": round(sum(p for p, _ in pairs) / count) if count else None,
-        "mean_output_tokens": round(sum(c for _, c in pairs) / count) if count else None,
+        "mean_prompt_tokens": round(sum(p for p, _c in pairs) / count) if count else None,
+        "mean_output_tokens": round(sum(c for _p, c in pairs) / count) if count else None,
     }

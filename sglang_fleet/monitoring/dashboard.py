@@ -157,8 +157,8 @@ def _series(data: dict[str, Any], item: dict[str, str], end: float) -> list[Any]
         if not isinstance(metric, dict) or not isinstance(values, list):
             raise DashboardError(f"panel {item['panel']!r}: a series without metric and values")
         try:
-            times = [float(t) - end for t, _ in values]
-            points = [float(v) for _, v in values]
+            times = [float(t) - end for t, _v in values]
+            points = [float(v) for _t, v in values]
         except (TypeError, ValueError):
             raise DashboardError(
                 f"panel {item['panel']!r}: values that are not [time, number] pairs"

@@ -368,7 +368,7 @@ def _total_hicache(servers: list[dict], ram_mib: int | None) -> list[Problem]:
         pool = hicache_bytes(server, ranks_per_node(server.get("flags") or {}, sizes))
         if pool is not None:
             parts.append((str(server.get("name")), pool[1]))
-    total = sum(need for _, need in parts)
+    total = sum(need for _name, need in parts)
     if len(parts) < 2 or total + HICACHE_RESERVE_BYTES <= ram_mib * MIB:
         return []
     listing = " + ".join(f"{name} {need / GB:.1f} GB" for name, need in parts)

@@ -199,7 +199,7 @@ def _addresses_apart(
     for node in nodes:
         if node != nodes[0] and not cluster[node].get("facts_known"):
             continue  # refused by name where its own layout is made
-        _, address = _interface_of(node, chosen, cluster[node], where)
+        _interface, address = _interface_of(node, chosen, cluster[node], where)
         if node == nodes[0]:
             parsed = ipaddress.ip_address(address.split("%")[0])
             if parsed.is_loopback or parsed.is_unspecified:
@@ -263,7 +263,7 @@ def layout(
     _same_description(str(server.get("name")), nodes, gpu_count, cluster, where)
     _port_taken(str(server.get("name")), port, nodes[0], cluster, where)
     address = _addresses_apart(nodes, chosen, cluster, where)
-    interface, _ = _interface_of(host, chosen, cluster[host], where)
+    interface, _address = _interface_of(host, chosen, cluster[host], where)
     dist_init = f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
     return Layout(nodes, nodes.index(host), interface, dist_init)
 

@@ -99,7 +99,7 @@ def _trials_panel(ax: Axes, state: Mapping[str, Any], best: Mapping[str, Any] | 
             fontsize=7,
         )
     ax.set_xticks(numbers)
-    ax.set_ylim(0, max([*heights, *(p for _, p in shown), 1.0]) * HEADROOM)
+    ax.set_ylim(0, max([*heights, *(p for _n, p in shown), 1.0]) * HEADROOM)
     handles: list[Any] = [Patch(color=c, label=o) for o, c in OUTCOME_COLORS.items()]
     handles.append(Patch(facecolor="white", edgecolor=WINNER_EDGE, linewidth=2, label="winner"))
     handles.append(Line2D([], [], marker="x", linestyle="none", color="black", label="predicted"))

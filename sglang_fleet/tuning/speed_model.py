@@ -35,13 +35,13 @@ def fit_speed_model(points: list[tuple[int, float]], prior_a: float) -> dict[str
     while every point has the same number of waves."""
     if not points:
         return {"a": prior_a, "k": 0.0, "source": "prior"}
-    waves = [w for w, _ in points]
+    waves = [w for w, _d in points]
     if len(set(waves)) < 2:
         a = sum(d / w for w, d in points) / len(points)
         return {"a": a, "k": 0.0, "source": "scaled"}
     n = len(points)
     mean_w = sum(waves) / n
-    mean_d = sum(d for _, d in points) / n
+    mean_d = sum(d for _w, d in points) / n
     var = sum((w - mean_w) ** 2 for w in waves)
     a = sum((w - mean_w) * (d - mean_d) for w, d in points) / var
     k = mean_d - a * mean_w

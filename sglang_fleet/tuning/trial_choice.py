@@ -54,8 +54,8 @@ def _stop_reason(state: Mapping[str, Any]) -> str | None:
         # prediction can say it is not worth trying.
         return None
     top = todo[0]["predicted"]["output_tok_s"]
-    bar = top * (1 - state["tolerance"])
-    if best["output_throughput"] >= bar:
+    threshold = top * (1 - state["tolerance"])
+    if best["output_throughput"] >= threshold:
         return (
             f"early stop: trial {best['n']} measured {best['output_throughput']:.1f} tok/s, at "
             f"least the best remaining prediction {top:.1f} tok/s x (1 - {state['tolerance']:g})"

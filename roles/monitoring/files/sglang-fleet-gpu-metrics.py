@@ -88,7 +88,7 @@ def owning_unit(proc: Path, pid: int | None) -> str:
     except OSError:
         return ""
     for line in text.splitlines():
-        _, _, path = line.partition("::")
+        _hierarchy, _sep, path = line.partition("::")
         if not path and ":name=systemd:" in line:
             path = line.split(":name=systemd:", 1)[1]
         for part in reversed([p for p in path.split("/") if p]):

@@ -48,7 +48,7 @@ def _positive_number(text: str, allow_inf: bool = False) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}") from None
-    if not value > 0 or (math.isinf(value) and not allow_inf):
+    if math.isnan(value) or value <= 0 or (math.isinf(value) and not allow_inf):
         raise argparse.ArgumentTypeError(f"must be a positive finite number, got {text!r}")
     return value
 

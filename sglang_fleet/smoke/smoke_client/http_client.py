@@ -169,7 +169,7 @@ class _Connection(asyncio.BufferedProtocol):
             return self._parse_head(buf[end + 4 :], t)
         headers = {}
         for line in lines[1:]:
-            name, _, value = line.partition(":")
+            name, _colon, value = line.partition(":")
             headers[name.strip().lower()] = value.strip()
         connection = headers.get("connection", "").lower()
         self.keep_alive = version == "HTTP/1.1" and connection != "close"
@@ -309,7 +309,7 @@ def split_url(url: str) -> tuple[Any, int]:
             f"got {shown!r}"
         )
     try:
-        _, _, port, _ = check_url(url, "--url")
+        _scheme, _host, port, _path = check_url(url, "--url")
     except HttpError as err:  # its message shows the URL as this client does
         raise ValueError(str(err).replace(repr(redact_url(url)), repr(shown))) from None
     parts = urlsplit(url)
@@ -370,7 +370,7 @@ class HttpClient:
             lambda: _Connection(self.clock), self.host, self.port, ssl=self.ssl
         )
         try:
-            _, conn = await asyncio.wait_for(connecting, self.timeout)
+            _reader, conn = await asyncio.wait_for(connecting, self.timeout)
         except asyncio.TimeoutError:
             raise OSError(f"no connection within {self.timeout:g} s") from None
         return conn

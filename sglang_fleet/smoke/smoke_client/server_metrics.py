@@ -35,7 +35,7 @@ async def read_metrics(
     text = body.decode("utf-8", "replace")
     values = parse_prometheus(text, left_out)
     # A gauge of a rate or a length is not summed over the schedulers that report it: their mean.
-    spec = [(n, v) for n, _, v in parse_series(text) if n in _SPEC_GAUGES]
+    spec = [(n, v) for n, _labels, v in parse_series(text) if n in _SPEC_GAUGES]
     for name in _SPEC_GAUGES:
         found = [v for n, v in spec if n == name]
         if found:

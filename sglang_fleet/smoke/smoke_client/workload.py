@@ -120,7 +120,7 @@ def _generate_body(
         }
     else:
         # Common words are about one token each; the server's usage gives the exact count.
-        words = [rng.choice(_WORDS) for _ in range(input_len)]
+        words = [rng.choice(_WORDS) for _word in range(input_len)]
         payload = {
             "model": model,
             "prompt": " ".join(words),
