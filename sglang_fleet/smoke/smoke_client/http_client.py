@@ -118,8 +118,8 @@ class _Connection:
             return
         exchange.got_bytes = True
         try:
-            if self._state == _CHUNK_SIZE and not self._buf and self._one_chunk(data, t):
-                return  # the usual read of a stream: one whole chunk
+            if self._state == _CHUNK_SIZE and not self._buf and self._whole_chunks(data, t):
+                return  # the usual read of a stream: whole chunks
             if self._state == _HEAD:
                 data = self._parse_head(data, t)
             if data and self.exchange is not None:
@@ -196,21 +196,33 @@ class _Connection:
         else:
             self._feed_chunked(data, t)
 
-    def _one_chunk(self, data: bytes, t: float) -> bool:
-        """Hand over the body of a read that is exactly one whole chunk (a streamed event, as
-        a server that keeps up sends it), without the general decoder's bookkeeping; False
-        for anything else, left untouched for the decoder, which also raises what a bad size
-        line raises here."""
-        eol = data.find(b"\r\n")
-        size_line = data[:eol]
-        if eol <= 0 or b";" in size_line:
-            return False
-        start = eol + 2
-        end = start + int(size_line, 16)
-        if end <= start or end + 2 != len(data) or not data.endswith(b"\r\n"):
-            return False
-        assert self.exchange is not None
-        self.exchange.on_body(data[start:end], t)
+    def _whole_chunks(self, data: bytes, t: float) -> bool:
+        """Hand over the body of a read that is whole chunks only (streamed events, one
+        chunk each, as a server that keeps up sends them; the last chunk may end the read),
+        without the general decoder's bookkeeping; False for anything else (a chunk cut by the
+        read, an extension, a trailer, a size line int() refuses), left untouched for the
+        decoder, which raises what a bad size line raises."""
+        find, startswith = data.find, data.startswith
+        pos, size, pieces = 0, len(data), []
+        while pos < size:
+            eol = find(b"\r\n", pos)
+            if eol <= pos:
+                return False
+            try:
+                length = int(data[pos:eol], 16)
+            except ValueError:
+                return False
+            pos = eol + 2
+            end = pos + length
+            if length > 0 and startswith(b"\r\n", end):
+                pieces.append(data[pos:end])
+                pos = end + 2
+            elif length == 0 and pos + 2 == size and startswith(b"\r\n", pos):
+                self._state = _DONE  # the last chunk, no trailer: the response ends here
+                break
+            else:
+                return False
+        self._deliver(pieces, t)
         return True
 
     def _feed_chunked(self, data: bytes, t: float) -> None:
