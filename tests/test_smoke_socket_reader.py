@@ -211,6 +211,7 @@ def test_a_request_larger_than_the_send_buffer_goes_out_whole() -> None:
             got.extend(await reader.readexactly(length))
             writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
             await writer.drain()
+            writer.close()
 
         server = await asyncio.start_server(serve, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
@@ -219,11 +220,13 @@ def test_a_request_larger_than_the_send_buffer_goes_out_whole() -> None:
             conn = await client._connect()
             assert isinstance(conn, http_client._SocketConnection)
             conn._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+            client._idle.append(conn)  # the request goes on this connection
             exchange = http_client.Exchange()
             await client.send(client.request_bytes("POST", "/x", body), exchange, lambda: None)
         finally:
             client.close()
             server.close()
+            await server.wait_closed()
         return exchange.error, exchange.status, bytes(exchange.body), bytes(got) == body
 
     assert _run(test) == (None, 200, b"ok", True)
@@ -261,6 +264,7 @@ def test_https_goes_through_the_tls_transport_and_reads_the_same(tmp_path: Path)
         finally:
             client.close()
             server.close()
+            await server.wait_closed()
 
     assert _run(test) == (http_client._TlsConnection, (200, b"hello"))
 
