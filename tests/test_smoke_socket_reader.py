@@ -318,3 +318,27 @@ def test_a_request_when_the_kernel_takes_nothing_waits_for_room_then_goes_out() 
         return bytes(got[: len(filler)]).replace(b"f", b""), bytes(got[len(filler) :])
 
     assert _run(test) == (b"", b"GET /after HTTP/1.1\r\n\r\n")
+
+
+def test_a_fault_in_reading_ends_the_request_at_once_not_at_its_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def broken(self: Any, data: bytes) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(http_client._SocketConnection, "data_received", broken)
+
+    async def test() -> tuple[Any, ...]:
+        loop = asyncio.get_running_loop()
+        logged: list[Any] = []
+        loop.set_exception_handler(lambda _, context: logged.append(context["exception"]))
+        conn, peer, _ = _pair()
+        exchange = _Recorder()
+        conn.start(b"GET / HTTP/1.1\r\n\r\n", exchange)
+        peer.recv(100)
+        peer.sendall(_HEAD)
+        await exchange.done
+        peer.close()
+        return exchange.error, exchange.reason, conn.closed, [str(err) for err in logged]
+
+    assert _run(test) == ("connection closed before a response", CONNECTION_CLOSED, True, ["a bug"])

@@ -320,7 +320,13 @@ class _SocketConnection(_Connection):
             if n == 0:
                 self._lost(None)
                 return
-            self.data_received(buffer[:n].tobytes())
+            try:
+                self.data_received(buffer[:n].tobytes())
+            except Exception as err:
+                # a fault past what parsing reports: end the connection as asyncio's transport
+                # does (the request fails now, not at its timeout), and let the loop log it
+                self._lost(err)
+                raise
             if n < _READ_BUFFER_BYTES:
                 return
 
