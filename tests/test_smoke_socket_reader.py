@@ -342,3 +342,35 @@ def test_a_fault_in_reading_ends_the_request_at_once_not_at_its_timeout(
         return exchange.error, exchange.reason, conn.closed, [str(err) for err in logged]
 
     assert _run(test) == ("connection closed before a response", CONNECTION_CLOSED, True, ["a bug"])
+
+
+def test_a_connection_answered_before_its_request_went_out_is_not_reused() -> None:
+    """A server that answers (keep-alive) before reading a large request's body: the rest of
+    the body is still going out, so the next request must not share the connection."""
+    body = b"b" * (32 * 1024 * 1024)  # more than the kernel buffers on both sides hold
+
+    async def test() -> tuple[Any, ...]:
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 413 Too Large\r\nContent-Length: 0\r\n\r\n")
+            await writer.drain()
+            await asyncio.sleep(0.5)  # reads nothing more: the client's send stays pending
+            writer.close()
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        client = http_client.HttpClient(f"http://127.0.0.1:{port}", None, lambda: 0.0, 5)
+        try:
+            conn = await client._connect()
+            assert isinstance(conn, http_client._SocketConnection)
+            conn._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+            client._idle.append(conn)
+            exchange = http_client.Exchange()
+            await client.send(client.request_bytes("POST", "/x", body), exchange, lambda: None)
+            return exchange.status, exchange.error, conn.closed, client._idle
+        finally:
+            client.close()
+            server.close()
+            await server.wait_closed()
+
+    assert _run(test) == (413, None, True, [])
