@@ -1035,7 +1035,8 @@ def test_unreachable_with_no_reason_from_the_system_still_says_what_and_where(
     async def refuse(*args: Any, **kwargs: Any) -> Any:
         raise ConnectionRefusedError()  # str() of it is empty
 
-    monkeypatch.setattr(asyncio.BaseEventLoop, "create_connection", refuse)
+    # plain HTTP connects with the loop's sock_connect (http_client.open_socket)
+    monkeypatch.setattr(asyncio.selector_events.BaseSelectorEventLoop, "sock_connect", refuse)
     assert command_line.main(["--url", "http://10.9.8.7:31234", "--num-prompts", "1"]) == 1
     err = capsys.readouterr().err.strip()
     assert err == (

@@ -1,7 +1,7 @@
 """The smoke client's one-walk readers judge exactly as the general ones do: a read of
 /generate events taken at a glance (streams._token_counts) against the same read event by
-event, and a read that is one whole HTTP chunk (http_client._Connection._one_chunk) against
-the general chunked decoder. Properties over SGLang-shaped events whose text holds quotes,
+event, and a read of whole HTTP chunks (http_client._Connection._whole_chunks) against the
+general chunked decoder. Properties over SGLang-shaped events whose text holds quotes,
 escaped quotes, backslashes and error keys where a byte search could be fooled."""
 
 from __future__ import annotations
@@ -153,13 +153,16 @@ def _chunked(draw: Any) -> tuple[bytes, list[int]]:
         out.append(size.encode() + b"\r\n" + body + tail)
     out.append(b"0\r\n\r\n")
     data = b"".join(out)
-    # reads: one per chunk as a streaming server writes them, or cut anywhere
-    cuts = draw(st.one_of(st.just([len(c) for c in itertools.accumulate(out)]),
+    # reads: one per chunk as a streaming server writes them, several whole chunks a read (a
+    # client that fell behind), or cut anywhere
+    ends = [len(c) for c in itertools.accumulate(out)]
+    every = draw(st.integers(1, 3))
+    cuts = draw(st.one_of(st.just(ends), st.just(ends[every - 1 :: every]),
                           st.lists(st.integers(0, len(data)), max_size=4)))  # fmt: skip
     return data, cuts
 
 
-def _decoded(data: bytes, cuts: list[int], *, one_chunk: bool) -> tuple[Any, ...]:
+def _decoded(data: bytes, cuts: list[int], *, whole_chunks: bool) -> tuple[Any, ...]:
     async def run() -> tuple[Any, ...]:
         conn = http_client._Connection(lambda: 0.0)
         exchange = _Body()
@@ -171,9 +174,9 @@ def _decoded(data: bytes, cuts: list[int], *, one_chunk: bool) -> tuple[Any, ...
                 conn.data_received(data[a:b])
         return b"".join(exchange.pieces), exchange.error, exchange.ended
 
-    if one_chunk:
+    if whole_chunks:
         return asyncio.run(run())
-    with mock.patch.object(http_client._Connection, "_one_chunk", lambda *_: False):
+    with mock.patch.object(http_client._Connection, "_whole_chunks", lambda *_: False):
         return asyncio.run(run())
 
 
@@ -184,10 +187,14 @@ def _decoded(data: bytes, cuts: list[int], *, one_chunk: bool) -> tuple[Any, ...
 @example(case=(b"zz\r\nabc\r\n0\r\n\r\n", [9]))  # not hexadecimal
 @example(case=(b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n", [15]))  # two chunks in one read
 @example(case=(b"3\r\nabc\r\n0\r\n\r\n", [4, 6]))  # a chunk over two reads
-def test_a_read_of_one_whole_chunk_decodes_as_the_general_decoder_does(
+@example(case=(b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n", []))  # the whole answer in one read
+@example(case=(b"3\r\nabc\r\n2\r\nde\r\n0\r\nx: 1\r\n\r\n", []))  # and a trailer
+@example(case=(b"3\r\nabc\r\n\r\nde\r\n0\r\n\r\n", []))  # an empty size line
+@example(case=(b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\nHTTP", []))  # bytes after the end
+def test_a_read_of_whole_chunks_decodes_as_the_general_decoder_does(
     case: tuple[bytes, list[int]],
 ) -> None:
     """Same body bytes, same error message, same end, for good and bad size lines and
-    chunk endings, read one chunk at a time or cut anywhere."""
+    chunk endings, read one chunk at a time, several whole chunks at a time or cut anywhere."""
     data, cuts = case
-    assert _decoded(data, cuts, one_chunk=True) == _decoded(data, cuts, one_chunk=False)
+    assert _decoded(data, cuts, whole_chunks=True) == _decoded(data, cuts, whole_chunks=False)

@@ -29,11 +29,13 @@ no_final_record, http_<status>, timeout, connect_failed, connection_closed,
 malformed_response, server_error).
 
 Speed matters more than usual here: the gate must measure the server, never this client. The
-HTTP/1.1 client is therefore written on ``asyncio.BufferedProtocol`` (the layer under asyncio
-streams): bytes are parsed as they arrive, without waking a coroutine per network read, and
-/generate chunks are not JSON-decoded one by one (their text is cumulative, so decoding each
-would cost O(n^2) per request): the server's token count is found with a byte search, and only
-the last chunk of a request is decoded. bench/README.md says how the cost is measured.
+HTTP/1.1 client therefore reads a plain-HTTP socket itself (the event loop's ``add_reader`` and
+``recv_into`` one preallocated buffer; HTTPS goes through asyncio's TLS transport): bytes are
+parsed as they arrive, without waking a coroutine or a transport per network read, the events
+of one read are taken together at the one clock reading they share, and /generate chunks are
+not JSON-decoded one by one (their text is cumulative, so decoding each would cost O(n^2) per
+request): the server's token count is found with a byte search, and only the last chunk of a
+request is decoded. bench/README.md says how the cost is measured.
 
 One job per module, imports absolute and among these modules only (importing the package itself
 imports none of them):

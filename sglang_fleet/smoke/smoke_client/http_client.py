@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import socket
 import ssl
 from typing import Any, Callable
 from urllib.parse import urlsplit
@@ -76,27 +77,23 @@ def _line_after_chunk(state: int, blank: bool) -> int:
     return _DONE if blank else _TRAILER
 
 
-class _Connection(asyncio.BufferedProtocol):
+class _Connection:
     """An HTTP/1.1 connection that parses responses as bytes arrive (no pipelining).
 
-    A buffered protocol, because a plain one makes asyncio allocate a fresh 256 KiB bytes
-    object for every read: that alone costs several times the parsing of a streamed token.
+    The parsing half: how bytes reach it and leave it is a subclass's (_SocketConnection for
+    plain HTTP, _TlsConnection for HTTPS), which calls data_received with each read's bytes and
+    connection_lost once when the connection ends.
     """
 
     def __init__(self, clock: Clock) -> None:
         self._read_buffer = memoryview(bytearray(_READ_BUFFER_BYTES))
         self.clock = clock
-        self.transport: asyncio.Transport | None = None
         self.exchange: Exchange | None = None
         self.closed = False
         self.keep_alive = True
         self._state = _HEAD
         self._buf = b""
         self._remaining = 0
-
-    # asyncio.Protocol -------------------------------------------------------------------
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -113,12 +110,6 @@ class _Connection(asyncio.BufferedProtocol):
         else:
             exchange.on_error("connection closed before a response", CONNECTION_CLOSED)
 
-    def get_buffer(self, sizehint: int) -> memoryview:
-        return self._read_buffer
-
-    def buffer_updated(self, nbytes: int) -> None:
-        self.data_received(self._read_buffer[:nbytes].tobytes())
-
     def data_received(self, data: bytes) -> None:
         t = self.clock()
         exchange = self.exchange
@@ -127,8 +118,8 @@ class _Connection(asyncio.BufferedProtocol):
             return
         exchange.got_bytes = True
         try:
-            if self._state == _CHUNK_SIZE and not self._buf and self._one_chunk(data, t):
-                return  # the usual read of a stream: one whole chunk
+            if self._state == _CHUNK_SIZE and not self._buf and self._whole_chunks(data, t):
+                return  # the usual read of a stream: whole chunks
             if self._state == _HEAD:
                 data = self._parse_head(data, t)
             if data and self.exchange is not None:
@@ -139,18 +130,19 @@ class _Connection(asyncio.BufferedProtocol):
             self.exchange = None
             self.close()
 
+    # transport: a subclass's -------------------------------------------------------------
+    def write(self, data: bytes) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self.closed = True  # a subclass also lets go of its socket or transport
+
     # requests --------------------------------------------------------------------------
     def start(self, request: bytes, exchange: Exchange) -> None:
         self.exchange = exchange
         self._state = _HEAD
         self._buf = b""
-        assert self.transport is not None
-        self.transport.write(request)
-
-    def close(self) -> None:
-        self.closed = True
-        if self.transport is not None:
-            self.transport.close()
+        self.write(request)
 
     # parsing ---------------------------------------------------------------------------
     def _parse_head(self, data: bytes, t: float) -> bytes:
@@ -204,21 +196,33 @@ class _Connection(asyncio.BufferedProtocol):
         else:
             self._feed_chunked(data, t)
 
-    def _one_chunk(self, data: bytes, t: float) -> bool:
-        """Hand over the body of a read that is exactly one whole chunk (a streamed event, as
-        a server that keeps up sends it), without the general decoder's bookkeeping; False
-        for anything else, left untouched for the decoder, which also raises what a bad size
-        line raises here."""
-        eol = data.find(b"\r\n")
-        size_line = data[:eol]
-        if eol <= 0 or b";" in size_line:
-            return False
-        start = eol + 2
-        end = start + int(size_line, 16)
-        if end <= start or end + 2 != len(data) or not data.endswith(b"\r\n"):
-            return False
-        assert self.exchange is not None
-        self.exchange.on_body(data[start:end], t)
+    def _whole_chunks(self, data: bytes, t: float) -> bool:
+        """Hand over the body of a read that is whole chunks only (streamed events, one
+        chunk each, as a server that keeps up sends them; the last chunk may end the read),
+        without the general decoder's bookkeeping; False for anything else (a chunk cut by the
+        read, an extension, a trailer, a size line int() refuses), left untouched for the
+        decoder, which raises what a bad size line raises."""
+        find, startswith = data.find, data.startswith
+        pos, size, pieces = 0, len(data), []
+        while pos < size:
+            eol = find(b"\r\n", pos)
+            if eol <= pos:
+                return False
+            try:
+                length = int(data[pos:eol], 16)
+            except ValueError:
+                return False
+            pos = eol + 2
+            end = pos + length
+            if length > 0 and startswith(b"\r\n", end):
+                pieces.append(data[pos:end])
+                pos = end + 2
+            elif length == 0 and pos + 2 == size and startswith(b"\r\n", pos):
+                self._state = _DONE  # the last chunk, no trailer: the response ends here
+                break
+            else:
+                return False
+        self._deliver(pieces, t)
         return True
 
     def _feed_chunked(self, data: bytes, t: float) -> None:
@@ -281,6 +285,146 @@ class _Connection(asyncio.BufferedProtocol):
             self.close()
         if exchange is not None:
             exchange.on_end(t)
+
+
+class _SocketConnection(_Connection):
+    """Plain HTTP on the socket itself: the event loop's selector calls back when it is
+    readable, and one recv_into fills the connection's buffer.
+
+    asyncio's transport adds its read handler, get_buffer, buffer_updated and their checks to
+    every read: about 0.2 us a read here (bench/README.md), at one streamed event a read.
+    """
+
+    def __init__(self, clock: Clock, sock: socket.socket) -> None:
+        super().__init__(clock)
+        self._sock = sock
+        self._fd = sock.fileno()
+        self._loop = asyncio.get_running_loop()
+        self._sending: asyncio.Future[None] | None = None
+        self._loop.add_reader(self._fd, self._readable)
+
+    def _readable(self) -> None:
+        """Read until a read comes back short: the selector is level-triggered, so what
+        arrives after that calls back again, and a read that would only say EAGAIN (one more
+        system call and an exception per read) is not made."""
+        buffer = self._read_buffer
+        while not self.closed:
+            try:
+                n = self._sock.recv_into(buffer)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as err:
+                self._lost(err)
+                return
+            if n == 0:
+                self._lost(None)
+                return
+            try:
+                self.data_received(buffer[:n].tobytes())
+            except Exception as err:
+                # a fault past what parsing reports: end the connection as asyncio's transport
+                # does (the request fails now, not at its timeout), and let the loop log it
+                self._lost(err)
+                raise
+            if n < _READ_BUFFER_BYTES:
+                return
+
+    def write(self, data: bytes) -> None:
+        """Send at once what the kernel takes; the rest (a request larger than the socket's
+        send buffer) in the background, and a failure to send ends the connection as a
+        transport's would."""
+        try:
+            sent = self._sock.send(data)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError as err:
+            self._loop.call_soon(self._lost, err)  # as a transport reports it: not from write
+            return
+        if sent < len(data):
+            rest = data[sent:]
+            self._sending = asyncio.ensure_future(self._loop.sock_sendall(self._sock, rest))
+            self._sending.add_done_callback(self._sent)
+
+    def _sent(self, sending: asyncio.Future[None]) -> None:
+        self._sending = None
+        if not sending.cancelled() and sending.exception() is not None:
+            self._lost(sending.exception())  # type: ignore[arg-type]
+
+    def _finish(self, t: float) -> None:
+        if self._sending is not None:
+            # answered before the whole request went out: never reused, or the next request's
+            # bytes would go out between the rest of this one's
+            self.keep_alive = False
+        super()._finish(t)
+
+    def _lost(self, exc: Exception | None) -> None:
+        if not self.closed:
+            self.close()
+            self.connection_lost(exc)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self._sending is not None:
+            self._sending.cancel()
+        self._loop.remove_reader(self._fd)
+        self._sock.close()
+
+
+class _TlsConnection(_Connection, asyncio.BufferedProtocol):
+    """HTTPS through asyncio's TLS transport (TLS needs its record layer; this client's
+    CPU targets are measured on plain HTTP). A buffered protocol, because a plain one makes
+    asyncio allocate a fresh 256 KiB bytes object for every read."""
+
+    transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._read_buffer
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.data_received(self._read_buffer[:nbytes].tobytes())
+
+    def write(self, data: bytes) -> None:
+        assert self.transport is not None
+        self.transport.write(data)
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+
+async def open_socket(host: str, port: int) -> socket.socket:
+    """A connected non-blocking TCP socket to the first of the host's addresses that
+    accepts, as asyncio's create_connection finds one: its error when every address fails
+    the same way, all of them named when they differ."""
+    loop = asyncio.get_running_loop()
+    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    if not infos:
+        raise OSError(f"getaddrinfo({host!r}) returned no address")
+    errors: list[OSError] = []
+    for family, kind, proto, _, address in infos:
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setblocking(False)
+            # as asyncio's transports do: a request goes out in one write, never delayed
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            await loop.sock_connect(sock, address)
+        except OSError as err:
+            sock.close()
+            errors.append(err)
+            continue
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+    if len({str(err) for err in errors}) == 1:
+        raise errors[0]
+    raise OSError("Multiple exceptions: " + ", ".join(str(err) for err in errors))
 
 
 def shown_url(url: str) -> str:
@@ -365,14 +509,18 @@ class HttpClient:
 
     async def _connect(self) -> _Connection:
         """A new connection; a host that never answers the SYN fails at the request timeout."""
-        loop = asyncio.get_running_loop()
-        connecting = loop.create_connection(
-            lambda: _Connection(self.clock), self.host, self.port, ssl=self.ssl
-        )
         try:
-            _reader, conn = await asyncio.wait_for(connecting, self.timeout)
+            return await asyncio.wait_for(self._open(), self.timeout)
         except asyncio.TimeoutError:
             raise OSError(f"no connection within {self.timeout:g} s") from None
+
+    async def _open(self) -> _Connection:
+        if self.ssl is None:
+            return _SocketConnection(self.clock, await open_socket(self.host, self.port))
+        loop = asyncio.get_running_loop()
+        _transport, conn = await loop.create_connection(
+            lambda: _TlsConnection(self.clock), self.host, self.port, ssl=self.ssl
+        )
         return conn
 
     def request_bytes(self, method: str, path: str, body: bytes | None) -> bytes:
