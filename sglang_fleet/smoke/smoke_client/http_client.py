@@ -407,7 +407,7 @@ async def open_socket(host: str, port: int) -> socket.socket:
     if not infos:
         raise OSError(f"getaddrinfo({host!r}) returned no address")
     errors: list[OSError] = []
-    for family, kind, proto, _, address in infos:
+    for family, kind, proto, _canonname, address in infos:
         sock = socket.socket(family, kind, proto)
         try:
             sock.setblocking(False)
