@@ -202,7 +202,13 @@ def test_every_row_exactly_once_through_sigkills(tmp_path: Path, slow_double: Se
 def test_a_sigterm_stops_cleanly_and_a_rerun_finishes(tmp_path: Path, slow_double: Server) -> None:
     write_input(tmp_path / "in.jsonl", [conversation(n) for n in range(80)])
     proc = job(tmp_path, [slow_double.url], "--concurrency", "4", "--drain-seconds", "5")
-    time.sleep(1.0)
+    # The stop under test is the runner's: wait until it runs rows (its status file is written
+    # from the loop that handles SIGTERM), not a fixed second that a loaded machine spends
+    # starting Python.
+    status = tmp_path / "out.jsonl.status.json"
+    deadline = time.monotonic() + 60
+    while not status.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
     code, out = finish(proc)
     assert code == 3, out
