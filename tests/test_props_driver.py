@@ -120,9 +120,9 @@ def test_the_plan_refuses_what_it_cannot_type_and_never_skips_a_clean(
             reads[name]["routers"][f"s-{name}"]["workers"] = [
                 worker(other) for other, o in zip(names, hosts, strict=True) if o["routed"]
             ]
-    started = time.monotonic()
+    started = time.process_time()  # CPU time: a loaded machine stretches wall time
     plan = dr.plan(names, reads, serial)
-    assert time.monotonic() - started < 1.0
+    assert time.process_time() - started < 1.0
     for name in spoiled:
         assert any(problem.startswith(f"{name}: ") for problem in plan["problems"]), (name, plan)
     event("refused" if plan["problems"] else "may start")

@@ -564,7 +564,9 @@ def test_the_secret_rule_reads_long_text_in_linear_time(shape: str) -> None:
     pair, a 'bearer' with no token, '://' with no host, camelCase) in well under a second
     (about 1 us a character measured; the bound is generous for 2 shared cores)."""
     text = shape * (256 * 1024 // len(shape))
-    started = time.perf_counter()
+    # CPU time, not wall time: a loaded machine (a fresh-clone make test at load 11) stretched the
+    # wall clock past the bound while this process got the CPU it needed.
+    started = time.process_time()
     server_secrets.secrets_in({"k": text, "l": [text]})
     server_secrets.is_secret(text)
-    assert time.perf_counter() - started < 3.0
+    assert time.process_time() - started < 3.0

@@ -374,3 +374,28 @@ def test_a_connection_answered_before_its_request_went_out_is_not_reused() -> No
             await server.wait_closed()
 
     assert _run(test) == (413, None, True, [])
+
+
+def test_a_numeric_address_connects_without_the_resolver(monkeypatch: pytest.MonkeyPatch) -> None:
+    """127.0.0.1 needs no resolver thread (a fresh-clone run at load 11 spent more than a 0.1 s
+    request timeout starting one); a name still goes through loop.getaddrinfo."""
+    asked: list[str] = []
+
+    async def main() -> None:
+        server = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        loop = asyncio.get_running_loop()
+        resolve = loop.getaddrinfo
+
+        async def counted(host: str, *args: Any, **kwargs: Any) -> Any:
+            asked.append(host)
+            return await resolve(host, *args, **kwargs)
+
+        monkeypatch.setattr(loop, "getaddrinfo", counted)
+        async with server:
+            for host in ("127.0.0.1", "localhost"):
+                sock = await http_client.open_socket(host, port)
+                sock.close()
+
+    asyncio.run(main())
+    assert asked == ["localhost"]

@@ -398,12 +398,23 @@ class _TlsConnection(_Connection, asyncio.BufferedProtocol):
             self.transport.close()
 
 
+async def _addresses(loop: asyncio.AbstractEventLoop, host: str, port: int) -> list[Any]:
+    """The host's addresses. A numeric one is read without a resolver, as asyncio's
+    create_connection does: loop.getaddrinfo runs in the loop's thread pool, whose first call
+    starts a thread, which a loaded machine makes longer than a short request timeout."""
+    try:
+        numeric = socket.AI_NUMERICHOST | socket.AI_NUMERICSERV
+        return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=numeric)
+    except socket.gaierror:
+        return await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+
+
 async def open_socket(host: str, port: int) -> socket.socket:
     """A connected non-blocking TCP socket to the first of the host's addresses that
     accepts, as asyncio's create_connection finds one: its error when every address fails
     the same way, all of them named when they differ."""
     loop = asyncio.get_running_loop()
-    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    infos = await _addresses(loop, host, port)
     if not infos:
         raise OSError(f"getaddrinfo({host!r}) returned no address")
     errors: list[OSError] = []
