@@ -47,6 +47,9 @@ class Router(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         with self.server.lock:
             healthy = self.server.healthy.pop(0) if self.server.healthy else 2
+            self.server.probes += 1
+            if self.server.stop_after == self.server.probes:
+                self.server.stop_file.touch()  # the run ends after this many samples, not seconds
         self._send(200 if healthy else 503, {"healthy_workers": healthy, "total_workers": 2})
 
     def do_POST(self) -> None:
@@ -70,6 +73,7 @@ def router() -> Iterator[ThreadingHTTPServer]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), Router)
     server.lock = threading.Lock()
     server.answers, server.healthy, server.seen = [], [], 0
+    server.probes, server.stop_after, server.stop_file = 0, None, None
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield server
@@ -109,12 +113,22 @@ def test_a_wrong_key_fails_every_request(router, tmp_path) -> None:
 
 
 def test_capacity_samples_catch_a_dip_and_an_unready_router(router, tmp_path) -> None:
+    # Ended by the router after its sixth /readiness answer, not by a time a loaded machine can
+    # spend on three samples (a fresh-clone run at load 11 did).
     router.healthy = [2, 1, 0, 2]
-    result = run_client(router, tmp_path, "--max-seconds", "0.5", "--threads", "1")
+    router.stop_file, router.stop_after = tmp_path / "stop", 6
+    stop = ("--stop-file", str(router.stop_file), "--max-seconds", "60")
+    result = run_client(router, tmp_path, *stop, "--threads", "1")
     healthy = [sample[1] for sample in result["samples"]]
     assert healthy[:4] == [2, 1, 0, 2]
     assert result["min_healthy"] == 0
+    assert result["stopped_by"] == "stop_file"
+
+
+def test_max_seconds_ends_the_run(router, tmp_path) -> None:
+    result = run_client(router, tmp_path, "--max-seconds", "0.3", "--threads", "1")
     assert result["stopped_by"] == "max_seconds"
+    assert result["elapsed_s"] >= 0.3
 
 
 def test_a_stop_file_ends_the_run(router, tmp_path) -> None:
