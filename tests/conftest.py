@@ -185,15 +185,13 @@ def collection_with_modules(where: Path, modules: dict[str, str]) -> Path:
     `modules` (name -> source). Point ANSIBLE_COLLECTIONS_PATH at the folder returned.
     """
     root = where / "ansible_collections" / "sglang_fleet" / "fleet"
-    root.mkdir(parents=True)
+    (root / "plugins" / "modules").mkdir(parents=True)
     for entry in ROOT.iterdir():
         if entry.name not in ("plugins", "collections"):
             (root / entry.name).symlink_to(entry)
     for folder in (ROOT / "plugins").iterdir():
         if folder.name != "modules":
-            (root / "plugins" / folder.name).parent.mkdir(exist_ok=True)
             (root / "plugins" / folder.name).symlink_to(folder)
-    (root / "plugins" / "modules").mkdir()
     for module in (ROOT / "plugins" / "modules").iterdir():
         if module.stem not in modules:
             (root / "plugins" / "modules" / module.name).symlink_to(module)
